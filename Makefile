@@ -1,0 +1,28 @@
+# ablate: `make quickstart` (install + the quickstart study + its report), `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# torch first, pinned to the CPU wheel, so no other requirement pulls a CUDA build
+TORCH  ?= torch==2.13.0
+
+.PHONY: install quickstart test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+quickstart: install
+	$(VENV)/bin/ablate sweep sweeps/studies/quickstart.yaml
+	$(VENV)/bin/ablate report sweeps/studies/quickstart.yaml
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf ablate-runs .pytest_cache

@@ -1,0 +1,354 @@
+"""One frozen, validated config for a run.
+
+Every field is addressed by its dotted name (``model.embed_dim``); the same names are
+the ``key=value`` overrides on the command line, the Optuna parameter names of a sweep,
+the MLflow params of a run and the columns of a report.
+
+Validation happens once, when the config is built: unknown keys, wrong types and
+impossible shapes raise :class:`ConfigError` naming the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+
+from lightning_modules.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid")
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Prob = Annotated[float, Field(ge=0.0, lt=1.0)]
+PosFloat = Annotated[float, Field(gt=0.0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+Sharing = Literal["none", "all", "attn", "ffn"]
+Norm = Literal["layer_norm", "no_norm"]
+Activation = Literal["gelu", "relu"]
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ModelConfig:
+    """Encoder architecture (BERT/ALBERT family).
+
+    Attributes:
+        vocab_size: V, also the size of the WordPiece tokenizer trained for the run.
+        embed_dim: E, the word-embedding size; E != H adds an E->H projection.
+        hidden_dim: H, the width of the residual stream.
+        num_layers: L, transformer blocks run (shared blocks still run L times).
+        num_heads: A, attention heads; H must be divisible by A.
+        ffn_dim: inner size of each feed-forward sub-layer.
+        num_ffn: F, stacked feed-forward sub-layers per block (MobileBERT), each with
+            its own residual and norm.
+        sharing: cross-layer sharing, ``none | all | attn | ffn`` (ALBERT).
+        norm: ``layer_norm`` or ``no_norm`` (MobileBERT's ``h * gamma + beta``).
+        activation: ``gelu`` or ``relu``.
+        position: ``learned`` absolute position embeddings or ``none``.
+        max_position: rows of the position embedding.
+        token_types: rows of the token-type embedding; 0 removes it.
+        embed_norm: norm after the embedding sum.
+        dropout: dropout on embeddings, attention probabilities and sub-layer outputs;
+            0 removes the dropout modules.
+        norm_eps: epsilon of LayerNorm.
+        init_std: std of the normal initialisation of weights.
+    """
+
+    vocab_size: PosInt = 30000
+    embed_dim: PosInt = 128
+    hidden_dim: PosInt = 768
+    num_layers: PosInt = 12
+    num_heads: PosInt = 12
+    ffn_dim: PosInt = 3072
+    num_ffn: PosInt = 1
+    sharing: Sharing = "none"
+    norm: Norm = "layer_norm"
+    activation: Activation = "gelu"
+    position: Literal["learned", "none"] = "learned"
+    max_position: PosInt = 512
+    token_types: NonNegInt = 2
+    embed_norm: bool = True
+    dropout: Prob = 0.1
+    norm_eps: PosFloat = 1e-12
+    init_std: PosFloat = 0.02
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"num_heads: hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, H / A."""
+        return self.hidden_dim // self.num_heads
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ObjectiveConfig:
+    """Pre-training objective.
+
+    Attributes:
+        sentence: sentence-level task, ``sop`` (ALBERT), ``nsp`` (BERT) or ``none``.
+        masking: ``token``, ``whole_word`` or ALBERT's ``ngram`` span masking.
+        mask_prob: fraction of tokens selected for prediction (80% [MASK], 10% random,
+            10% kept).
+        max_ngram: longest n-gram for ``ngram`` masking (ALBERT uses 3).
+        sentence_weight: weight of the sentence loss next to the MLM loss.
+    """
+
+    sentence: Literal["sop", "nsp", "none"] = "sop"
+    masking: Literal["token", "whole_word", "ngram"] = "token"
+    mask_prob: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.15
+    max_ngram: PosInt = 3
+    sentence_weight: NonNegFloat = 1.0
+
+
+@dataclass(frozen=True, config=_STRICT)
+class DataConfig:
+    """Corpus, tokenizer and batching.
+
+    Attributes:
+        corpus: a builtin name (``norvig-big``), a local file, glob or directory
+            (``text``, ``json``/``jsonl`` optionally ``.gz``, ``parquet``), or a
+            ``datasets`` hub name (``wikitext/wikitext-103-raw-v1``), streamed.
+        text_field: column holding the document text in json/parquet/hub corpora.
+        max_length: tokens per packed sequence, [CLS] and [SEP]s included.
+        lowercase: lowercase and strip accents before WordPiece.
+        tokenizer_docs: documents read to train the WordPiece tokenizer.
+        val_fraction: fraction of documents held out for validation (by hash).
+        short_seq_prob: probability of a shorter target length (BERT's trick).
+        batch_size: sequences per batch.
+        num_workers: DataLoader worker processes.
+        shuffle_buffer: examples in the streaming shuffle buffer (0 = no shuffle).
+        cache_dir: where trained tokenizers are cached; None = ``~/.cache/ablate``.
+    """
+
+    corpus: str = "norvig-big"
+    text_field: str = "text"
+    max_length: Annotated[int, Field(ge=16)] = 128
+    lowercase: bool = True
+    tokenizer_docs: PosInt = 20000
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.02
+    short_seq_prob: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    batch_size: PosInt = 32
+    num_workers: NonNegInt = 1
+    shuffle_buffer: NonNegInt = 1000
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True, config=_STRICT)
+class OptimConfig:
+    """AdamW with linear warmup and linear decay to zero at ``trainer.max_steps``."""
+
+    lr: PosFloat = 1e-3
+    weight_decay: NonNegFloat = 0.01
+    warmup_steps: NonNegInt = 100
+    eps: PosFloat = 1e-6
+    grad_clip: NonNegFloat = 1.0
+
+
+@dataclass(frozen=True, config=_STRICT)
+class TrainerConfig:
+    """Lightning Trainer settings.
+
+    Attributes:
+        max_steps: optimizer steps.
+        val_every: run validation every this many steps (and at the end).
+        val_batches: batches per validation.
+        precision: Lightning precision, ``32-true`` or ``bf16-mixed``.
+        accelerator: ``auto``, ``cpu``, ``gpu``.
+        devices: devices for one run (DDP when > 1).
+        strategy: Lightning strategy (``auto``, ``ddp``, ...).
+        compile: wrap the encoder in ``torch.compile``.
+        log_every: log training metrics every this many steps.
+        progress: show a progress bar.
+    """
+
+    max_steps: PosInt = 1000
+    val_every: PosInt = 200
+    val_batches: PosInt = 20
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    accelerator: str = "auto"
+    devices: PosInt = 1
+    strategy: str = "auto"
+    compile: bool = False
+    log_every: PosInt = 10
+    progress: bool = True
+
+
+@dataclass(frozen=True, config=_STRICT)
+class TrackingConfig:
+    """Where runs are recorded.
+
+    Attributes:
+        tracking_uri: MLflow tracking URI; None = ``MLFLOW_TRACKING_URI`` or the
+            embedded SQLite store under ``root``.
+        experiment: MLflow experiment name.
+        run_name: MLflow run name; None = derived from what the run changes.
+        root: folder (relative to the working directory) of the embedded stores.
+    """
+
+    tracking_uri: str | None = None
+    experiment: str = "ablate"
+    run_name: str | None = None
+    root: str = "ablate-runs"
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ExperimentConfig:
+    """Everything one training run needs."""
+
+    name: str = "experiment"
+    seed: int = 0
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+
+
+# ---------------------------------------------------------------------------------------
+# Building configs from YAML, presets and overrides
+# ---------------------------------------------------------------------------------------
+
+
+def _format_error(err: ValidationError) -> str:
+    """One line naming the dotted key of the first error."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"{loc}: unknown key"
+    if first["type"] == "missing":
+        return f"{loc}: required key is missing"
+    named = re.match(r"^(\w+): (.*)$", msg)  # validator messages start with their field
+    if named:
+        loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
+        msg = named.group(2)
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (``64``, ``true``, ``null``, ``all``)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, raising ConfigError naming the file on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections")
+    return data
+
+
+def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Validate a raw config tree (plus dotted overrides) into an ExperimentConfig.
+
+    ``model.preset`` names a preset from :mod:`lightning_modules.presets`; the other
+    ``model`` keys override it.
+    """
+    from lightning_modules.presets import preset_fields  # presets import this module
+
+    tree = _deep_copy(raw)
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    model = tree.get("model")
+    if isinstance(model, dict) and "preset" in model:
+        model = dict(model)
+        base = preset_fields(model.pop("preset"))
+        tree["model"] = {**base, **model}
+    try:
+        return ExperimentConfig(**tree)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+    except TypeError as exc:  # positional/unknown top-level arguments
+        match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        raise ConfigError(f"{match.group(1)}: unknown key" if match else str(exc)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a config YAML (or defaults when None) with ``key=value`` overrides."""
+    raw = read_yaml(path) if path is not None else {}
+    return build_config(raw, dict(parse_override(o) for o in overrides or []))
+
+
+def replace(cfg: ExperimentConfig, updates: dict[str, Any]) -> ExperimentConfig:
+    """A copy of ``cfg`` with dotted-key updates applied and validated."""
+    return build_config(to_dict(cfg), updates)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain-Python dict of a config dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted-name -> value for every leaf field: the MLflow params and report columns."""
+    out: dict[str, Any] = {}
+    for key, value in (to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML, loadable by :func:`load_config`."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def field_names() -> set[str]:
+    """Every valid dotted key."""
+    return set(flatten(ExperimentConfig()))
+
+
+def _deep_copy(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _deep_copy(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_deep_copy(v) for v in tree]
+    return tree

@@ -1,0 +1,93 @@
+"""Named models: one plain function per published architecture, plus small CPU ones.
+
+Each returns a :class:`ModelConfig`; ``PRESETS`` maps the CLI names to them. ALBERT
+presets follow the released configs (V=30000, E=128, all layers shared).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lightning_modules.config import ModelConfig, to_dict
+from lightning_modules.errors import ConfigError
+
+
+def bert_base() -> ModelConfig:
+    """BERT-base as compared in the ALBERT paper (V=30000): 108M."""
+    return ModelConfig(vocab_size=30000, embed_dim=768, hidden_dim=768, num_layers=12,
+                       num_heads=12, ffn_dim=3072, sharing="none")
+
+
+def bert_large() -> ModelConfig:
+    """BERT-large (V=30000): 334M."""
+    return ModelConfig(vocab_size=30000, embed_dim=1024, hidden_dim=1024, num_layers=24,
+                       num_heads=16, ffn_dim=4096, sharing="none")
+
+
+def albert_base() -> ModelConfig:
+    """ALBERT-base: E=128, H=768, L=12, all shared: 12M."""
+    return ModelConfig(vocab_size=30000, embed_dim=128, hidden_dim=768, num_layers=12,
+                       num_heads=12, ffn_dim=3072, sharing="all", dropout=0.0)
+
+
+def albert_large() -> ModelConfig:
+    """ALBERT-large: E=128, H=1024, L=24, all shared: 18M."""
+    return ModelConfig(vocab_size=30000, embed_dim=128, hidden_dim=1024, num_layers=24,
+                       num_heads=16, ffn_dim=4096, sharing="all", dropout=0.0)
+
+
+def albert_xlarge() -> ModelConfig:
+    """ALBERT-xlarge: E=128, H=2048, L=24, all shared: 60M published."""
+    return ModelConfig(vocab_size=30000, embed_dim=128, hidden_dim=2048, num_layers=24,
+                       num_heads=16, ffn_dim=8192, sharing="all", dropout=0.0)
+
+
+def albert_xxlarge() -> ModelConfig:
+    """ALBERT-xxlarge: E=128, H=4096, L=12, 64 heads, all shared: 235M published."""
+    return ModelConfig(vocab_size=30000, embed_dim=128, hidden_dim=4096, num_layers=12,
+                       num_heads=64, ffn_dim=16384, sharing="all", dropout=0.0)
+
+
+def albert_tiny() -> ModelConfig:
+    """A CPU-sized ALBERT (the quickstart's base): V=8192, E=64, H=128, L=4, all shared."""
+    return ModelConfig(vocab_size=8192, embed_dim=64, hidden_dim=128, num_layers=4,
+                       num_heads=4, ffn_dim=512, sharing="all", max_position=128, dropout=0.0)
+
+
+def bert_tiny() -> ModelConfig:
+    """A CPU-sized BERT: V=8192, H=128, L=4, not shared."""
+    return ModelConfig(vocab_size=8192, embed_dim=128, hidden_dim=128, num_layers=4,
+                       num_heads=4, ffn_dim=512, sharing="none", max_position=128)
+
+
+def albert_small() -> ModelConfig:
+    """A laptop-sized ALBERT for benchmarks: V=8192, E=128, H=256, L=4, all shared."""
+    return ModelConfig(vocab_size=8192, embed_dim=128, hidden_dim=256, num_layers=4,
+                       num_heads=4, ffn_dim=1024, sharing="all", max_position=512, dropout=0.0)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "bert-base": bert_base,
+    "bert-large": bert_large,
+    "albert-base": albert_base,
+    "albert-large": albert_large,
+    "albert-xlarge": albert_xlarge,
+    "albert-xxlarge": albert_xxlarge,
+    "albert-tiny": albert_tiny,
+    "albert-small": albert_small,
+    "bert-tiny": bert_tiny,
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset called ``name``; ConfigError listing the known names otherwise."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"model.preset: unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def preset_fields(name: Any) -> dict[str, Any]:
+    """The preset's fields as a plain dict, for merging with YAML keys."""
+    return to_dict(get_preset(str(name)))

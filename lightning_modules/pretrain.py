@@ -1,0 +1,92 @@
+"""``PretrainModule``: MLM + SOP/NSP pre-training of any encoder the config describes."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import Perplexity
+
+from lightning_modules.config import ExperimentConfig, OptimConfig
+from lightning_modules.heads import PretrainingModel, build_pretraining_model
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay matrices, not biases, norms or embeddings' 1-d parameters."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_linear_decay(optim: OptimConfig, max_steps: int):
+    """LR multiplier: linear warmup to 1, then linear decay to 0 at ``max_steps``."""
+    warmup = max(optim.warmup_steps, 0)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
+
+    return factor
+
+
+class PretrainModule(pl.LightningModule):
+    """Pre-training regime. The architecture and loss combination come from the config.
+
+    Args:
+        cfg: the resolved experiment config.
+        model: an already built model to train (built from ``cfg`` when None).
+    """
+
+    def __init__(self, cfg: ExperimentConfig, model: PretrainingModel | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+        if cfg.trainer.compile:
+            self.model.encoder = torch.compile(self.model.encoder)
+        V = cfg.model.vocab_size
+        self.val_loss = MeanMetric()
+        self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro")
+        self.val_mlm_ppl = Perplexity()
+        self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        return self.model(batch)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.model(batch)
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(f"training loss became {out.loss.item()} at step {self.global_step}")
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=bs)
+        self.log("train/mlm_loss", out.mlm_loss, batch_size=bs)
+        if out.sentence_loss is not None:
+            self.log("train/sentence_loss", out.sentence_loss, batch_size=bs)
+        self.log("train/tokens", float(batch["attention_mask"].sum()), reduce_fx="sum", batch_size=bs)
+        return out.loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = self.model(batch)
+        self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
+        if out.mlm_targets.numel():
+            self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)
+            self.val_mlm_ppl.update(out.mlm_logits.float()[None], out.mlm_targets[None])  # (1, N, V)
+        if out.sentence_logits is not None:
+            self.val_sentence_acc.update(out.sentence_logits, batch["sentence_label"])
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = {"val/loss": self.val_loss, "val/mlm_acc": self.val_mlm_acc, "val/mlm_ppl": self.val_mlm_ppl}
+        if self.model.sentence_head is not None:
+            metrics["val/sentence_acc"] = self.val_sentence_acc
+        for name, metric in metrics.items():
+            if metric.update_count:
+                self.log(name, metric.compute(), prog_bar=name in ("val/loss", "val/mlm_acc"), sync_dist=True)
+            metric.reset()
+
+    def configure_optimizers(self):
+        o, steps = self.cfg.optim, self.cfg.trainer.max_steps
+        optimizer = torch.optim.AdamW(param_groups(self.model, o.weight_decay), lr=o.lr, eps=o.eps, foreach=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

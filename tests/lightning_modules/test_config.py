@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_modules.config import build_config, field_names, flatten, load_config, parse_override, replace
+from lightning_modules.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("raw", "overrides", "key"),
+    [
+        ({"model": {"foo": 1}}, {}, "model.foo"),
+        ({"bogus": 1}, {}, "bogus"),
+        ({}, {"model.hidden_dim": 100}, "model.num_heads"),
+        ({}, {"model.sharing": "sometimes"}, "model.sharing"),
+        ({}, {"model.embed_dim": 0}, "model.embed_dim"),
+        ({}, {"model.embed_dim": -4}, "model.embed_dim"),
+        ({}, {"model.embed_dim": "big"}, "model.embed_dim"),
+        ({}, {"objective.sentence": "xyz"}, "objective.sentence"),
+        ({}, {"objective.mask_prob": 1.5}, "objective.mask_prob"),
+        ({}, {"model.dropout": 1.0}, "model.dropout"),
+        ({"model": {"preset": "no-such-model"}}, {}, "model.preset"),
+        ({"model": 3}, {}, "model"),
+        ({}, {"trainer.max_steps": 0}, "trainer.max_steps"),
+    ],
+)
+def test_bad_values_name_the_key(raw, overrides, key):
+    with pytest.raises(ConfigError) as err:
+        build_config(raw, overrides)
+    assert str(err.value).startswith(f"{key}:"), str(err.value)
+
+
+def test_preset_with_overrides_and_replace():
+    cfg = build_config({"model": {"preset": "albert-base", "embed_dim": 64}}, {"model.sharing": "none"})
+    assert (cfg.model.embed_dim, cfg.model.hidden_dim, cfg.model.sharing) == (64, 768, "none")
+    assert replace(cfg, {"model.num_ffn": 2}).model.num_ffn == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.embed_dim = 3  # type: ignore[misc]
+
+
+def test_flatten_uses_dotted_field_names():
+    flat = flatten(build_config({}))
+    assert {"model.embed_dim", "model.sharing", "model.num_ffn", "objective.sentence", "seed"} <= set(flat)
+    assert set(flat) == field_names()
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {embed_dim: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: invalid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="missing.yaml: no such file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_override("model.embed_dim")
+    good = tmp_path / "good.yaml"
+    good.write_text("model: {preset: albert-tiny}\nseed: 3\n")
+    cfg = load_config(good, ["model.embed_dim=32", "objective.sentence=nsp"])
+    assert (cfg.seed, cfg.model.embed_dim, cfg.objective.sentence) == (3, 32, "nsp")
