@@ -1,0 +1,161 @@
+"""Build a study's report: MLflow runs -> table files, plots, and artifacts on the parent run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow import MlflowClient
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table as RichTable
+
+from lightning_modules.errors import StorageError
+from reports.plots import draw_plots
+from reports.runs import load_runs
+from reports.spec import ReportSpec
+from reports.tables import Table, aggregate, cells, to_csv, to_latex, to_markdown
+
+#: Artifact folder on the study's parent run.
+ARTIFACT_PATH = "report"
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What :func:`build_report` wrote.
+
+    Attributes:
+        markdown, latex, csv: The table files (``report.md``, ``report.tex``, ``report.csv``).
+        runs_csv: Every trial run, one row each (``runs.csv``).
+        plots: The plot PNGs.
+        run_ids: Runs the table averages (included states, sorted).
+        missing: One line per empty cell, empty row or skipped plot.
+        parent_run_id: The study's parent run, if any.
+        logged: Whether the files were logged as artifacts of the parent run.
+        table: The aggregated table.
+    """
+
+    markdown: Path
+    latex: Path
+    csv: Path
+    runs_csv: Path
+    plots: list[Path]
+    run_ids: list[str]
+    missing: list[str]
+    parent_run_id: str | None
+    logged: bool
+    table: Table = field(repr=False)
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file written."""
+        return [self.markdown, self.latex, self.csv, self.runs_csv, *self.plots]
+
+
+def markdown_document(table: Table, study: str, missing: list[str]) -> str:
+    """The full ``report.md``: title, table, runs used, missing cells."""
+    spec = table.spec
+    parts = [f"# {spec.title}", ""]
+    if table.stats.empty:
+        parts += [f"No runs found for study `{study}`.", ""]
+    else:
+        parts += [to_markdown(table)]
+    parts.append(f"Study: `{study}`; states included: {', '.join(spec.include_states)}.")
+    parts += ["", f"Runs used ({len(table.run_ids)}): " + (", ".join(f"`{r}`" for r in table.run_ids) or "none"), ""]
+    if missing:
+        parts += ["Missing:", "", *(f"- {m}" for m in missing), ""]
+    else:
+        parts += ["Missing: none", ""]
+    return "\n".join(parts)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move staged files into ``out_dir``: one rename if it is new, else file by file."""
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    for f in staging.iterdir():
+        os.replace(f, out_dir / f.name)
+    staging.rmdir()
+
+
+def build_report(
+    spec: ReportSpec,
+    study: str,
+    tracking_uri: str,
+    out_dir: Path,
+    log_to_parent: bool = True,
+) -> ReportResult:
+    """Read the study's runs from MLflow and write the report into ``out_dir``.
+
+    Everything is rendered into a temporary folder next to ``out_dir`` first, so
+    a failure leaves ``out_dir`` untouched. Files already in ``out_dir`` with
+    other names are kept.
+
+    Args:
+        spec: What the table and plots show.
+        study: Study name (= MLflow experiment name).
+        tracking_uri: MLflow tracking URI.
+        out_dir: Output folder (created if needed).
+        log_to_parent: Also log the files as artifacts of the study's parent
+            run under ``report/`` (when a parent run exists).
+
+    Raises:
+        StorageError: the tracking store cannot be read, or the artifacts cannot be logged.
+        ConfigError: a row param is not a param of any run.
+    """
+    runs, parent = load_runs(tracking_uri, study)
+    table = aggregate(runs, spec)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        plots, skipped = draw_plots(table, staging)
+        missing = [m.describe(spec) for m in table.missing] + skipped
+        (staging / names["markdown"]).write_text(markdown_document(table, study, missing), encoding="utf-8")
+        (staging / names["latex"]).write_text(to_latex(table), encoding="utf-8")
+        (staging / names["csv"]).write_text(to_csv(table), encoding="utf-8")
+        runs.to_csv(staging / names["runs_csv"], index=False)
+        logged = False
+        if log_to_parent and parent is not None:
+            try:
+                MlflowClient(tracking_uri=tracking_uri).log_artifacts(parent, str(staging), ARTIFACT_PATH)
+            except Exception as exc:  # noqa: BLE001 - any failure of the artifact store
+                raise StorageError(f"{tracking_uri}: cannot log report artifacts on run {parent} ({exc})") from exc
+            logged = True
+        _publish(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ReportResult(
+        markdown=out_dir / names["markdown"],
+        latex=out_dir / names["latex"],
+        csv=out_dir / names["csv"],
+        runs_csv=out_dir / names["runs_csv"],
+        plots=[out_dir / p.name for p in plots],
+        run_ids=table.run_ids,
+        missing=missing,
+        parent_run_id=parent,
+        logged=logged,
+        table=table,
+    )
+
+
+def render_console(result: ReportResult, console: Console | None = None) -> None:
+    """Print the table, missing cells and output paths to the terminal with rich."""
+    console = console or Console()
+    table = result.table
+    headers, text, bold = cells(table)
+    rt = RichTable(title=table.spec.title, header_style="bold")
+    n_keys = len(table.spec.rows)
+    for i, h in enumerate(headers):
+        rt.add_column(h, justify="left" if i < n_keys else "right")
+    for t, b in zip(text, bold, strict=True):
+        rt.add_row(*(f"[bold green]{escape(s)}[/]" if bb else escape(s) for s, bb in zip(t, b, strict=True)))
+    console.print(rt)
+    for m in result.missing:
+        console.print(f"[yellow]missing[/] {m}", highlight=False)
+    console.print(f"runs used: {len(result.run_ids)}; wrote {result.markdown.parent}", highlight=False)

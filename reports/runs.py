@@ -1,0 +1,151 @@
+"""Read a study's trial runs back from MLflow as one flat row per run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import Run, ViewType
+
+from lightning_modules.errors import StorageError
+
+#: Columns every runs frame has, before the params and metrics.
+BASE_COLUMNS = ["run_id", "run_name", "status", "state", "trial"]
+
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+# A report must fail fast on an unreachable server, not retry for minutes.
+# Values the user set explicitly win.
+_FAIL_FAST_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def parse_param(value: str | None) -> Any:
+    """Turn an MLflow param string back into a number where it looks like one.
+
+    ``"64"`` -> 64, ``"0.1"`` -> 0.1, ``"None"`` -> None; anything else stays a string.
+    """
+    if value is None or value == "None":
+        return None
+    s = value.strip()
+    if _INT.fullmatch(s):
+        return int(s)
+    if _FLOAT.fullmatch(s):
+        return float(s)
+    return value
+
+
+@contextlib.contextmanager
+def _fail_fast() -> Iterator[None]:
+    added = [k for k in _FAIL_FAST_ENV if k not in os.environ]
+    for k in added:
+        os.environ[k] = _FAIL_FAST_ENV[k]
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _check_sqlite(tracking_uri: str) -> None:
+    """Refuse a ``sqlite:///`` URI whose file does not exist (MLflow would create it)."""
+    if not tracking_uri.startswith("sqlite:"):
+        return
+    name = unquote(urlparse(tracking_uri).path)[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs -> /abs
+    path = Path(name)
+    if name and name != ":memory:" and not path.exists():
+        raise StorageError(f"{tracking_uri}: no MLflow database at {path}")
+
+
+def _quote(value: str) -> str:
+    """Quote a string for an MLflow filter (which has no escapes)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise StorageError(f"study name {value!r} has both quote characters; MLflow cannot filter on it")
+
+
+def _search(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            [experiment_id], query, run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _row(run: Run) -> dict[str, Any]:
+    tags = run.data.tags
+    trial = parse_param(tags.get("ablate.trial"))
+    row: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "run_name": run.info.run_name,
+        "status": run.info.status,
+        "state": tags.get("ablate.state"),
+        "trial": trial if isinstance(trial, int) else None,
+    }
+    row.update({k: parse_param(v) for k, v in run.data.params.items() if k not in row})
+    row.update({k: float(v) for k, v in run.data.metrics.items() if k not in row})
+    return row
+
+
+def _frame(runs: list[Run]) -> pd.DataFrame:
+    rows = [_row(r) for r in runs]
+    params = sorted({k for r in runs for k in r.data.params} - set(BASE_COLUMNS))
+    metrics = sorted({k for r in runs for k in r.data.metrics} - set(BASE_COLUMNS) - set(params))
+    df = pd.DataFrame(rows, columns=[*BASE_COLUMNS, *params, *metrics])
+    for col in ["trial", *params]:
+        # all-number columns become numeric; with None (e.g. intra_dim "None" / 128) they stay
+        # objects, so 128 is not turned into 128.0
+        if df[col].notna().all():
+            df[col] = df[col].infer_objects()
+    if len(df):
+        df = df.sort_values(["trial", "run_id"], na_position="last", kind="stable").reset_index(drop=True)
+    return df
+
+
+def load_runs(tracking_uri: str, study: str) -> tuple[pd.DataFrame, str | None]:
+    """Read a study's trial runs.
+
+    Args:
+        tracking_uri: MLflow tracking URI (``sqlite:///...``, ``http://...``).
+        study: Study name = MLflow experiment name.
+
+    Returns:
+        A frame with one row per trial run (columns :data:`BASE_COLUMNS`, then
+        every param by its dotted name with numbers converted back, then every
+        metric's last value by its name), and the study's parent run id or None.
+        An unknown experiment gives an empty frame.
+
+    Raises:
+        StorageError: the tracking store cannot be reached or read.
+    """
+    _check_sqlite(tracking_uri)
+    s = _quote(study)
+    with _fail_fast():
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri)
+            exp = client.get_experiment_by_name(study)
+            if exp is None:
+                return pd.DataFrame(columns=BASE_COLUMNS), None
+            trials = _search(client, exp.experiment_id, f"tags.`ablate.study` = {s} AND tags.`ablate.role` = 'trial'")
+            parents = _search(client, exp.experiment_id, f"tags.`ablate.study` = {s} AND tags.`ablate.role` = 'study'")
+        except StorageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure talking to the store is a storage error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(f"{tracking_uri}: cannot read MLflow tracking store ({first})") from exc
+    parents.sort(key=lambda r: r.info.start_time or 0)
+    return _frame(trials), (parents[0].info.run_id if parents else None)

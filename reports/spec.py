@@ -1,0 +1,223 @@
+"""Report specs: which rows, metrics and plots a paper-style table shows.
+
+A spec is the ``report:`` section of a study YAML, or a standalone REPORT.yaml
+that also names ``study:`` and optionally ``tracking_uri:``. Example::
+
+    title: Embedding size and sharing
+    rows: [model.sharing, model.embed_dim, model.num_ffn]
+    row_labels: {model.embed_dim: E, model.num_ffn: F}
+    metrics:
+      - {name: params.backbone, label: Params, format: millions}
+      - {name: val/mlm_acc, label: MLM acc, format: percent, better: higher}
+    plots:
+      - {x: params.backbone, y: val/mlm_acc, logx: true, hue: model.sharing}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+
+from lightning_modules.errors import ConfigError
+
+Format = Literal["millions", "percent", "float", "int", "sci"]
+State = Literal["COMPLETE", "PRUNED", "FAIL"]
+
+#: Digits after the decimal point when a metric gives none.
+DEFAULT_DIGITS: dict[str, int] = {"millions": 1, "percent": 1, "float": 3, "int": 0, "sci": 2}
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+def _keyed(key: str, msg: str) -> PydanticCustomError:
+    """A validation error that carries the dotted key it is about (for cross-field checks)."""
+    return PydanticCustomError("keyed", "{msg}", {"key": key, "msg": msg})
+
+
+def _unique(values: list[str] | tuple[str, ...], what: str) -> None:
+    seen: set[str] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise _keyed(f"{what}[{i}]", f"{v!r} is listed twice")
+        seen.add(v)
+
+
+@dataclass(frozen=True, config=_STRICT)
+class MetricSpec:
+    """One metric column.
+
+    Attributes:
+        name: MLflow metric name, e.g. ``val/mlm_acc`` or ``params.backbone``.
+        label: Column header; defaults to ``name``.
+        format: ``millions`` (12.0M), ``percent`` (fraction shown as 61.2),
+            ``float``, ``int`` or ``sci``.
+        digits: Digits after the point; default depends on ``format``.
+        better: ``higher`` or ``lower`` bolds the best cell; None bolds nothing.
+    """
+
+    name: str = Field(min_length=1)
+    label: str | None = None
+    format: Format = "float"
+    digits: int | None = Field(default=None, ge=0, le=12)
+    better: Literal["higher", "lower"] | None = None
+
+    @property
+    def display(self) -> str:
+        """The header text: ``label`` or ``name``."""
+        return self.label or self.name
+
+    @property
+    def ndigits(self) -> int:
+        """Digits after the point actually used."""
+        return DEFAULT_DIGITS[self.format] if self.digits is None else self.digits
+
+
+@dataclass(frozen=True, config=_STRICT)
+class PlotSpec:
+    """One scatter plot of row means: ``y`` against ``x``.
+
+    Attributes:
+        x: A metric name (e.g. ``params.backbone``) or one of the spec's ``rows``.
+        y: A metric name (e.g. ``val/mlm_acc``).
+        logx: Logarithmic x axis.
+        hue: One of the spec's ``rows``; points are coloured by its value.
+    """
+
+    x: str = Field(min_length=1)
+    y: str = Field(min_length=1)
+    logx: bool = False
+    hue: str | None = None
+
+
+@dataclass(frozen=True, config=_STRICT)
+class ReportSpec:
+    """A paper-style table (and plots) built from a study's MLflow runs.
+
+    Attributes:
+        title: First line of the report.
+        rows: Dotted param names whose values identify a table row; runs that
+            differ only in other params (seeds) are averaged.
+        metrics: Metric columns, in order.
+        plots: Plots to draw.
+        include_states: Trial states (``ablate.state`` tag) that count.
+        row_labels: Optional headers for row columns (default: last dotted part).
+        study: Study name (standalone REPORT.yaml only).
+        tracking_uri: MLflow tracking URI (standalone REPORT.yaml only).
+    """
+
+    title: str = Field(min_length=1)
+    rows: tuple[str, ...] = Field(min_length=1)
+    metrics: tuple[MetricSpec, ...] = Field(min_length=1)
+    plots: tuple[PlotSpec, ...] = ()
+    include_states: tuple[State, ...] = Field(default=("COMPLETE",), min_length=1)
+    row_labels: dict[str, str] = Field(default_factory=dict)
+    study: str | None = None
+    tracking_uri: str | None = None
+
+    @field_validator("rows")
+    @classmethod
+    def _rows_unique(cls, rows: tuple[str, ...]) -> tuple[str, ...]:
+        for r in rows:
+            if not r.strip():
+                raise ValueError("row names must be non-empty")
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"duplicate row names in {list(rows)}")
+        return rows
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ReportSpec:
+        _unique([m.name for m in self.metrics], "metrics")
+        for key in self.row_labels:
+            if key not in self.rows:
+                raise _keyed(f"row_labels.{key}", f"not one of rows {list(self.rows)}")
+        for i, p in enumerate(self.plots):
+            if p.hue is not None and p.hue not in self.rows:
+                raise _keyed(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")
+            if p.y in self.rows:
+                raise _keyed(f"plots[{i}].y", f"{p.y!r} is a row param; y must be a metric")
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    def row_label(self, key: str) -> str:
+        """Header for a row column: ``row_labels[key]`` or the last dotted part."""
+        return self.row_labels.get(key) or key.rsplit(".", 1)[-1]
+
+    def metric(self, name: str) -> MetricSpec | None:
+        """The spec's metric called ``name``, if any."""
+        return next((m for m in self.metrics if m.name == name), None)
+
+    def axis_label(self, name: str) -> str:
+        """A readable label for a plot axis (metric label, row label or name)."""
+        if name in self.rows:
+            return self.row_label(name)
+        m = self.metric(name)
+        return m.display if m else name
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = "report") -> ReportSpec:
+        """Validate a mapping into a spec.
+
+        Args:
+            data: The parsed YAML mapping.
+            where: Dotted prefix for error messages (``report`` in a study YAML).
+
+        Raises:
+            ConfigError: naming the offending key, e.g. ``report.metrics[2].name: ...``.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+        try:
+            return _ADAPTER.validate_python(dict(data))
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, where)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ReportSpec:
+        """Read a standalone REPORT.yaml (top level = the spec, plus ``study``).
+
+        Raises:
+            ConfigError: unreadable file, bad YAML, or invalid spec (named by file).
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        return cls.from_mapping(data, where=str(path))
+
+
+_ADAPTER: TypeAdapter[ReportSpec] = TypeAdapter(ReportSpec)
+
+
+def _dotted(where: str, loc: tuple[int | str, ...]) -> str:
+    key = where
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return key
+
+
+def _describe(exc: ValidationError, where: str) -> str:
+    """``report.metrics[2].name: Field required; ...`` from a pydantic error."""
+    errors = exc.errors(include_url=False)
+    locs = [tuple(e["loc"]) for e in errors]
+    parts = []
+    for err, loc in zip(errors, locs, strict=True):
+        if err["type"] == "too_short" and any(o[: len(loc)] == loc and len(o) > len(loc) for o in locs):
+            continue  # pydantic's echo of an invalid item, already reported
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "keyed":
+            ctx = err.get("ctx") or {}
+            key = f"{_dotted(where, loc)}.{ctx['key']}"
+            msg = ctx["msg"]
+        else:
+            key = _dotted(where, loc)
+            if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+                msg = "unknown key"
+        parts.append(f"{key}: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,257 @@
+"""Aggregate run rows into a paper-style table and render it as Markdown, LaTeX and CSV."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from lightning_modules.errors import ConfigError
+from reports.spec import MetricSpec, ReportSpec
+
+MISSING = "–"
+_KEY = "_row_key"
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A table cell (or a whole row, ``metric=None``) with no value."""
+
+    row: tuple[Any, ...]
+    metric: str | None
+    reason: str
+
+    def describe(self, spec: ReportSpec) -> str:
+        """``sharing=all E=64 / MLM acc: not recorded by its 2 runs``."""
+        what = row_text(spec, self.row)
+        if self.metric is not None:
+            what += f" / {spec.axis_label(self.metric)}"
+        return f"{what}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """Aggregated statistics, one row per distinct value of ``spec.rows``.
+
+    Attributes:
+        spec: The report spec.
+        stats: Columns: each of ``spec.rows`` (dotted names), ``n`` (included runs),
+            then ``<metric>.mean``, ``<metric>.std`` (NaN unless n > 1), ``<metric>.n``
+            for every spec metric and every plot axis that is a metric. Naturally sorted.
+        run_ids: Ids of the included runs that the table averages.
+        missing: Empty cells and rows, in table order.
+    """
+
+    spec: ReportSpec
+    stats: pd.DataFrame
+    run_ids: list[str]
+    missing: list[Missing]
+
+    def keys(self) -> list[tuple[Any, ...]]:
+        """Row keys in table order."""
+        return [tuple(_clean(v) for v in r) for r in self.stats[list(self.spec.rows)].itertuples(index=False)]
+
+
+def _clean(v: Any) -> Any:
+    """Numpy scalars -> Python, NaN -> None, so keys hash and print cleanly."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v
+
+
+def _key_column(values: list[Any]) -> pd.Series:
+    """Row-key values as a column; ints stay ints even next to None (no 128 -> 128.0)."""
+    column = pd.Series(values, dtype=object)
+    return column if any(v is None for v in values) else column.infer_objects()
+
+
+def natural_key(value: Any) -> tuple[Any, ...]:
+    """Sort numbers numerically, then strings naturally (``l2`` < ``l10``), then None."""
+    value = _clean(value)
+    if value is None:
+        return (2,)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value))
+    parts = re.split(r"(\d+)", str(value))
+    return (1, tuple(int(p) if i % 2 else p.lower() for i, p in enumerate(parts)))
+
+
+def row_text(spec: ReportSpec, key: tuple[Any, ...], skip: str | None = None) -> str:
+    """``sharing=all E=64 F=1`` for a row key."""
+    return " ".join(f"{spec.row_label(r)}={v}" for r, v in zip(spec.rows, key, strict=True) if r != skip)
+
+
+def aggregated_metrics(spec: ReportSpec) -> list[str]:
+    """Spec metrics, then plot axes that are metrics (not row params)."""
+    names = [m.name for m in spec.metrics]
+    for p in spec.plots:
+        names += [a for a in (p.x, p.y) if a not in spec.rows and a not in names]
+    return names
+
+
+def _metric_keys(spec: ReportSpec) -> list[tuple[str, str]]:
+    """(dotted spec key, name) of every metric the table or a plot needs."""
+    keys = [(f"metrics[{i}].name", m.name) for i, m in enumerate(spec.metrics)]
+    for i, p in enumerate(spec.plots):
+        keys += [(f"plots[{i}].{axis}", name) for axis, name in (("x", p.x), ("y", p.y)) if name not in spec.rows]
+    return keys
+
+
+def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
+    """Group runs by ``spec.rows`` and average each metric over the included runs.
+
+    Every configuration seen in ``runs`` gets a row, even one whose runs all
+    failed or were pruned (its cells are then missing).
+
+    Raises:
+        ConfigError: a row param is not a param of any run.
+    """
+    metrics = aggregated_metrics(spec)
+    columns = [*spec.rows, "n"] + [f"{m}.{s}" for m in metrics for s in ("mean", "std", "n")]
+    if runs.empty:
+        return Table(spec, pd.DataFrame(columns=columns), [], [])
+    for i, r in enumerate(spec.rows):
+        if r not in runs.columns:
+            raise ConfigError(f"report.rows[{i}]: {r!r} is not a param of any run in this study")
+    runs = runs.reindex(columns=[*runs.columns, *(m for m in metrics if m not in runs.columns)])
+    for key, name in _metric_keys(spec):
+        if not pd.api.types.is_numeric_dtype(runs[name]):
+            raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
+    runs = runs.assign(**{_KEY: [tuple(_clean(v) for v in t) for t in runs[list(spec.rows)].itertuples(index=False)]})
+    keys = sorted(set(runs[_KEY]), key=lambda k: tuple(natural_key(v) for v in k))
+    used = runs[runs["state"].isin(spec.include_states)]
+
+    grouped = used.groupby(_KEY, sort=False)
+    n = grouped.size().reindex(keys, fill_value=0)
+    agg = grouped[metrics].agg(["mean", "std", "count"]).reindex(keys)
+    stats = pd.DataFrame({r: _key_column([k[i] for k in keys]) for i, r in enumerate(spec.rows)})
+    stats["n"] = n.to_numpy()
+    for m in metrics:
+        stats[f"{m}.mean"] = agg[(m, "mean")].to_numpy(dtype=float)
+        stats[f"{m}.std"] = agg[(m, "std")].to_numpy(dtype=float)
+        stats[f"{m}.n"] = agg[(m, "count")].fillna(0).to_numpy(dtype=int)
+
+    missing: list[Missing] = []
+    states = runs.groupby(_KEY, sort=False)["state"].agg(lambda s: s.fillna("no state").value_counts().to_dict())
+    seen_states = dict(zip(states.index, states.to_list(), strict=True))
+    wanted = "/".join(spec.include_states)
+    for i, key in enumerate(keys):
+        n_runs = int(stats.at[i, "n"])
+        if n_runs == 0:
+            seen = ", ".join(f"{c} {s}" for s, c in seen_states[key].items())
+            missing.append(Missing(key, None, f"no {wanted} runs ({seen})"))
+            continue
+        for metric in spec.metrics:
+            if stats.at[i, f"{metric.name}.n"] == 0:
+                missing.append(Missing(key, metric.name, f"not recorded by its {n_runs} {wanted} run(s)"))
+    return Table(spec, stats, sorted(used["run_id"]), missing)
+
+
+# ---------------------------------------------------------------- formatting
+def format_number(value: float, metric: MetricSpec) -> str:
+    """One number in the metric's format: ``12.0M``, ``61.2`` (percent), ``1.23e+09``."""
+    d = metric.ndigits
+    if metric.format == "millions":
+        return f"{value / 1e6:.{d}f}M"
+    if metric.format == "percent":
+        return f"{value * 100:.{d}f}"
+    if metric.format == "sci":
+        return f"{value:.{d}e}"
+    return f"{value:.{d}f}"
+
+
+def format_cell(mean: float, std: float, n: int, metric: MetricSpec) -> str:
+    """``61.2 ± 0.4``; the std only when n > 1 and it is non-zero; ``–`` when n = 0."""
+    if n == 0 or math.isnan(mean):
+        return MISSING
+    text = format_number(mean, metric)
+    if n > 1 and not math.isnan(std) and std > 0:
+        text += f" ± {format_number(std, metric)}"
+    return text
+
+
+def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
+    """Headers, display text and bold flags for every cell (key columns, metrics, n).
+
+    The best mean per metric (by ``better``) is bold, along with any mean that
+    displays identically.
+    """
+    spec, st = table.spec, table.stats
+    headers = [spec.row_label(r) for r in spec.rows] + [m.display for m in spec.metrics] + ["n"]
+    best: dict[str, str] = {}
+    for m in spec.metrics:
+        means = st.loc[st[f"{m.name}.n"] > 0, f"{m.name}.mean"].dropna()
+        if m.better and len(means):
+            best[m.name] = format_number(means.max() if m.better == "higher" else means.min(), m)
+    text, bold = [], []
+    for key, (_, row) in zip(table.keys(), st.iterrows(), strict=True):
+        t = [str(v) for v in key]
+        b = [False] * len(key)
+        for m in spec.metrics:
+            mean, std, n = row[f"{m.name}.mean"], row[f"{m.name}.std"], int(row[f"{m.name}.n"])
+            t.append(format_cell(mean, std, n, m))
+            b.append(n > 0 and best.get(m.name) == format_number(mean, m))
+        t.append(str(int(row["n"])))
+        b.append(False)
+        text.append(t)
+        bold.append(b)
+    return headers, text, bold
+
+
+def _numeric_columns(table: Table) -> list[bool]:
+    keys = [all(isinstance(k, (int, float)) or k is None for k in table.stats[r]) for r in table.spec.rows]
+    return keys + [True] * (len(table.spec.metrics) + 1)
+
+
+def to_markdown(table: Table) -> str:
+    """A GitHub pipe table; best cells in ``**bold**``."""
+    headers, text, bold = cells(table)
+
+    def esc(s: str) -> str:
+        return s.replace("|", r"\|")
+
+    lines = ["| " + " | ".join(esc(h) for h in headers) + " |"]
+    lines.append("|" + "|".join("---:" if num else ":---" for num in _numeric_columns(table)) + "|")
+    for t, b in zip(text, bold, strict=True):
+        lines.append("| " + " | ".join(f"**{esc(s)}**" if bb else esc(s) for s, bb in zip(t, b, strict=True)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_SPECIALS = {c: "\\" + c for c in "&%$#_{}"} | {
+    "\\": r"\textbackslash{}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def latex_escape(s: str) -> str:
+    """Escape LaTeX specials in free text (the caption)."""
+    return "".join(_LATEX_SPECIALS.get(c, c) for c in s)
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs ``table`` with the title as caption; best cells in ``\\textbf{}``."""
+    headers, text, bold = cells(table)
+    display = pd.DataFrame(text, columns=pd.Index(headers))
+    flags = pd.DataFrame(bold, columns=display.columns, index=display.index)
+    styler = (
+        display.style.hide(axis="index")
+        .format(lambda s: s.replace("±", r"$\pm$").replace(MISSING, "--"), escape="latex")
+        .format_index(escape="latex", axis=1)
+        .apply(lambda _: flags.map(lambda f: "textbf:--rwrap;" if f else ""), axis=None)
+    )
+    colfmt = "".join("r" if num else "l" for num in _numeric_columns(table))
+    return styler.to_latex(
+        hrules=True, column_format=colfmt, caption=latex_escape(table.spec.title), position_float="centering"
+    )
+
+
+def to_csv(table: Table) -> str:
+    """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric."""
+    cols = [*table.spec.rows, "n"] + [f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")]
+    return table.stats[cols].to_csv(index=False)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_modules.errors import ConfigError
+from reports.spec import MetricSpec, ReportSpec
+
+GOOD = {
+    "title": "T",
+    "rows": ["model.sharing", "model.embed_dim"],
+    "metrics": [{"name": "params.backbone", "format": "millions"}, {"name": "val/mlm_acc", "better": "higher"}],
+    "plots": [{"x": "params.backbone", "y": "val/mlm_acc", "hue": "model.sharing"}],
+}
+
+
+def test_parses_with_defaults():
+    spec = ReportSpec.from_mapping(GOOD)
+    assert spec.rows == ("model.sharing", "model.embed_dim")
+    assert spec.include_states == ("COMPLETE",)
+    assert spec.metrics[1] == MetricSpec(name="val/mlm_acc", better="higher")
+    assert spec.metrics[0].ndigits == 1 and spec.metrics[1].ndigits == 3
+    assert spec.row_label("model.embed_dim") == "embed_dim"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.title = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"metrics": [{"name": "a"}, {"name": "b"}, {"label": "no name"}]}, "report.metrics[2].name: "),
+        ({"metrics": [{"name": "a", "format": "pct"}]}, "report.metrics[0].format: "),
+        ({"metrics": [{"name": "a", "colour": "red"}]}, "report.metrics[0].colour: unknown key"),
+        ({"metrics": [{"name": "a"}, {"name": "a"}]}, "report.metrics[1]: 'a' is listed twice"),
+        ({"metrics": []}, "report.metrics: "),
+        ({"rows": []}, "report.rows: "),
+        ({"rows": ["a", "a"]}, "report.rows: duplicate"),
+        ({"colour": 1}, "report.colour: unknown key"),
+        ({"plots": [{"x": "a", "y": "b", "hue": "model.seed"}]}, "report.plots[0].hue: "),
+        ({"plots": [{"x": "a", "y": "model.sharing"}]}, "report.plots[0].y: "),
+        ({"row_labels": {"model.num_ffn": "F"}}, "report.row_labels.model.num_ffn: "),
+        ({"include_states": ["DONE"]}, "report.include_states[0]: "),
+        ({"title": None}, "report.title: "),
+    ],
+)
+def test_errors_name_the_key(change, key):
+    with pytest.raises(ConfigError) as err:
+        ReportSpec.from_mapping({**GOOD, **change})
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_not_a_mapping():
+    with pytest.raises(ConfigError, match=r"^study\.report: expected a mapping"):
+        ReportSpec.from_mapping(["x"], where="study.report")
+
+
+def test_standalone_yaml(tmp_path):
+    path = tmp_path / "REPORT.yaml"
+    path.write_text("study: s1\ntracking_uri: sqlite:///x.db\ntitle: T\nrows: [a]\nmetrics: [{name: m}]\n")
+    spec = ReportSpec.from_yaml(path)
+    assert (spec.study, spec.tracking_uri) == ("s1", "sqlite:///x.db")
+    path.write_text("title: T\nrows: [a]\nmetrics: [{name: m, digits: -1}]\n")
+    with pytest.raises(ConfigError, match=r"REPORT\.yaml\.metrics\[0\]\.digits: "):
+        ReportSpec.from_yaml(path)
+    path.write_text("title: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"REPORT\.yaml"):
+        ReportSpec.from_yaml(path)

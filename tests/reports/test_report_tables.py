@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import io
+import math
+
+import pandas as pd
+import pytest
+
+from lightning_modules.errors import ConfigError
+from reports.runs import load_runs
+from reports.spec import MetricSpec, ReportSpec
+from reports.tables import aggregate, format_cell, natural_key, to_csv, to_latex, to_markdown
+from tests.reports.report_fixtures import STUDY
+
+
+@pytest.fixture(scope="module")
+def runs(store):
+    return load_runs(store.uri, STUDY)[0]
+
+
+def _row(table, sharing, embed):
+    st = table.stats
+    return st[(st["model.sharing"] == sharing) & (st["model.embed_dim"] == embed)].iloc[0]
+
+
+def test_aggregate_means_stds_and_n(runs, spec):
+    table = aggregate(runs, spec)
+    assert table.keys() == [
+        ("all", 64, 1),
+        ("all", 128, 1),
+        ("attn", 64, 2),
+        ("ffn", 64, 1),
+        ("none", 64, 1),
+        ("none", 128, 1),
+    ]  # 64 before 128: numeric sort
+    r = _row(table, "all", 64)
+    assert r["n"] == 2 and r["val/mlm_acc.n"] == 2
+    assert r["val/mlm_acc.mean"] == pytest.approx(0.61)
+    assert r["val/mlm_acc.std"] == pytest.approx(math.sqrt(2 * 0.01**2))  # sample std
+    single = _row(table, "all", 128)
+    assert single["n"] == 1 and math.isnan(single["val/mlm_acc.std"])
+    # the failed seed of none/128 is left out; its completed seed lacks sentence_acc
+    r = _row(table, "none", 128)
+    assert r["n"] == 1 and r["val/loss.mean"] == 1.8 and r["val/sentence_acc.n"] == 0
+    assert len(table.run_ids) == 6
+
+
+def test_failed_only_rows_and_missing_cells(runs, spec):
+    table = aggregate(runs, spec)
+    assert _row(table, "attn", 64)["n"] == 0
+    notes = [m.describe(spec) for m in table.missing]
+    assert "sharing=attn E=64 F=2: no COMPLETE runs (1 FAIL)" in notes
+    assert "sharing=ffn E=64 F=1: no COMPLETE runs (1 PRUNED)" in notes
+    assert any(n.startswith("sharing=none E=128 F=1 / SOP acc: not recorded") for n in notes)
+    md = to_markdown(table)
+    assert "| attn | 64 | 2 | – | – | – | – | 0 |" in md
+    # including PRUNED brings the ffn row back
+    pruned = ReportSpec.from_mapping({**_as_mapping(spec), "include_states": ["COMPLETE", "PRUNED"]})
+    assert _row(aggregate(runs, pruned), "ffn", 64)["val/mlm_acc.mean"] == 0.30
+
+
+def _as_mapping(spec):
+    import dataclasses
+
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
+def test_markdown_and_latex_bold_the_best(runs, spec):
+    table = aggregate(runs, spec)
+    md = to_markdown(table)
+    assert md.splitlines()[0] == "| sharing | E | F | Params | MLM acc | SOP acc | Val loss | n |"
+    assert "| none | 64 | 1 | 11.2M | **66.0 ± 1.4** | **85.0 ± 1.4** | **1.65 ± 0.07** | 2 |" in md
+    assert "| all | 64 | 1 | **4.1M** | 61.0 ± 1.4 |" in md  # identical params across seeds: no "± 0"
+    tex = to_latex(table)
+    for rule in (r"\toprule", r"\midrule", r"\bottomrule"):
+        assert tex.count(rule) == 1
+    assert r"\caption{Embedding size \& sharing}" in tex
+    assert r"\textbf{66.0 $\pm$ 1.4}" in tex and r"\textbf{4.1M}" in tex
+    assert tex.count(r"\textbf") == 4
+    assert r"attn & 64 & 2 & -- & -- & -- & -- & 0 \\" in tex
+
+
+def test_latex_escapes_values():
+    spec = ReportSpec.from_mapping({"title": "50% of a_b", "rows": ["x"], "metrics": [{"name": "m"}]})
+    runs = pd.DataFrame({"run_id": ["r"], "state": ["COMPLETE"], "x": ["a_b&c"], "m": [1.0]})
+    tex = to_latex(aggregate(runs, spec))
+    assert r"a\_b\&c" in tex and r"\caption{50\% of a\_b}" in tex
+
+
+def test_csv_round_trips_numbers(runs, spec):
+    table = aggregate(runs, spec)
+    back = pd.read_csv(io.StringIO(to_csv(table)))
+    assert list(back.columns[:4]) == ["model.sharing", "model.embed_dim", "model.num_ffn", "n"]
+    for col in ("val/mlm_acc.mean", "val/mlm_acc.std", "params.backbone.mean", "val/loss.n"):
+        pd.testing.assert_series_equal(back[col], table.stats[col], check_dtype=False, check_exact=True)
+
+
+def test_unknown_row_param_is_a_config_error(runs):
+    spec = ReportSpec.from_mapping(
+        {"title": "T", "rows": ["model.sharing", "model.embedim"], "metrics": [{"name": "val/loss"}]}
+    )
+    with pytest.raises(ConfigError, match=r"^report\.rows\[1\]: 'model\.embedim'"):
+        aggregate(runs, spec)
+
+
+def test_non_numeric_metric_is_a_config_error(runs):
+    spec = ReportSpec.from_mapping(
+        {"title": "T", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}, {"name": "data.corpus"}]}
+    )
+    with pytest.raises(ConfigError, match=r"^report\.metrics\[1\]\.name: 'data\.corpus' is not numeric"):
+        aggregate(runs, spec)
+
+
+def test_formats():
+    m = lambda **kw: MetricSpec(name="m", **kw)  # noqa: E731
+    assert format_cell(12.04e6, 0.0, 2, m(format="millions")) == "12.0M"
+    assert format_cell(0.612, 0.004, 3, m(format="percent")) == "61.2 ± 0.4"
+    assert format_cell(0.612, 0.004, 1, m(format="percent")) == "61.2"
+    assert format_cell(1.23456, float("nan"), 1, m(digits=2)) == "1.23"
+    assert format_cell(1234.6, 0.0, 1, m(format="int")) == "1235"
+    assert format_cell(2.5e9, 0.0, 1, m(format="sci")) == "2.50e+09"
+    assert format_cell(float("nan"), float("nan"), 0, m()) == "–"
+    assert sorted(["l10", "l2", None, 3, 1.5], key=natural_key) == [1.5, 3, "l2", "l10", None]
