@@ -121,6 +121,10 @@ class DataConfig:
             (``text``, ``json``/``jsonl`` optionally ``.gz``, ``parquet``), or a
             ``datasets`` hub name (``wikitext/wikitext-103-raw-v1``), streamed.
         text_field: column holding the document text in json/parquet/hub corpora.
+        text_doc_chars: in ``.txt`` corpora (and ``norvig-big``), a document groups
+            consecutive paragraphs up to about this many characters, so that books whose
+            paragraphs are single lines still give pairs that fill ``max_length``;
+            0 = one paragraph per document.
         max_length: tokens per packed sequence, [CLS] and [SEP]s included.
         lowercase: lowercase and strip accents before WordPiece.
         tokenizer_docs: documents read to train the WordPiece tokenizer.
@@ -134,6 +138,7 @@ class DataConfig:
 
     corpus: str = "norvig-big"
     text_field: str = "text"
+    text_doc_chars: NonNegInt = 4000
     max_length: Annotated[int, Field(ge=16)] = 128
     lowercase: bool = True
     tokenizer_docs: PosInt = 20000

@@ -1,0 +1,243 @@
+"""Corpora as streams of documents, read through ``datasets`` in streaming mode.
+
+``data.corpus`` is resolved by :func:`datamodules.sources.resolve_corpus` (builtin
+``norvig-big``, local ``.txt``/``.json[l][.gz]``/``.parquet`` files, or a hub name).
+A ``.txt`` file holds documents of consecutive blank-line separated paragraphs (grouped
+to about ``data.text_doc_chars`` characters); a json record
+or parquet row holds one document in ``data.text_field``, paragraphs separated by
+newlines.
+
+Documents never leave the stream: nothing is materialised, so memory does not grow
+with the corpus. A document belongs to the validation split when a stable hash of its
+text falls below ``data.val_fraction`` (:func:`is_validation`), so the two splits never
+share a document. :func:`iter_documents` reads one reader's share, a reader being one
+DataLoader worker of one DDP rank.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import hashlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import datasets
+from datasets.distributed import split_dataset_by_node
+
+from datamodules.sources import CorpusSpec, error, resolve_corpus
+from lightning_modules.config import DataConfig
+from lightning_modules.errors import DataError
+
+__all__ = [
+    "CorpusSpec",
+    "Split",
+    "check_corpus",
+    "document_hash",
+    "is_validation",
+    "iter_documents",
+    "num_shards",
+    "open_corpus",
+    "partition",
+    "resolve_corpus",
+]
+
+Split = Literal["train", "validation"]
+
+_READ_BATCH = 256  # documents per Arrow batch pulled from `datasets`
+DOC_SHUFFLE_BUFFER = 256
+"""Documents in the `datasets` shuffle buffer of the training stream (bounded memory)."""
+
+
+def open_corpus(spec: CorpusSpec) -> datasets.IterableDataset:
+    """Open a corpus as a streaming ``datasets.IterableDataset`` (nothing is read yet).
+
+    Raises:
+        DataError: the corpus cannot be opened (hub unreachable, unreadable file, ...).
+    """
+    try:
+        if spec.builder == "text":
+            ds = datasets.load_dataset(
+                "text", data_files=list(spec.files), sample_by="paragraph", split="train", streaming=True
+            )
+        elif spec.is_local:
+            ds = datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train", streaming=True)
+        else:
+            ds = datasets.load_dataset(spec.builder, spec.config_name, split="train", streaming=True)
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to open is the corpus's problem
+        raise _read_error(spec, exc) from None
+    if ds.features is not None and spec.text_field not in ds.features:
+        raise DataError(
+            f"data.text_field: {spec.text_field!r} is not a column of {spec.source} "
+            f"(columns: {', '.join(ds.features)})"
+        )
+    return ds
+
+
+def _find_non_utf8(files: tuple[str, ...]) -> str | None:
+    for name in files:
+        opener = gzip.open if name.endswith(".gz") else open
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            with opener(name, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    decoder.decode(chunk)
+                decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return name
+        except OSError:
+            continue
+    return None
+
+
+def _read_error(spec: CorpusSpec, exc: BaseException) -> DataError:
+    if isinstance(exc, UnicodeDecodeError):
+        bad = _find_non_utf8(spec.files) if spec.builder != "parquet" else None
+        return error(spec.source, f"{bad}: not UTF-8 text" if bad else "not UTF-8 text")
+    first_line = (str(exc).splitlines() or [""])[0]
+    if spec.is_local:
+        return error(spec.source, f"cannot read: {type(exc).__name__}: {first_line}")
+    return error(spec.source, f"cannot load this hub dataset: {type(exc).__name__}: {first_line}")
+
+
+def num_shards(data: DataConfig) -> int:
+    """Shards (files, or hub data files) of ``data.corpus``: the units readers split."""
+    return open_corpus(resolve_corpus(data.corpus, data.text_field)).num_shards
+
+
+def document_hash(doc: str) -> float:
+    """A stable hash of a document's text, uniform in [0, 1)."""
+    digest = hashlib.blake2b(doc.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def is_validation(doc: str, val_fraction: float) -> bool:
+    """Whether a document is held out for validation (decided by its text alone)."""
+    return document_hash(doc) < val_fraction
+
+
+def partition(
+    ds: datasets.IterableDataset, rank: int, world_size: int, worker: int, num_workers: int
+) -> datasets.IterableDataset:
+    """One reader's share of a stream; readers are ``world_size * num_workers`` (rank, worker).
+
+    Whole shards go to readers when there are at least as many shards as readers
+    (``IterableDataset.shard``); otherwise ``split_dataset_by_node`` over all readers
+    gives each one every n-th document. Either way, readers never share a document.
+    """
+    readers, index = world_size * num_workers, rank * num_workers + worker
+    if readers == 1:
+        return ds
+    if ds.num_shards >= readers:
+        return ds.shard(num_shards=readers, index=index, contiguous=False)
+    return split_dataset_by_node(ds, rank=index, world_size=readers)
+
+
+def _clean(text: Any, builder: str) -> str:
+    if not isinstance(text, str):
+        return ""
+    if builder == "text":  # a paragraph of a text file: single newlines are line wrapping
+        text = text.replace("\n", " ")
+    return text.strip()
+
+
+def _group(raws: list[Any], builder: str, pending: list[str], doc_chars: int) -> Iterator[str]:
+    """Clean documents; for text files, join consecutive paragraphs into documents of about
+    ``doc_chars`` characters (one paragraph per line). ``pending`` carries a partial one."""
+    for raw in raws:
+        doc = _clean(raw, builder)
+        if not doc:
+            continue
+        if builder != "text" or doc_chars == 0:
+            yield doc
+            continue
+        pending[:] = [f"{pending[0]}\n{doc}" if pending else doc]
+        if len(pending[0]) >= doc_chars:
+            yield pending.pop()
+
+
+def iter_documents(
+    data: DataConfig,
+    split: Split | None = "train",
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    shuffle_seed: int | None = None,
+    epoch: int = 0,
+    spec: CorpusSpec | None = None,
+) -> Iterator[str]:
+    """Stream the documents of one split, one reader's share of them.
+
+    Args:
+        data: the data config (``corpus``, ``text_field``, ``val_fraction``).
+        split: ``train``, ``validation``, or None for every document.
+        rank: DDP rank of this reader.
+        world_size: number of DDP ranks.
+        worker: DataLoader worker id of this reader.
+        num_workers: DataLoader workers per rank.
+        shuffle_seed: when given, shard order and a small document buffer are shuffled
+            with this seed and ``epoch`` (``datasets``' own ``shuffle``/``set_epoch``).
+        epoch: epoch number, reshuffling the order each epoch.
+        spec: an already resolved corpus (default: resolve ``data.corpus``).
+
+    Yields:
+        Non-blank documents, stripped (text-file paragraphs have line wraps joined).
+
+    Raises:
+        DataError: the corpus is missing or unreadable (non-UTF-8, malformed json, ...).
+    """
+    spec = spec or resolve_corpus(data.corpus, data.text_field)
+    ds = partition(open_corpus(spec), rank, world_size, worker, num_workers)
+    if shuffle_seed is not None:
+        ds = ds.shuffle(seed=shuffle_seed, buffer_size=DOC_SHUFFLE_BUFFER)
+        ds.set_epoch(epoch)
+    field = spec.text_field
+    batches = ds.iter(batch_size=_READ_BATCH)  # .iter(): we shard ourselves, even in workers
+    pending: list[str] = []  # a text-file document still being grouped
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            if pending and (split is None or is_validation(pending[0], data.val_fraction) == (split == "validation")):
+                yield pending[0]
+            return
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - unreadable data is the corpus's problem
+            raise _read_error(spec, exc) from None
+        if field not in batch:
+            columns = ", ".join(batch)
+            raise DataError(f"data.text_field: {field!r} is not a column of {spec.source} (columns: {columns})")
+        for doc in _group(batch[field], spec.builder, pending, data.text_doc_chars):
+            if split is None or is_validation(doc, data.val_fraction) == (split == "validation"):
+                yield doc
+
+
+def check_corpus(data: DataConfig, spec: CorpusSpec | None = None, max_scan: int = 200_000) -> None:
+    """Fail early if the corpus is missing, empty, or lacks a training or validation document.
+
+    Scans at most ``max_scan`` documents (stopping as soon as both splits have one).
+
+    Raises:
+        DataError: naming the corpus.
+    """
+    spec = spec or resolve_corpus(data.corpus, data.text_field)
+    seen, has = 0, {True: False, False: False}
+    for doc in iter_documents(data, None, spec=spec):
+        has[is_validation(doc, data.val_fraction)] = True
+        seen += 1
+        if (has[True] and has[False]) or seen >= max_scan:
+            break
+    if seen == 0:
+        raise error(spec.source, "corpus is empty")
+    for held_out, name in ((True, "validation"), (False, "training")):
+        if not has[held_out]:
+            raise error(
+                spec.source,
+                f"no {name} document among the first {seen} documents "
+                f"(data.val_fraction={data.val_fraction}); the corpus is too small",
+            )

@@ -1,0 +1,120 @@
+"""The pre-training LightningDataModule: MLM + SOP/NSP batches from a streamed corpus.
+
+Usage::
+
+    dm = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed)
+    trainer.fit(module, datamodule=dm)   # or dm.prepare_data(); dm.setup("fit")
+    mlflow.log_artifact(str(dm.tokenizer_path))
+
+Batches are dicts of tensors (see :func:`datamodules.stream.collate`): ``input_ids``,
+``token_type_ids``, ``attention_mask`` (bool), ``mlm_labels``, ``sentence_label``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning.pytorch as pl
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
+
+from datamodules.corpus import Split, check_corpus, resolve_corpus
+from datamodules.stream import PretrainStream
+from datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
+from lightning_modules.config import DataConfig, ObjectiveConfig
+
+
+class PretrainDataModule(pl.LightningDataModule):
+    """Streams pre-training batches; trains or loads the WordPiece tokenizer first.
+
+    Args:
+        data: corpus, tokenizer and batching settings.
+        objective: sentence task (``sop|nsp|none``) and masking strategy.
+        vocab_size: ``model.vocab_size``, the size of the trained tokenizer.
+        seed: run seed (shuffling, pairs and masking derive from it).
+        val_batches: cap on batches per validation pass (per rank); None = every
+            held-out document once.
+
+    Attributes:
+        tokenizer: the trained ``tokenizers.Tokenizer`` (after ``prepare_data``/``setup``).
+        tokenizer_path: its cached JSON file, to log as a run artifact.
+    """
+
+    def __init__(
+        self,
+        data: DataConfig,
+        objective: ObjectiveConfig,
+        vocab_size: int,
+        seed: int,
+        val_batches: int | None = None,
+    ) -> None:
+        super().__init__()
+        if val_batches is not None and val_batches <= 0:
+            raise ValueError("val_batches must be positive or None")
+        self.data, self.objective = data, objective
+        self.vocab_size, self.seed, self.val_batches = vocab_size, seed, val_batches
+        self.tokenizer: Tokenizer | None = None
+        self.tokenizer_path: Path | None = None
+        self._checked = False
+
+    def _ensure_ready(self) -> None:
+        if not self._checked:  # DataError for a missing/empty/unreadable corpus, before training
+            check_corpus(self.data, resolve_corpus(self.data.corpus, self.data.text_field))
+            self._checked = True
+        if self.tokenizer is None:
+            self.tokenizer, self.tokenizer_path = load_or_train_tokenizer(self.data, self.vocab_size)
+
+    def prepare_data(self) -> None:
+        """Check the corpus and train (or load) the tokenizer, once per node."""
+        self._ensure_ready()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Check the corpus and load the tokenizer (trained by ``prepare_data``) on every rank."""
+        self._ensure_ready()
+
+    @property
+    def special_ids(self) -> SpecialIds:
+        """Ids of ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (0..4)."""
+        self._ensure_ready()
+        assert self.tokenizer is not None
+        return special_ids(self.tokenizer)
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _loader(self, split: Split, max_batches: int | None) -> DataLoader:
+        self._ensure_ready()
+        assert self.tokenizer is not None
+        rank, world_size = self._rank()
+        stream = PretrainStream(
+            self.data,
+            self.objective,
+            self.tokenizer.to_str(),
+            self.seed,
+            split,
+            rank=rank,
+            world_size=world_size,
+            max_batches=max_batches,
+        )
+        workers = self.data.num_workers
+        if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Endless training batches, reshuffled each epoch of the corpus (seed + epoch)."""
+        return self._loader("train", None)
+
+    def val_dataloader(self) -> DataLoader:
+        """Finite, deterministic validation batches: the same pairs and masks every time."""
+        return self._loader("validation", self.val_batches)

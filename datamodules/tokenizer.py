@@ -1,0 +1,222 @@
+"""WordPiece tokenizer trained on the corpus, cached by fingerprint.
+
+The tokenizer is BERT's: BERT normalizer (``data.lowercase`` lowercases and strips
+accents), BERT pre-tokenizer, WordPiece with ``##`` continuation pieces, and the
+special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0..4. It is trained on the
+first ``data.tokenizer_docs`` training documents and saved as one JSON file under
+``<cache>/tokenizers/``, named by a fingerprint of everything that determines it, so a
+second run with the same corpus and settings loads it instead of retraining.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tqdm.auto import tqdm
+
+from datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
+from lightning_modules.config import DataConfig
+from lightning_modules.errors import ConfigError, DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""Special tokens, at ids 0..4 in this order."""
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+RECIPE_VERSION = 3
+"""Bumped whenever the training recipe changes, so stale cached tokenizers miss."""
+_TRAIN_BATCH = 256  # documents per batch handed to the Rust trainer
+_PROGRESS_DELAY_S = 3.0  # the progress bar appears only if reading takes longer
+
+
+class SpecialIds(NamedTuple):
+    """Ids of the special tokens."""
+
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+
+def special_ids(tokenizer: Tokenizer) -> SpecialIds:
+    """The ids of ``[PAD] [UNK] [CLS] [SEP] [MASK]`` in ``tokenizer``.
+
+    Raises:
+        ValueError: the tokenizer lacks one of them.
+    """
+    ids = [tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS]
+    if any(i is None for i in ids):
+        raise ValueError(f"tokenizer lacks special tokens {SPECIAL_TOKENS}")
+    return SpecialIds(*ids)  # type: ignore[arg-type]
+
+
+def cache_root(data: DataConfig) -> Path:
+    """The cache folder: ``data.cache_dir``, else ``$ABLATE_CACHE``, else ``~/.cache/ablate``."""
+    if data.cache_dir is not None:
+        return Path(data.cache_dir).expanduser()
+    env = os.environ.get("ABLATE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ablate"
+
+
+def fingerprint(data: DataConfig, vocab_size: int, spec: CorpusSpec | None = None) -> str:
+    """A hex digest of everything the trained tokenizer depends on.
+
+    That is the corpus identity (resolved files with sizes and mtimes, or the hub
+    name), the text field, the validation fraction (training documents only), the
+    text-document grouping, the
+    vocabulary size, lowercasing, ``tokenizer_docs`` and the recipe version.
+    """
+    spec = spec or resolve_corpus(data.corpus, data.text_field)
+    key = {
+        "corpus": spec.identity(),
+        "val_fraction": data.val_fraction,
+        "text_doc_chars": data.text_doc_chars,
+        "vocab_size": vocab_size,
+        "lowercase": data.lowercase,
+        "tokenizer_docs": data.tokenizer_docs,
+        "recipe": RECIPE_VERSION,
+    }
+    return hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=10).hexdigest()
+
+
+def tokenizer_path(data: DataConfig, vocab_size: int, spec: CorpusSpec | None = None) -> Path:
+    """Where the tokenizer for this corpus and settings is (or will be) cached."""
+    return cache_root(data) / "tokenizers" / f"wordpiece-v{vocab_size}-{fingerprint(data, vocab_size, spec)}.json"
+
+
+def new_tokenizer(lowercase: bool) -> Tokenizer:
+    """An untrained BERT WordPiece tokenizer (normalizer, pre-tokenizer, post-processor)."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
+    """Train a WordPiece tokenizer on ``documents`` (consumed once, in batches).
+
+    Args:
+        documents: training texts.
+        vocab_size: target vocabulary size, special tokens included.
+        lowercase: lowercase and strip accents.
+
+    Returns:
+        The trained tokenizer, specials at ids 0..4 and a ``[CLS] A [SEP] B [SEP]``
+        post-processor (used by ``encode(a, b)``; pre-training adds specials itself).
+
+    Raises:
+        ConfigError: ``vocab_size`` cannot hold the specials and the alphabet.
+    """
+    tok = new_tokenizer(lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=max(1, min(1000, (vocab_size - NUM_SPECIAL) // 4)),  # chars and their ## twins fit
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    docs = iter(documents)
+    batches: Iterator[list[str]] = iter(lambda: list(itertools.islice(docs, _TRAIN_BATCH)), [])
+    tok.train_from_iterator(batches, trainer=trainer)
+    if tok.get_vocab_size() > vocab_size:
+        raise ConfigError(f"model.vocab_size: {vocab_size} is too small for this corpus's alphabet")
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok
+
+
+def _save_atomic(tok: Tokenizer, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        tok.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenizer, Path]:
+    """Load the cached tokenizer for this corpus and settings, or train and cache it.
+
+    Training reads the first ``data.tokenizer_docs`` training documents, with a
+    progress bar when that takes more than a few seconds, and writes the cache file
+    atomically (temporary file, then rename): a crash leaves no partial file.
+
+    Args:
+        data: corpus, ``lowercase``, ``tokenizer_docs``, ``cache_dir``.
+        vocab_size: ``model.vocab_size``.
+
+    Returns:
+        The tokenizer and the path of its JSON file (log it as a run artifact).
+
+    Raises:
+        DataError: the corpus is missing, unreadable or has no training document.
+    """
+    spec = resolve_corpus(data.corpus, data.text_field)
+    path = tokenizer_path(data, vocab_size, spec)
+    if path.is_file():
+        try:
+            tok = Tokenizer.from_file(str(path))
+            special_ids(tok)
+            return tok, path
+        except Exception:  # noqa: BLE001 - a corrupt cache entry is retrained
+            path.unlink(missing_ok=True)
+    docs = itertools.islice(iter_documents(data, "train", spec=spec), data.tokenizer_docs)
+    bar = tqdm(
+        docs,
+        total=data.tokenizer_docs,
+        desc=f"training tokenizer (V={vocab_size})",
+        unit="doc",
+        delay=_PROGRESS_DELAY_S,
+        leave=False,
+        disable=None,  # no bar when stderr is not a terminal (CI logs)
+    )
+    counted = _Counter(bar)
+    try:
+        tok = train_tokenizer(counted, vocab_size, data.lowercase)
+    finally:
+        bar.close()
+    if counted.n == 0:
+        raise DataError(f"data.corpus: {spec.source}: corpus is empty (no training document)")
+    _save_atomic(tok, path)
+    return tok, path
+
+
+class _Counter:
+    """Iterates over documents, counting them."""
+
+    def __init__(self, docs: Iterable[str]) -> None:
+        self._docs = iter(docs)
+        self.n = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in self._docs:
+            self.n += 1
+            yield doc
+
+
+def continuation_mask(tokenizer: Tokenizer) -> list[bool]:
+    """``mask[id]`` is True when token ``id`` continues a word (a ``##`` piece)."""
+    vocab = tokenizer.get_vocab()
+    mask = [False] * tokenizer.get_vocab_size()
+    for token, idx in vocab.items():
+        if token.startswith("##") and idx < len(mask):
+            mask[idx] = True
+    return mask

@@ -1,0 +1,172 @@
+"""The ``ablate`` command: params, train, sweep, report.
+
+Errors a user can cause end with one line ``error: ...`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from lightning_modules.errors import AblateError, ConfigError
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _config(target: str, overrides: list[str]):
+    """A config from a preset name or a YAML path, with overrides."""
+    from lightning_modules.config import build_config, load_config, parse_override
+    from lightning_modules.presets import PRESETS
+
+    if target in PRESETS:
+        return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
+    if not target.endswith((".yaml", ".yml")) and not Path(target).exists():
+        raise ConfigError(f"{target}: neither a preset ({', '.join(PRESETS)}) nor a config file")
+    return load_config(target, overrides)
+
+
+def cmd_params(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from lightning_modules.accounting import report_for
+
+    cfg = _config(args.target, args.overrides)
+    report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
+    if args.json:
+        print(json.dumps(report.as_dict()))
+        return
+    m = cfg.model
+    table = Table(title=f"{args.target}: V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} "
+                        f"A={m.num_heads} ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing}")
+    table.add_column("part")
+    table.add_column("parameters", justify="right")
+    table.add_column("", justify="right")
+    rows = [("backbone (embeddings + encoder)", report.backbone), ("  embedding", report.embedding),
+            ("  encoder", report.encoder), ("heads (not in backbone)", report.heads),
+            ("  MLM head (decoder tied)", report.mlm_head), ("  sentence head (pooler + classifier)", report.sentence_head),
+            ("backbone + pooler (ALBERT paper / HF rule)", report.paper_count)]
+    for name, n in rows:
+        table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
+    table.add_row(f"forward FLOPs/token (T={report.seq_len})", f"{report.flops_per_token:,}",
+                  f"{report.flops_per_token / 1e6:.2f}M")
+    Console().print(table)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from sweeps.runner import train
+
+    cfg = _config(args.config, args.overrides)
+    result = train(cfg, tracking_uri=args.tracking_uri)
+    shown = {k: round(v, 4) for k, v in result.metrics.items() if k.startswith("val/")}
+    print(f"run {result.run_id} finished: {shown}")
+    _print_ui_hint(result.tracking_uri)
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from sweeps.spec import load_study
+    from sweeps.study import run_study
+
+    spec, base = load_study(args.study)
+    result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
+    study = result.study
+    counts = {s.name: n for s in type(study.trials[0].state) if (n := sum(t.state == s for t in study.trials))} \
+        if study.trials else {}
+    print(f"study {spec.name}: {counts} (storage {result.storage})")
+    try:
+        best = study.best_trial
+        print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")
+    except ValueError:
+        pass
+    _print_ui_hint(result.tracking_uri)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from reports.build import build_report, render_console
+    from reports.spec import ReportSpec
+    from lightning_modules.config import build_config, read_yaml
+    from sweeps import tracking
+    from sweeps.spec import load_study
+
+    raw = read_yaml(args.spec)
+    if "search" in raw or "report" in raw:  # a study
+        spec, base = load_study(args.spec)
+        if spec.report is None:
+            raise ConfigError(f"{args.spec}: report: the study declares no report")
+        report = ReportSpec.from_mapping(spec.report, where="report")
+        study_name, cfg = spec.name, build_config(base, spec.overrides)
+        uri = args.tracking_uri or cfg.tracking.tracking_uri
+        root = cfg.tracking.root
+    else:  # a standalone report spec naming its study
+        study_name = str(raw.pop("study", "")) or None
+        if not study_name:
+            raise ConfigError(f"{args.spec}: study: required in a report spec")
+        uri = args.tracking_uri or raw.pop("tracking_uri", None)
+        report = ReportSpec.from_mapping(raw, where=str(args.spec))
+        root = "ablate-runs"
+    uri = tracking.resolve_tracking_uri(uri, root)
+    tracking.connect(uri)
+    out = Path(args.out) if args.out else Path(root) / "reports" / study_name
+    result = build_report(report, study_name, uri, out)
+    render_console(result)
+    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv, plots)")
+    _print_ui_hint(uri)
+
+
+def _print_ui_hint(uri: str) -> None:
+    mlflow = Path(sys.executable).with_name("mlflow")
+    exe = mlflow if mlflow.exists() else Path("mlflow")
+    if uri.startswith(("http://", "https://")):
+        print(f"compare runs in the MLflow UI: {uri}")
+    else:
+        print(f"compare runs in the MLflow UI: {exe} ui --backend-store-uri {uri}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ablate", description="BERT compression ablations: params, train, sweep, report.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("params", help="parameter counts and FLOPs/token of a preset or config")
+    s.add_argument("target", help="preset name or CONFIG.yaml")
+    s.add_argument("overrides", nargs="*", help="key=value, e.g. model.sharing=none")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_params)
+    s = sub.add_parser("train", help="train one config as one MLflow run")
+    s.add_argument("config", help="CONFIG.yaml or a preset name")
+    s.add_argument("overrides", nargs="*", help="key=value")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.set_defaults(func=cmd_train)
+    s = sub.add_parser("sweep", help="run (or resume) a study as an Optuna sweep")
+    s.add_argument("study", help="STUDY.yaml")
+    s.add_argument("--n-trials", type=int, help="run at most this many more trials")
+    s.add_argument("--storage", help="Optuna storage URL (default: sqlite in ./ablate-runs)")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI")
+    s.set_defaults(func=cmd_sweep)
+    s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
+    s.add_argument("spec", help="STUDY.yaml or REPORT.yaml")
+    s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI")
+    s.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        args.func(args)
+    except AblateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: runs were marked KILLED; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

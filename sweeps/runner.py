@@ -1,0 +1,113 @@
+"""One training run: data, model, Lightning Trainer, MLflow run. Used by ``ablate train`` and by sweeps."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning.pytorch as pl
+from optuna import TrialPruned
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgressBar
+from lightning.pytorch.loggers import MLFlowLogger
+
+from datamodules.pretrain import PretrainDataModule
+from lightning_modules.accounting import param_report
+from lightning_modules.config import ExperimentConfig
+from lightning_modules.pretrain import PretrainModule
+from sweeps import tracking
+
+# short names for run names: "E=64 sharing=all F=1 seed=0"
+SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
+         "model.num_ffn": "F", "model.ffn_dim": "ffn"}
+
+
+def run_name(changes: dict[str, object]) -> str:
+    """A run name saying what the run changes, e.g. ``E=64 sharing=all seed=1``."""
+    return " ".join(f"{SHORT.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in changes.items()) or "run"
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced."""
+
+    run_id: str
+    tracking_uri: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class _ValidateAtEnd(Callback):
+    """Validate after the last step when ``max_steps`` is not a multiple of ``val_every``."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step % trainer.val_check_batch and not trainer.interrupted:
+            trainer.validate_loop.run()
+
+
+def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks: list[Callback]) -> pl.Trainer:
+    """A Lightning Trainer from the config (no checkpoints: issue-7 territory)."""
+    t = cfg.trainer
+    val_every = min(t.val_every, t.max_steps)
+    extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
+    if t.progress:
+        extra.append(TQDMProgressBar(leave=False))
+    return pl.Trainer(
+        max_steps=t.max_steps, val_check_interval=val_every, check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,
+        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        logger=logger or False, callbacks=[*extra, *callbacks], enable_checkpointing=False,
+        enable_progress_bar=t.progress, enable_model_summary=False, log_every_n_steps=t.log_every,
+        deterministic=False,
+    )
+
+
+def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
+          parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
+          callbacks: list[Callback] | None = None) -> RunResult:
+    """Train ``cfg`` to ``trainer.max_steps`` as one MLflow run; return its final metrics.
+
+    Corpus and store problems raise before the MLflow run is created. Any failure marks the
+    run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
+    """
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    data = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed,
+                              val_batches=cfg.trainer.val_batches)
+    data.prepare_data()
+    data.setup("fit")
+    module = PretrainModule(cfg)
+    counts = param_report(module.model, cfg.model, cfg.data.max_length)
+
+    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
+    client = tracking.connect(uri)
+    exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri, cfg.tracking.root)
+    run_id = tracking.start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
+                                {tracking.ROLE: "run", **(tags or {})}, parent_run_id)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        metric_counts = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
+        metric_counts["flops_per_token"] = counts.flops_per_token
+        tracking.log_run_inputs(client, run_id, cfg, metric_counts, Path(data.tokenizer_path))
+        logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+        trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *(callbacks or [])])
+        with tracking.scoped_tracking_uri():
+            trainer.fit(module, datamodule=data)
+    except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
+        tracking.end_run(client, run_id, "KILLED")
+        raise KeyboardInterrupt from exc
+    except KeyboardInterrupt:
+        tracking.end_run(client, run_id, "KILLED")
+        raise
+    except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
+        tracking.end_run(client, run_id, "FINISHED")
+        raise
+    except BaseException:
+        tracking.end_run(client, run_id, "FAILED")
+        raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
+    if trainer.interrupted:
+        tracking.end_run(client, run_id, "KILLED")
+        raise KeyboardInterrupt
+    tracking.end_run(client, run_id, "FINISHED")
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

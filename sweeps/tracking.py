@@ -1,0 +1,145 @@
+"""MLflow plumbing: where runs go, how runs start and end, what every run records.
+
+Default store: SQLite plus local artifacts under ``<cwd>/<tracking.root>/``; a tracking
+server (``http://host:port``) or any MLflow URI via ``--tracking-uri`` or
+``MLFLOW_TRACKING_URI``. Every run ends FINISHED, FAILED or KILLED, never RUNNING.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from lightning_modules.config import ExperimentConfig, flatten, to_yaml
+from lightning_modules.errors import StorageError
+
+ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
+PARENT = "mlflow.parentRunId"
+
+for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+# the user's choice, read before MLflow's own set_tracking_uri (called by Lightning's logger)
+# writes the variable into this process's environment
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def resolve_tracking_uri(uri: str | None, root: str | Path) -> str:
+    """The explicit URI, else ``MLFLOW_TRACKING_URI``, else the embedded SQLite store."""
+    uri = uri or USER_TRACKING_URI
+    if uri:
+        return uri
+    folder = Path(root).resolve()
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def artifact_root(uri: str, root: str | Path) -> str | None:
+    """Local artifact folder for an embedded SQLite store; None lets a server decide."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    return None
+
+
+@contextmanager
+def scoped_tracking_uri() -> Iterator[None]:
+    """Undo MLflow's process-wide tracking URI (and environment variable) set inside the block,
+    so that one run's store never leaks into the next run or a child process."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+def connect(uri: str) -> MlflowClient:
+    """A client for ``uri``, checked to be reachable (StorageError naming the URI if not)."""
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - every backend raises its own type
+        raise StorageError(f"--tracking-uri {uri}: cannot reach the MLflow store ({type(exc).__name__})") from None
+    return client
+
+
+def experiment_id(client: MlflowClient, name: str, uri: str, root: str | Path) -> str:
+    """Id of the experiment ``name``, created (with local artifacts for SQLite) if missing."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_root(uri, root))
+
+
+def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str],
+              parent_id: str | None = None) -> str:
+    """Create a RUNNING run (nested under ``parent_id`` if given) and return its id."""
+    tags = dict(tags)
+    if parent_id:
+        tags[PARENT] = parent_id
+    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+
+
+def end_run(client: MlflowClient, run_id: str, status: str) -> None:
+    """Mark a run FINISHED / FAILED / KILLED, whatever state it was left in."""
+    client.set_terminated(run_id, status)
+
+
+def package_tags() -> dict[str, str]:
+    """Version of ablate and the git commit of its source tree (when it is a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tags = {"ablate.version": version("ablate")}
+    except PackageNotFoundError:
+        tags = {"ablate.version": "unknown"}
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
+                               timeout=5, check=True).stdout.strip()
+        tags["ablate.git_commit"] = commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return tags
+
+
+def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, int],
+                   tokenizer_path: Path | None) -> None:
+    """Params (flattened resolved config), config YAML, tokenizer, parameter counts, tags."""
+    params = [Param(k, str(v)) for k, v in flatten(cfg).items()]
+    metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
+    tags = [RunTag(k, v) for k, v in package_tags().items()]
+    for i in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[i : i + 100])
+    client.log_batch(run_id, metrics=metrics, tags=tags)
+    client.log_text(run_id, to_yaml(cfg), "config.yaml")
+    if tokenizer_path is not None:
+        client.log_artifact(run_id, str(tokenizer_path), "tokenizer")
+
+
+def find_parent(client: MlflowClient, exp_id: str, study: str) -> str | None:
+    """The study's parent run, if an earlier invocation created one."""
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{ROLE}` = 'study' and tags.`{STUDY}` = '{study}'",
+                              max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def stale_running(client: MlflowClient, exp_id: str, study: str) -> list[Any]:
+    """Trial runs of ``study`` left RUNNING by a process that died without cleaning up."""
+    return client.search_runs([exp_id], filter_string=(
+        f"tags.`{STUDY}` = '{study}' and tags.`{ROLE}` = 'trial' and attributes.status = 'RUNNING'"))

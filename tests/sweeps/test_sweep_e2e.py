@@ -1,0 +1,117 @@
+"""A two-trial sweep end to end on real text into temporary MLflow and Optuna stores, then its report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+from mlflow.tracking import MlflowClient
+
+from lightning_modules.config import build_config
+from reports.build import build_report
+from reports.spec import ReportSpec
+from sweeps.cli import main
+from sweeps.runner import train
+from sweeps.spec import load_study
+from tests.sweeps.conftest import tiny_base, write_study
+
+
+def _client(tmp_path) -> tuple[MlflowClient, str]:
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    return MlflowClient(uri), uri
+
+
+def test_two_trial_sweep_report_and_resume(study_file, tmp_path, capsys):
+    assert main(["sweep", str(study_file)]) == 0
+    storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert sorted(t.params["model.sharing"] for t in study.trials) == ["all", "none"]
+
+    client, uri = _client(tmp_path)
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("ablate.role") == "study"]
+    trials = [r for r in runs if r.data.tags.get("ablate.role") == "trial"]
+    assert len(parent) == 1 and len(trials) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent[0].info.run_id}
+    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in trials}
+    for run in trials:
+        assert run.data.params["model.embed_dim"] == "16" and run.data.params["seed"] == "0"
+        assert {"val/loss", "val/mlm_acc", "val/sentence_acc", "params.backbone", "flops_per_token"} <= set(run.data.metrics)
+        assert "ablate.git_commit" in run.data.tags or "ablate.version" in run.data.tags
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "tokenizer"} <= artifacts
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert len(history) >= 1
+    by_sharing = {r.data.params["model.sharing"]: r.data.metrics["params.backbone"] for r in trials}
+    assert by_sharing["all"] < by_sharing["none"]
+
+    # the report comes from MLflow alone
+    spec, _ = load_study(study_file)
+    out = tmp_path / "report"
+    result = build_report(ReportSpec.from_mapping(spec.report), "tiny", uri, out)
+    table = (out / "report.md").read_text()
+    assert "all" in table and "none" in table
+    assert all(r.info.run_id in table for r in trials)
+    assert (out / "report.tex").read_text().count(r"\toprule") == 1
+    assert len(result.plots) == 1 and result.plots[0].stat().st_size > 5000
+    parent_artifacts = {a.path for a in client.list_artifacts(parent[0].info.run_id, "report")}
+    assert "report/report.md" in parent_artifacts
+
+    # running the same command again continues the study: nothing left to do
+    assert main(["sweep", str(study_file)]) == 0
+    assert len(optuna.load_study(study_name="tiny", storage=storage).trials) == 2
+
+
+def test_same_seed_same_numbers(tmp_path, wiki_validation):
+    cfg = build_config(tiny_base(tmp_path, wiki_validation))
+    first = train(cfg)
+    second = train(cfg)
+    assert first.metrics["val/loss"] == second.metrics["val/loss"]
+    assert first.metrics["train/loss"] == second.metrics["train/loss"]
+    other = train(build_config(tiny_base(tmp_path, wiki_validation), {"seed": 1}))
+    assert other.metrics["val/loss"] != first.metrics["val/loss"]
+
+
+def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
+    search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
+    path = write_study(tmp_path, wiki_validation, name="interrupted", search=search,
+                       trainer={"max_steps": 400, "val_every": 100})
+    client, _ = _client(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # interrupt in the middle of the second trial
+            exp = client.get_experiment_by_name("interrupted") if (tmp_path / "runs" / "mlflow.db").exists() else None
+            runs = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'trial'") if exp else []
+            if len(runs) >= 2 and any(r.info.status == "RUNNING" for r in runs):
+                break
+            time.sleep(0.5)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output
+    exp = client.get_experiment_by_name("interrupted")
+    statuses = [r.info.status for r in client.search_runs([exp.experiment_id])]
+    assert "RUNNING" not in statuses and "KILLED" in statuses
+
+    assert main(["sweep", str(path)]) == 0
+    study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted((t.params["model.sharing"], t.params["model.num_ffn"]) for t in complete) == [
+        ("all", 1), ("all", 2), ("none", 1), ("none", 2)]
+    runs = client.search_runs([exp.experiment_id])
+    assert "RUNNING" not in {r.info.status for r in runs}
+    finished = [r for r in runs if r.data.tags.get("ablate.state") == "COMPLETE"]
+    assert len(finished) == 4 and all(r.info.status == "FINISHED" for r in finished)
