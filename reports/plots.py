@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import FuncFormatter
 
 from reports.spec import PlotSpec, ReportSpec
 from reports.tables import Table, natural_key, row_text
@@ -120,8 +120,9 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
 
     if plot.logx:
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 4, 6, 10 rather than 4×10⁰
-        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 10 rather than 6e-01
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
     ax.margins(x=0.08, y=0.08)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

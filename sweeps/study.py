@@ -27,6 +27,22 @@ from sweeps.spec import StudySpec, corner_configs, trial_config
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
+class StepPruningCallback(PyTorchLightningPruningCallback):
+    """optuna-integration's Lightning pruning callback, reporting at the optimizer step.
+
+    The library reports each validation at ``current_epoch``; ablate trains one endless
+    epoch of a stream and validates every ``trainer.val_every`` steps, so every report
+    would land on step 0. Everything else (DDP included) is the library's own code.
+    """
+
+    @dataclass
+    class _AtStep:
+        current_epoch: int  # the only attribute the library's callback reads from the module
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_validation_end(trainer, self._AtStep(trainer.global_step))
+
+
 @dataclass
 class StudyResult:
     """Where a study's results are."""
@@ -111,7 +127,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
         cfg = trial_config(base, spec, params)
         tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number)}
-        pruning = PyTorchLightningPruningCallback(trial, monitor=spec.objective.metric)
+        pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
             result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,

@@ -31,6 +31,7 @@ def test_two_trial_sweep_report_and_resume(study_file, tmp_path, capsys):
     study = optuna.load_study(study_name="tiny", storage=storage)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert sorted(t.params["model.sharing"] for t in study.trials) == ["all", "none"]
+    assert all(sorted(t.intermediate_values) == [3, 6] for t in study.trials)  # one report per validation
 
     client, uri = _client(tmp_path)
     exp = client.get_experiment_by_name("tiny")
@@ -115,3 +116,19 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
     assert "RUNNING" not in {r.info.status for r in runs}
     finished = [r for r in runs if r.data.tags.get("ablate.state") == "COMPLETE"]
     assert len(finished) == 4 and all(r.info.status == "FINISHED" for r in finished)
+
+
+def test_pruned_trials_are_recorded_and_count_as_done(tmp_path, wiki_validation):
+    """optuna-integration's Lightning callback prunes on the validation loss; a threshold no
+    loss can meet prunes every trial at its first validation."""
+    path = write_study(tmp_path, wiki_validation, name="pruned", pruner={"type": "threshold", "upper": 0.01})
+    assert main(["sweep", str(path)]) == 0
+    study = optuna.load_study(study_name="pruned", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert all(list(t.intermediate_values) == [3] for t in study.trials)  # reported at step 3, the first validation
+    client, _ = _client(tmp_path)
+    exp = client.get_experiment_by_name("pruned")
+    trials = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'trial'")
+    assert {(r.info.status, r.data.tags["ablate.state"]) for r in trials} == {("FINISHED", "PRUNED")}
+    assert main(["sweep", str(path)]) == 0  # pruned trials are done: nothing reruns
+    assert len(optuna.load_study(study_name="pruned", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}").trials) == 2
