@@ -108,8 +108,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         uri = args.tracking_uri or raw.pop("tracking_uri", None)
         report = ReportSpec.from_mapping(raw, where=str(args.spec))
         root = "ablate-runs"
-    uri = tracking.resolve_tracking_uri(uri, root)
-    tracking.connect(uri)
+    uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
     out = Path(args.out) if args.out else Path(root) / "reports" / study_name
     result = build_report(report, study_name, uri, out)
     render_console(result)

@@ -109,6 +109,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     uri = tracking.resolve_tracking_uri(tracking_uri or base_cfg.tracking.tracking_uri, root)
     client = tracking.connect(uri)
     storage = storage or default_storage(root)
+    tracking.sqlite_wal(storage)
     study = open_study(spec, storage, base_cfg.trainer.max_steps)
 
     exp_id = tracking.experiment_id(client, spec.name, uri, root)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,10 +65,23 @@ def scoped_tracking_uri() -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+def sqlite_wal(uri: str) -> None:
+    """Put a SQLite store in WAL mode (persistent in the file), so that readers such as the
+    MLflow UI or a second worker never make a running sweep fail with 'database is locked'."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with sqlite3.connect(path, timeout=30) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+    except (OSError, sqlite3.Error) as exc:
+        raise StorageError(f"{uri}: cannot open the SQLite store ({exc})") from None
+
+
 def connect(uri: str) -> MlflowClient:
     """A client for ``uri``, checked to be reachable (StorageError naming the URI if not)."""
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    sqlite_wal(uri)
     client = MlflowClient(tracking_uri=uri)
     try:
         client.search_experiments(max_results=1)
