@@ -41,6 +41,7 @@ class _ValidateAtEnd(Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step % trainer.val_check_batch and not trainer.interrupted:
+            trainer.validate_loop.verbose = False  # no results table: the progress bar shows them
             trainer.validate_loop.run()
 
 

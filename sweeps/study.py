@@ -172,5 +172,3 @@ def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, sta
         client.set_tag(runs[0].info.run_id, tracking.STATE, state)
         trial.set_user_attr("mlflow_run_id", runs[0].info.run_id)
 
-
-__all__ = ["StudyResult", "run_study", "StorageError"]
