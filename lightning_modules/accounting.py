@@ -8,8 +8,9 @@ Counting rule:
 - ``paper_count`` = backbone + pooler: the rule behind the ALBERT paper's and Hugging
   Face's published counts (both keep the pooler in the model).
 - ``flops_per_token``: forward multiply-adds x 2 of the backbone's matrix products for one
-  token in a sequence of ``seq_len`` tokens, including attention scores; a shared layer
-  costs as much as an unshared one, since it still runs L times.
+  token in a sequence of ``seq_len`` tokens (every Linear, bottlenecks and the trigram
+  projection included, plus attention scores QK^T and AV); a shared layer costs as much
+  as an unshared one, since it still runs L times. Element-wise work is not counted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from lightning_modules.config import ModelConfig, ObjectiveConfig
+from lightning_modules.encoder import Encoder
 from lightning_modules.heads import PretrainingModel, build_pretraining_model
 
 
@@ -46,13 +48,22 @@ class ParamReport:
         return asdict(self)
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-    """Forward FLOPs per token of the backbone (2 per multiply-add)."""
-    H, E, A, k, v = cfg.hidden_dim, cfg.embed_dim, cfg.num_heads, cfg.head_dim, cfg.head_dim
-    projection = 2 * E * H if E != H else 0
-    attention = 2 * H * A * (2 * k + v) + 2 * A * v * H + 2 * A * k * seq_len + 2 * A * v * seq_len
-    ffn = cfg.num_ffn * 2 * 2 * H * cfg.ffn_dim
-    return projection + cfg.num_layers * (attention + ffn)
+def linear_flops(module: nn.Module) -> int:
+    """FLOPs per token of every Linear inside ``module`` (2 per multiply-add)."""
+    return sum(2 * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def flops_per_token(encoder: Encoder, seq_len: int) -> int:
+    """Forward FLOPs per token of the backbone, walking the layer plan (shared layers run L times)."""
+    total = linear_flops(encoder.embeddings)
+    for step in encoder.plan:
+        attn = encoder.attentions[step.attention]
+        heads = attn.inner
+        total += linear_flops(attn) + 2 * seq_len * heads.num_heads * (heads.qk_dim + heads.v_dim)  # + QK^T, AV
+        total += linear_flops(encoder.ffn_stacks[step.ffn])
+        if len(encoder.bottlenecks):
+            total += linear_flops(encoder.bottlenecks[step.bottleneck])
+    return total
 
 
 def param_report(model: PretrainingModel, cfg: ModelConfig, seq_len: int = 128) -> ParamReport:
@@ -71,7 +82,7 @@ def param_report(model: PretrainingModel, cfg: ModelConfig, seq_len: int = 128) 
         sentence_head=sentence,
         pooler=pooler,
         paper_count=backbone + pooler,
-        flops_per_token=flops_per_token(cfg, seq_len),
+        flops_per_token=flops_per_token(model.encoder, seq_len),
         seq_len=seq_len,
     )
 

@@ -30,8 +30,22 @@ PosFloat = Annotated[float, Field(gt=0.0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 Sharing = Literal["none", "all", "attn", "ffn"]
+# sharing mode -> (share attention across layers, share feed-forward stacks across layers)
+SHARES: dict[str, tuple[bool, bool]] = {"none": (False, False), "all": (True, True), "attn": (True, False),
+                                        "ffn": (False, True)}
 Norm = Literal["layer_norm", "no_norm"]
 Activation = Literal["gelu", "relu"]
+
+
+@dataclass(frozen=True, config=_STRICT)
+class LayerSpec:
+    """One layer's dimensions (schuBERT): heads a_i, per-head query/key width k_i, per-head
+    value width v_i and feed-forward width f_i. k_i != v_i is allowed."""
+
+    num_heads: PosInt
+    qk_dim: PosInt
+    v_dim: PosInt
+    ffn_dim: PosInt
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -47,6 +61,19 @@ class ModelConfig:
         ffn_dim: inner size of each feed-forward sub-layer.
         num_ffn: F, stacked feed-forward sub-layers per block (MobileBERT), each with
             its own residual and norm.
+        intra_dim: width inside a block (MobileBERT): None = H, no bottleneck; otherwise
+            each block has a linear H -> intra_dim in and intra_dim -> H out, with the
+            residual between blocks at H. Narrower than H is MobileBERT's bottleneck,
+            wider is IB-BERT's inverted bottleneck.
+        attention_input: with a bottleneck, where attention reads from: ``bottleneck``
+            (Q, K, V from the narrow block input), ``hidden`` (Q, K, V from the H-wide
+            block input; IB-BERT) or ``shared_qk`` (Q, K from a second, shared H ->
+            intra_dim bottleneck, V from the H-wide input; the released MobileBERT).
+        embedding: ``plain`` (word + position + token type at width E, then E -> H) or
+            ``trigram`` (MobileBERT: word embeddings of t+1, t, t-1 concatenated, 3E ->
+            H, then position and token type at H).
+        layers: per-layer dimensions (schuBERT); None = every layer uses ``num_heads``
+            heads of width intra_dim / num_heads and ``ffn_dim``.
         sharing: cross-layer sharing, ``none | all | attn | ffn`` (ALBERT).
         norm: ``layer_norm`` or ``no_norm`` (MobileBERT's ``h * gamma + beta``).
         activation: ``gelu`` or ``relu``.
@@ -67,6 +94,10 @@ class ModelConfig:
     num_heads: PosInt = 12
     ffn_dim: PosInt = 3072
     num_ffn: PosInt = 1
+    intra_dim: PosInt | None = None
+    attention_input: Literal["bottleneck", "hidden", "shared_qk"] = "bottleneck"
+    embedding: Literal["plain", "trigram"] = "plain"
+    layers: tuple[LayerSpec, ...] | None = None
     sharing: Sharing = "none"
     norm: Norm = "layer_norm"
     activation: Activation = "gelu"
@@ -80,16 +111,41 @@ class ModelConfig:
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        if self.hidden_dim % self.num_heads:
-            raise ValueError(
-                f"num_heads: hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}"
-            )
+        width = "hidden_dim" if self.intra_dim is None else "intra_dim"
+        if self.layers is None and self.block_dim % self.num_heads:
+            raise ValueError(f"num_heads: {width} {self.block_dim} is not divisible by num_heads {self.num_heads}")
+        if self.layers is not None and len(self.layers) != self.num_layers:
+            raise ValueError(f"layers: gives {len(self.layers)} layers but num_layers is {self.num_layers}")
+        if self.embedding == "trigram" and self.embed_dim > self.hidden_dim:
+            raise ValueError(f"embed_dim: a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}")
+        if self.attention_input != "bottleneck" and self.intra_dim is None:
+            raise ValueError(f"attention_input: {self.attention_input!r} needs a bottleneck (set model.intra_dim)")
+        specs = self.layer_specs()
+        share_attn, share_ffn = SHARES[self.sharing]
+        for i, spec in enumerate(specs[1:], start=1):
+            first = specs[0]
+            attn_differs = (spec.num_heads, spec.qk_dim, spec.v_dim) != (first.num_heads, first.qk_dim, first.v_dim)
+            if (share_attn and attn_differs) or (share_ffn and spec.ffn_dim != first.ffn_dim):
+                raise ValueError(f"sharing: {self.sharing!r} shares modules across layers, but model.layers "
+                                 f"differ at layer {i} ({spec} vs {first})")
         return self
 
     @property
     def head_dim(self) -> int:
-        """Width of one attention head, H / A."""
-        return self.hidden_dim // self.num_heads
+        """Width of one attention head in the uniform short form, block width / A."""
+        return self.block_dim // self.num_heads
+
+    @property
+    def block_dim(self) -> int:
+        """Width inside a block: intra_dim with a bottleneck, else H."""
+        return self.intra_dim or self.hidden_dim
+
+    def layer_specs(self) -> tuple[LayerSpec, ...]:
+        """Per-layer dimensions, from ``layers`` or the uniform fields."""
+        if self.layers is not None:
+            return self.layers
+        uniform = LayerSpec(num_heads=self.num_heads, qk_dim=self.head_dim, v_dim=self.head_dim, ffn_dim=self.ffn_dim)
+        return (uniform,) * self.num_layers
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -176,6 +232,8 @@ class TrainerConfig:
         compile: wrap the encoder in ``torch.compile``.
         log_every: log training metrics every this many steps.
         progress: show a progress bar.
+        measure: measure forward latency (batch 1 and 32) and training activation memory
+            before training and log them with the run (costly on CPU for large models).
     """
 
     max_steps: PosInt = 1000
@@ -188,6 +246,7 @@ class TrainerConfig:
     compile: bool = False
     log_every: PosInt = 10
     progress: bool = True
+    measure: bool = True
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -210,10 +269,20 @@ class TrackingConfig:
 
 @dataclass(frozen=True, config=_STRICT)
 class ExperimentConfig:
-    """Everything one training run needs."""
+    """Everything one training run needs.
+
+    Attributes:
+        init_from: start from a checkpoint's weights instead of a random initialisation: a
+            transformers checkpoint folder (BERT, ALBERT, MobileBERT ``*ForPreTraining``) or an
+            ``ablate export`` folder. ``model`` must describe the checkpoint's architecture
+            (``dropout`` and ``init_std`` may differ); otherwise the run stops with an error
+            listing the ``model.key=value`` overrides that match it. See
+            :func:`lightning_modules.interop.initial_model`.
+    """
 
     name: str = "experiment"
     seed: int = 0
+    init_from: str | None = None
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)

@@ -1,62 +1,78 @@
 """The encoder: embeddings and a stack of post-norm transformer blocks.
 
+A block is: (optional bottleneck in) -> attention sub-layer -> F feed-forward
+sub-layers -> (optional bottleneck out), every sub-layer ``norm(x + dropout(f(x)))``.
+
 Cross-layer sharing is resolved in one place, :func:`layer_plan`: the encoder keeps only
-the unique attention and feed-forward modules, and the plan says which of them layer i
-runs. Shared layers are therefore the same tensors, and their gradients accumulate.
+the unique attention, feed-forward and bottleneck modules, and the plan says which of
+them layer i runs. Shared layers are therefore the same tensors, and their gradients
+accumulate.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from lightning_modules.components.attention import attention
-from lightning_modules.components.embeddings import Embeddings
+from lightning_modules.components.bottleneck import Bottleneck, Projection
+from lightning_modules.components.embeddings import Embeddings, Trigram
 from lightning_modules.components.ffn import feed_forward
 from lightning_modules.components.norms import NORM2FN, dropout
-from lightning_modules.config import ModelConfig
-
-# sharing mode -> (share attention across layers, share feed-forward stacks across layers)
-SHARES: dict[str, tuple[bool, bool]] = {
-    "none": (False, False),
-    "all": (True, True),
-    "attn": (True, False),
-    "ffn": (False, True),
-}
+from lightning_modules.config import SHARES, LayerSpec, ModelConfig
 
 
-def layer_plan(num_layers: int, sharing: str) -> list[tuple[int, int]]:
-    """For each layer, the index of its attention and of its feed-forward stack."""
+class Step(NamedTuple):
+    """Which unique modules layer i runs."""
+
+    attention: int
+    ffn: int
+    bottleneck: int
+
+
+def layer_plan(num_layers: int, sharing: str) -> list[Step]:
+    """For each layer, the index of its attention, feed-forward stack and bottleneck.
+
+    ``all`` shares every module (bottlenecks too); ``attn`` and ``ffn`` share one kind.
+    """
     share_attn, share_ffn = SHARES[sharing]
-    return [(0 if share_attn else i, 0 if share_ffn else i) for i in range(num_layers)]
+    return [Step(0 if share_attn else i, 0 if share_ffn else i, 0 if share_attn and share_ffn else i)
+            for i in range(num_layers)]
 
 
 class Residual(nn.Module):
-    """Post-norm residual sub-layer: ``norm(x + dropout(inner(x, ...)))`` (BERT/ALBERT)."""
+    """Post-norm residual sub-layer: ``norm(x + dropout(inner(x_in, ...)))``.
+
+    The inner module reads ``x`` unless other inputs are given (attention inside a
+    bottleneck may read the wide block input while its residual is the narrow one).
+    """
 
     def __init__(self, inner: nn.Module, norm: nn.Module, drop: nn.Module) -> None:
         super().__init__()
         self.inner, self.norm, self.dropout = inner, norm, drop
 
-    def forward(self, x: torch.Tensor, *args: torch.Tensor | None) -> torch.Tensor:
-        return self.norm(x + self.dropout(self.inner(x, *args)))
+    def forward(self, x: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
+        return self.norm(x + self.dropout(self.inner(*(inputs or (x,)))))
 
 
 class Encoder(nn.Module):
-    """Embeddings, then L blocks of one attention and F feed-forward sub-layers each.
+    """Embeddings, then L blocks run as the plan says.
 
     Args:
         embeddings: the embedding module (output width H).
         attentions: the unique attention sub-layers.
         ffn_stacks: the unique stacks of F feed-forward sub-layers.
-        plan: per layer, (attention index, feed-forward stack index).
+        bottlenecks: the unique bottlenecks (empty without ``model.intra_dim``).
+        plan: per layer, the indices of its modules.
     """
 
     def __init__(self, embeddings: Embeddings, attentions: nn.ModuleList, ffn_stacks: nn.ModuleList,
-                 plan: list[tuple[int, int]]) -> None:
+                 bottlenecks: nn.ModuleList, plan: list[Step]) -> None:
         super().__init__()
         self.embeddings, self.attentions, self.ffn_stacks = embeddings, attentions, ffn_stacks
-        self.plan = plan
+        self.bottlenecks, self.plan = bottlenecks, plan
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,15 +81,26 @@ class Encoder(nn.Module):
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask[:, None, None, :]  # (B, 1, 1, T): padding keys are not attended
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        for a, f in self.plan:
-            x = self.attentions[a](x, mask)
-            for sublayer in self.ffn_stacks[f]:
-                x = sublayer(x)
+        for step in self.plan:
+            x = self.block(x, step, mask)
         return x
+
+    def block(self, x: torch.Tensor, step: Step, mask: torch.Tensor | None) -> torch.Tensor:
+        """One layer: x (B, T, H) -> (B, T, H)."""
+        if not self.bottlenecks:
+            h = self.attentions[step.attention](x, x, mask)  # (B, T, H)
+        else:
+            neck: Bottleneck = self.bottlenecks[step.bottleneck]
+            h = neck.enter(x)  # (B, T, I)
+            qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
+            h = self.attentions[step.attention](h, qk, mask, v)  # residual at I
+        for sublayer in self.ffn_stacks[step.ffn]:
+            h = sublayer(h)  # (B, T, I)
+        return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)
 
 
 def init_weights(module: nn.Module, std: float) -> None:
-    """BERT initialisation: normal(0, std) weights, zero biases, unit norms."""
+    """BERT initialisation: normal(0, std) weights, zero biases (norms keep their defaults)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:
@@ -83,33 +110,61 @@ def init_weights(module: nn.Module, std: float) -> None:
 def build_embeddings(cfg: ModelConfig) -> Embeddings:
     """Embeddings from the config's numbers."""
     E, H = cfg.embed_dim, cfg.hidden_dim
+    trigram = Trigram(nn.Linear(3 * E, H)) if cfg.embedding == "trigram" else None
+    width = H if trigram else E  # where position and token type are added
     return Embeddings(
         word=nn.Embedding(cfg.vocab_size, E, padding_idx=0),
-        position=nn.Embedding(cfg.max_position, E) if cfg.position == "learned" else None,
-        token_type=nn.Embedding(cfg.token_types, E) if cfg.token_types > 0 else None,
-        norm=NORM2FN[cfg.norm](E, cfg.norm_eps) if cfg.embed_norm else nn.Identity(),
+        trigram=trigram,
+        position=nn.Embedding(cfg.max_position, width) if cfg.position == "learned" else None,
+        token_type=nn.Embedding(cfg.token_types, width) if cfg.token_types > 0 else None,
+        norm=NORM2FN[cfg.norm](width, cfg.norm_eps) if cfg.embed_norm else nn.Identity(),
         dropout=dropout(cfg.dropout),
-        projection=nn.Linear(E, H) if E != H else None,
+        projection=nn.Linear(E, H) if not trigram and E != H else None,
+    )
+
+
+def build_bottleneck(cfg: ModelConfig) -> Bottleneck:
+    """The linear in/out of one block, wired as ``model.attention_input`` says."""
+    H, I = cfg.hidden_dim, cfg.block_dim
+
+    def projection() -> Projection:
+        return Projection(nn.Linear(H, I), NORM2FN[cfg.norm](I, cfg.norm_eps))
+
+    return Bottleneck(projection(), nn.Linear(I, H), NORM2FN[cfg.norm](H, cfg.norm_eps), dropout(cfg.dropout),
+                      shared_qk=projection() if cfg.attention_input == "shared_qk" else None,
+                      wide_attention=cfg.attention_input == "hidden")
+
+
+def build_attention(cfg: ModelConfig, spec: LayerSpec) -> Residual:
+    """An attention sub-layer at the block width, reading what ``model.attention_input`` says."""
+    H, I = cfg.hidden_dim, cfg.block_dim
+    bottlenecked = cfg.intra_dim is not None
+    q_in = H if bottlenecked and cfg.attention_input == "hidden" else I
+    v_in = H if bottlenecked and cfg.attention_input == "shared_qk" else None
+    inner = attention(q_in, spec.num_heads, spec.qk_dim, spec.v_dim, cfg.dropout, out_dim=I, v_in_dim=v_in)
+    return Residual(inner, NORM2FN[cfg.norm](I, cfg.norm_eps), dropout(cfg.dropout))
+
+
+def build_ffn_stack(cfg: ModelConfig, spec: LayerSpec) -> nn.ModuleList:
+    """F feed-forward sub-layers at the block width."""
+    I = cfg.block_dim
+    return nn.ModuleList(
+        Residual(feed_forward(I, spec.ffn_dim, cfg.activation), NORM2FN[cfg.norm](I, cfg.norm_eps), dropout(cfg.dropout))
+        for _ in range(cfg.num_ffn)
     )
 
 
 def build_encoder(cfg: ModelConfig) -> Encoder:
     """Build the encoder described by ``cfg``, with sharing resolved by :func:`layer_plan`."""
-    H = cfg.hidden_dim
     plan = layer_plan(cfg.num_layers, cfg.sharing)
+    specs = cfg.layer_specs()
 
-    def sublayer(inner: nn.Module) -> Residual:
-        return Residual(inner, NORM2FN[cfg.norm](H, cfg.norm_eps), dropout(cfg.dropout))
+    def unique(kind: int) -> list[int]:  # the layer that first uses each unique module of a kind
+        return sorted({step[kind]: i for i, step in reversed(list(enumerate(plan)))}.values())
 
-    n_attn = 1 + max(a for a, _ in plan)
-    n_ffn = 1 + max(f for _, f in plan)
-    attentions = nn.ModuleList(
-        sublayer(attention(H, cfg.num_heads, cfg.head_dim, cfg.head_dim, cfg.dropout)) for _ in range(n_attn)
-    )
-    ffn_stacks = nn.ModuleList(
-        nn.ModuleList(sublayer(feed_forward(H, cfg.ffn_dim, cfg.activation)) for _ in range(cfg.num_ffn))
-        for _ in range(n_ffn)
-    )
-    encoder = Encoder(build_embeddings(cfg), attentions, ffn_stacks, plan)
+    attentions = nn.ModuleList(build_attention(cfg, specs[i]) for i in unique(0))
+    ffn_stacks = nn.ModuleList(build_ffn_stack(cfg, specs[i]) for i in unique(1))
+    bottlenecks = nn.ModuleList(build_bottleneck(cfg) for _ in unique(2)) if cfg.intra_dim else nn.ModuleList()
+    encoder = Encoder(build_embeddings(cfg), attentions, ffn_stacks, bottlenecks, plan)
     encoder.apply(lambda m: init_weights(m, cfg.init_std))
     return encoder

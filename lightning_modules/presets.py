@@ -49,6 +49,36 @@ def albert_xxlarge() -> ModelConfig:
                        num_heads=64, ffn_dim=16384, sharing="all", dropout=0.0)
 
 
+def mobilebert() -> ModelConfig:
+    """MobileBERT: 24 layers, inter-block 512, intra-block 128, 4 heads, FFN 512 x F=4, NoNorm,
+    ReLU, trigram E=128, Q/K from a shared bottleneck and V from the wide input: 25.3M."""
+    return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=128, num_layers=24, num_heads=4,
+                       ffn_dim=512, num_ffn=4, norm="no_norm", activation="relu", embedding="trigram",
+                       attention_input="shared_qk", dropout=0.0)
+
+
+def mobilebert_tiny() -> ModelConfig:
+    """MobileBERT-tiny: as MobileBERT with F=2 and Q, K, V from the block's bottleneck: 15.1M."""
+    return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=128, num_layers=24, num_heads=4,
+                       ffn_dim=512, num_ffn=2, norm="no_norm", activation="relu", embedding="trigram",
+                       attention_input="bottleneck", dropout=0.0)
+
+
+def ibbert_large() -> ModelConfig:
+    """IB-BERT-large, MobileBERT's teacher: inter-block 512, intra-block 1024 (inverted bottleneck),
+    4 heads reading the 512-wide block input, FFN 4096, F=1, GELU, LayerNorm, trigram E=128: 293M."""
+    return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=1024, num_layers=24, num_heads=4,
+                       ffn_dim=4096, num_ffn=1, norm="layer_norm", activation="gelu", embedding="trigram",
+                       attention_input="hidden")
+
+
+def mobilebert_mini() -> ModelConfig:
+    """A CPU-sized MobileBERT for studies: V=8192, H=128, intra 32, L=4, F=2, NoNorm, ReLU, trigram E=32."""
+    return ModelConfig(vocab_size=8192, embed_dim=32, hidden_dim=128, intra_dim=32, num_layers=4, num_heads=4,
+                       ffn_dim=128, num_ffn=2, norm="no_norm", activation="relu", embedding="trigram",
+                       attention_input="shared_qk", max_position=128, dropout=0.0)
+
+
 def albert_tiny() -> ModelConfig:
     """A CPU-sized ALBERT (the quickstart's base): V=8192, E=64, H=128, L=4, all shared."""
     return ModelConfig(vocab_size=8192, embed_dim=64, hidden_dim=128, num_layers=4,
@@ -74,6 +104,10 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "albert-large": albert_large,
     "albert-xlarge": albert_xlarge,
     "albert-xxlarge": albert_xxlarge,
+    "mobilebert": mobilebert,
+    "mobilebert-tiny": mobilebert_tiny,
+    "ibbert-large": ibbert_large,
+    "mobilebert-mini": mobilebert_mini,
     "albert-tiny": albert_tiny,
     "albert-small": albert_small,
     "bert-tiny": bert_tiny,

@@ -1,4 +1,4 @@
-"""The ``ablate`` command: params, train, sweep, report.
+"""The ``ablate`` command: params, train, sweep, report, export.
 
 Errors a user can cause end with one line ``error: ...`` and exit status 2.
 """
@@ -37,8 +37,9 @@ def cmd_params(args: argparse.Namespace) -> None:
 
     cfg = _config(args.target, args.overrides)
     report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
+    measured = _measure(cfg) if args.measure else None
     if args.json:
-        print(json.dumps(report.as_dict()))
+        print(json.dumps({**report.as_dict(), **(measured.as_dict() if measured else {})}))
         return
     m = cfg.model
     table = Table(title=f"{args.target}: V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} "
@@ -54,7 +55,24 @@ def cmd_params(args: argparse.Namespace) -> None:
         table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
     table.add_row(f"forward FLOPs/token (T={report.seq_len})", f"{report.flops_per_token:,}",
                   f"{report.flops_per_token / 1e6:.2f}M")
+    if measured:
+        on = f"{measured.device}, T={report.seq_len}"
+        table.add_row(f"encoder latency, batch 1 ({on})", f"{measured.latency_ms_b1:,.2f}", "ms")
+        table.add_row(f"encoder latency, batch 32 ({on})", f"{measured.latency_ms_b32:,.2f}", "ms")
+        table.add_row(f"train activation memory, batch 32 ({on})", f"{measured.train_activation_mb:,.1f}", "MiB")
     Console().print(table)
+
+
+def _measure(cfg):
+    """Build the real model on cuda (if available) or cpu and measure latency and activation memory."""
+    import torch
+
+    from lightning_modules.heads import build_pretraining_model
+    from lightning_modules.profiling import measure
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_pretraining_model(cfg.model, cfg.objective).to(device)
+    return measure(model, cfg.model.vocab_size, cfg.data.max_length, device)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -116,6 +134,20 @@ def cmd_report(args: argparse.Namespace) -> None:
     _print_ui_hint(uri)
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from lightning_modules.interop import export
+    from sweeps import tracking
+    from sweeps.weights import load_run_weights
+
+    out = Path(args.out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before downloading anything
+        raise ConfigError(f"{out}: already exists and is not an empty folder")
+    uri = tracking.resolve_tracking_uri(args.tracking_uri, "ablate-runs")
+    cfg, model = load_run_weights(uri, args.run)
+    written = export(model, cfg, out, format=args.format)
+    print(f"run {args.run} exported to {out.resolve()}/ ({written} format)")
+
+
 def _print_ui_hint(uri: str) -> None:
     mlflow = Path(sys.executable).with_name("mlflow")
     exe = mlflow if mlflow.exists() else Path("mlflow")
@@ -126,12 +158,15 @@ def _print_ui_hint(uri: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ablate", description="BERT compression ablations: params, train, sweep, report.")
+    p = argparse.ArgumentParser(prog="ablate",
+                                description="BERT compression ablations: params, train, sweep, report, export.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("params", help="parameter counts and FLOPs/token of a preset or config")
     s.add_argument("target", help="preset name or CONFIG.yaml")
     s.add_argument("overrides", nargs="*", help="key=value, e.g. model.sharing=none")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--measure", action="store_true",
+                   help="also build the model and measure encoder latency (batch 1, 32) and train activation memory")
     s.set_defaults(func=cmd_params)
     s = sub.add_parser("train", help="train one config as one MLflow run")
     s.add_argument("config", help="CONFIG.yaml or a preset name")
@@ -149,6 +184,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.set_defaults(func=cmd_report)
+    s = sub.add_parser("export", help="export a run's trained weights (transformers checkpoint when expressible)")
+    s.add_argument("run", help="MLflow run id (the run must have saved its model/ artifacts)")
+    s.add_argument("out_dir", help="new or empty output folder")
+    s.add_argument("--format", choices=["auto", "transformers", "ablate"], default="auto",
+                   help="auto (default): a transformers checkpoint when expressible, else ablate safetensors")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.set_defaults(func=cmd_export)
     return p
 
 

@@ -15,7 +15,10 @@ from datamodules.pretrain import PretrainDataModule
 from lightning_modules.accounting import param_report
 from lightning_modules.config import ExperimentConfig
 from lightning_modules.pretrain import PretrainModule
+from lightning_modules.interop import initial_model
+from lightning_modules.profiling import measure
 from sweeps import tracking
+from sweeps.weights import log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
@@ -64,7 +67,7 @@ def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks:
 
 def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
           parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
-          callbacks: list[Callback] | None = None) -> RunResult:
+          callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None) -> RunResult:
     """Train ``cfg`` to ``trainer.max_steps`` as one MLflow run; return its final metrics.
 
     Corpus and store problems raise before the MLflow run is created. Any failure marks the
@@ -75,8 +78,12 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
                               val_batches=cfg.trainer.val_batches)
     data.prepare_data()
     data.setup("fit")
-    module = PretrainModule(cfg)
+    module = PretrainModule(cfg, initial_model(cfg))  # random init, or the weights of cfg.init_from
     counts = param_report(module.model, cfg.model, cfg.data.max_length)
+    # measured latency (batch 1, 32) and activation memory of one training step at this run's batch size, in fp32
+    # where the model is now (CPU; the Trainer moves it later); reports show them beside quality
+    measured = measure(module.model, cfg.model.vocab_size, cfg.data.max_length, repeats=5, warmup=1,
+                       memory_batch=cfg.data.batch_size) if cfg.trainer.measure else None
 
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     client = tracking.connect(uri)
@@ -87,7 +94,11 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
     try:
         metric_counts = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
         metric_counts["flops_per_token"] = counts.flops_per_token
+        if measured is not None:
+            metric_counts.update({k: v for k, v in measured.as_dict().items() if k != "device"})
         tracking.log_run_inputs(client, run_id, cfg, metric_counts, Path(data.tokenizer_path))
+        for key, value in (extra_params or {}).items():  # e.g. a study's variant name
+            client.log_param(run_id, key, value)
         logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
         trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *(callbacks or [])])
         with tracking.scoped_tracking_uri():
@@ -109,6 +120,7 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
     if trainer.interrupted:
         tracking.end_run(client, run_id, "KILLED")
         raise KeyboardInterrupt
+    log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
     tracking.end_run(client, run_id, "FINISHED")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

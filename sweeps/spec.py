@@ -10,6 +10,9 @@ Example::
       model.embed_dim: {choices: [32, 128]}
       model.sharing: {choices: [all, none]}
       optim.lr: {low: 1.0e-4, high: 1.0e-2, log: true}      # float range (not for grid)
+    variants:                                               # optional named arms, each a set of overrides
+      tall-narrow: {model.num_layers: 8, model.hidden_dim: 96}
+      short-wide: {model.num_layers: 2, model.hidden_dim: 192}
     seeds: [0, 1]
     sampler: grid
     pruner: {type: median, n_warmup_steps: 100}
@@ -111,6 +114,7 @@ class StudySpec:
     base: str | dict[str, Any] = Field(default_factory=dict)
     overrides: dict[str, Any] = Field(default_factory=dict)
     search: dict[str, ParamSpace] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     sampler: Literal["grid", "tpe", "random"] = "grid"
     n_trials: int | None = Field(default=None, gt=0)
@@ -120,8 +124,9 @@ class StudySpec:
 
     @property
     def space(self) -> dict[str, ParamSpace]:
-        """The search space with the seeds as one more categorical field, ``seed``."""
-        return {**self.search, "seed": ParamSpace(choices=list(self.seeds))}
+        """The search space, plus ``variant`` (the named arms, if any) and ``seed``."""
+        arms = {"variant": ParamSpace(choices=list(self.variants))} if self.variants else {}
+        return {**self.search, **arms, "seed": ParamSpace(choices=list(self.seeds))}
 
     def grid(self) -> dict[str, list[Any]]:
         """The grid for Optuna's GridSampler."""
@@ -158,6 +163,10 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     for key in [*spec.overrides, *spec.search]:
         if key not in known:
             raise ConfigError(f"{where}: search.{key}: not a config field")
+    for name, changes in spec.variants.items():
+        for key in changes:
+            if key not in known:
+                raise ConfigError(f"{where}: variants.{name}.{key}: not a config field")
     if spec.sampler == "grid":
         for key, space in spec.search.items():
             if space.choices is None:
@@ -172,11 +181,18 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
 
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
     """The configs at the corners of the search space (every grid point for a grid)."""
-    keys = list(spec.search)
+    space = {k: v for k, v in spec.space.items() if k != "seed"}
+    keys = list(space)
     return [trial_config(base, spec, dict(zip(keys, values)) | {"seed": spec.seeds[0]})
-            for values in itertools.product(*(spec.search[k].corners() for k in keys))]
+            for values in itertools.product(*(space[k].corners() for k in keys))]
 
 
 def trial_config(base: dict[str, Any], spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
-    """The config of one trial: base, then the study's fixed overrides, then the sampled params."""
-    return build_config(base, {**spec.overrides, **params, "name": spec.name})
+    """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params."""
+    params = dict(params)
+    name = params.pop("variant", None)
+    variant = spec.variants.get(name, {})
+    try:
+        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name})
+    except ConfigError as exc:
+        raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None

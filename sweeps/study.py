@@ -132,7 +132,8 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
             result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,
-                           name=run_name(params), callbacks=[pruning])
+                           name=run_name(params), callbacks=[pruning],
+                           extra_params={"variant": params["variant"]} if "variant" in params else None)
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise

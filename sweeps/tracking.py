@@ -132,7 +132,7 @@ def package_tags() -> dict[str, str]:
     return tags
 
 
-def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, int],
+def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, float],
                    tokenizer_path: Path | None) -> None:
     """Params (flattened resolved config), config YAML, tokenizer, parameter counts, tags."""
     params = [Param(k, str(v)) for k, v in flatten(cfg).items()]

@@ -1,4 +1,9 @@
-"""Multi-head self-attention with a fused QKV projection and ``scaled_dot_product_attention``."""
+"""Multi-head self-attention on ``scaled_dot_product_attention``.
+
+Q and K may read from a different tensor than V (the released MobileBERT reads Q and K
+from a narrow shared bottleneck and V from the wide block input). When all three read
+from one tensor the projection is fused into one matrix.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +16,48 @@ class MultiHeadAttention(nn.Module):
     """Self-attention over ``num_heads`` heads of query/key width ``qk_dim`` and value width ``v_dim``.
 
     Args:
-        qkv: fused projection ``in -> num_heads * (2 * qk_dim + v_dim)``.
-        out: output projection ``num_heads * v_dim -> out``.
+        qkv: fused projection ``in -> A * (2k + v)`` when Q, K, V share their input; else
+            the ``in -> A * 2k`` projection of Q and K.
+        v: the separate value projection ``in_v -> A * v``, or None when fused.
+        out: output projection ``A * v -> out``.
         num_heads: heads A.
         qk_dim: per-head query/key width k.
         v_dim: per-head value width v (schuBERT lets k != v).
         dropout_p: dropout on attention probabilities (training only).
     """
 
-    def __init__(self, qkv: nn.Linear, out: nn.Linear, num_heads: int, qk_dim: int, v_dim: int,
-                 dropout_p: float = 0.0) -> None:
+    def __init__(self, qkv: nn.Linear, v: nn.Linear | None, out: nn.Linear, num_heads: int, qk_dim: int,
+                 v_dim: int, dropout_p: float = 0.0) -> None:
         super().__init__()
-        self.qkv, self.out = qkv, out
+        self.qkv, self.v, self.out = qkv, v, out
         self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
         self.dropout_p = dropout_p
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, T, H); mask: (B, 1, 1, T) bool, True = attend, or None for no padding."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, x_v: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D) for Q and K (and V when fused); x_v: (B, T, D_v) for a separate V;
+        mask: (B, 1, 1, T) bool, True = attend, or None for no padding -> (B, T, out)."""
         B, T, _ = x.shape
         A, k, v = self.num_heads, self.qk_dim, self.v_dim
-        q, key, val = self.qkv(x).split([A * k, A * k, A * v], dim=-1)  # (B, T, A*k) x2, (B, T, A*v)
+        if self.v is None:
+            q, key, val = self.qkv(x).split([A * k, A * k, A * v], dim=-1)  # (B, T, A*k) x2, (B, T, A*v)
+        else:
+            q, key = self.qkv(x).split([A * k, A * k], dim=-1)  # (B, T, A*k) x2
+            val = self.v(x if x_v is None else x_v)  # (B, T, A*v)
         q = q.view(B, T, A, k).transpose(1, 2)  # (B, A, T, k)
         key = key.view(B, T, A, k).transpose(1, 2)  # (B, A, T, k)
         val = val.view(B, T, A, v).transpose(1, 2)  # (B, A, T, v)
         p = self.dropout_p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, key, val, attn_mask=mask, dropout_p=p)  # (B, A, T, v)
-        return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, H)
+        return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
 
 
-def attention(dim: int, num_heads: int, qk_dim: int, v_dim: int, dropout_p: float) -> MultiHeadAttention:
-    """Build attention from numbers: ``dim`` in and out."""
-    qkv = nn.Linear(dim, num_heads * (2 * qk_dim + v_dim))
-    out = nn.Linear(num_heads * v_dim, dim)
-    return MultiHeadAttention(qkv, out, num_heads, qk_dim, v_dim, dropout_p)
+def attention(dim: int, num_heads: int, qk_dim: int, v_dim: int, dropout_p: float, out_dim: int | None = None,
+              v_in_dim: int | None = None) -> MultiHeadAttention:
+    """Build attention from numbers: Q, K (and V) read ``dim``-wide input; a separate V
+    projection reads ``v_in_dim``-wide input when given; the output is ``out_dim`` (= dim)."""
+    out = nn.Linear(num_heads * v_dim, out_dim or dim)
+    if v_in_dim is None:
+        return MultiHeadAttention(nn.Linear(dim, num_heads * (2 * qk_dim + v_dim)), None, out, num_heads, qk_dim,
+                                  v_dim, dropout_p)
+    return MultiHeadAttention(nn.Linear(dim, num_heads * 2 * qk_dim), nn.Linear(v_in_dim, num_heads * v_dim), out,
+                              num_heads, qk_dim, v_dim, dropout_p)

@@ -41,6 +41,14 @@ def test_large_models_where_the_paper_rounds_up():
     assert report_for(get_preset("albert-xxlarge")).paper_count == 222_595_584
 
 
+@pytest.mark.parametrize(("preset", "published"), [("mobilebert", 25.3), ("mobilebert-tiny", 15.1),
+                                                   ("ibbert-large", 293)])
+def test_mobilebert_family_within_4_percent(preset, published):
+    """MobileBERT paper Table 1, compared by backbone (embeddings + encoder, no pooler, no heads)."""
+    backbone = report_for(get_preset(preset)).backbone
+    assert abs(backbone / (published * M) - 1) <= 0.04, backbone / M
+
+
 def test_backbone_excludes_pooler_and_heads():
     r = report_for(get_preset("bert-base"))
     assert r.backbone == 108_490_752  # 23.44M embeddings + 12 x 7.09M layers
@@ -48,8 +56,15 @@ def test_backbone_excludes_pooler_and_heads():
     assert r.heads == r.mlm_head + r.sentence_head and r.sentence_head == r.pooler + 768 * 2 + 2
 
 
-@pytest.mark.parametrize("overrides", [{"preset": "bert-tiny"}, {"preset": "albert-tiny"},
-                                       {"preset": "albert-tiny", "num_ffn": 3, "sharing": "attn", "embed_dim": 32}])
+@pytest.mark.parametrize("overrides", [
+    {"preset": "bert-tiny"}, {"preset": "albert-tiny"},
+    {"preset": "albert-tiny", "num_ffn": 3, "sharing": "attn", "embed_dim": 32},
+    {"preset": "mobilebert-mini"},
+    {"preset": "mobilebert-mini", "attention_input": "hidden", "intra_dim": 256, "sharing": "all"},
+    {"preset": "albert-tiny", "sharing": "none", "layers": [
+        {"num_heads": 2, "qk_dim": 16, "v_dim": 48, "ffn_dim": 300}, {"num_heads": 4, "qk_dim": 8, "v_dim": 8, "ffn_dim": 64},
+        {"num_heads": 1, "qk_dim": 32, "v_dim": 16, "ffn_dim": 128}, {"num_heads": 3, "qk_dim": 24, "v_dim": 40, "ffn_dim": 10}]},
+])
 def test_flops_per_token_matches_torch_flop_counter(overrides):
     cfg = build_config({"model": overrides}).model
     encoder = build_encoder(cfg).eval()
@@ -57,4 +72,4 @@ def test_flops_per_token_matches_torch_flop_counter(overrides):
     # the math backend decomposes attention into matmuls the counter sees (it skips the CPU flash kernel)
     with FlopCounterMode(display=False) as counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         encoder(torch.randint(5, cfg.vocab_size, (1, T)))
-    assert counter.get_total_flops() / T == pytest.approx(flops_per_token(cfg, T), rel=1e-6)
+    assert counter.get_total_flops() / T == pytest.approx(flops_per_token(encoder, T), rel=1e-6)

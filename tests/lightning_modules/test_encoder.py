@@ -44,7 +44,7 @@ def test_shared_layers_are_the_same_tensors_and_gradients_accumulate():
     unshared.mlm_head.load_state_dict(shared.mlm_head.state_dict())
     unshared.sentence_head.load_state_dict(shared.sentence_head.state_dict())
     # one tensor, used by all four layers
-    assert {a for a, _ in shared.encoder.plan} == {0}
+    assert {step.attention for step in shared.encoder.plan} == {0}
     assert sum(p.numel() for p in shared.parameters()) < sum(p.numel() for p in unshared.parameters())
     batch = _batch()
     shared(batch).loss.backward()

@@ -35,6 +35,14 @@ def test_params_json_matches_published_cell():
     (["params", "albert-base", "model.embed_dim"], "expected key=value"),
     (["params", "no-such-preset"], "error: no-such-preset:"),
     (["train", "missing.yaml"], "error: missing.yaml: no such file"),
+    (["params", "mobilebert", "model.num_heads=3"], "error: model.num_heads: intra_dim 128 is not divisible"),
+    (["params", "mobilebert", "model.embed_dim=1024"], "error: model.embed_dim: a trigram embedding needs E <= H"),
+    (["params", "bert-base", "model.attention_input=shared_qk"], "error: model.attention_input:"),
+    (["params", "bert-base", "model.sharing=all", "model.num_layers=2",
+      'model.layers=[{num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 3072}, {num_heads: 6, qk_dim: 64, v_dim: 64, ffn_dim: 3072}]'],
+     "error: model.sharing: 'all' shares modules across layers, but model.layers differ at layer 1"),
+    (["params", "bert-base", "model.num_layers=2", "model.layers=[{num_heads: 12, qk_dim: 0, v_dim: 64, ffn_dim: 1}, {num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 1}]"],
+     "error: model.layers.0.qk_dim: Input should be greater than 0"),
 ])
 def test_cli_errors_are_one_line(args, needle, tmp_path):
     proc = run_cli(*args, cwd=tmp_path)

@@ -44,7 +44,8 @@ def test_two_trial_sweep_report_and_resume(study_file, tmp_path, capsys):
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in trials}
     for run in trials:
         assert run.data.params["model.embed_dim"] == "16" and run.data.params["seed"] == "0"
-        assert {"val/loss", "val/mlm_acc", "val/sentence_acc", "params.backbone", "flops_per_token"} <= set(run.data.metrics)
+        assert {"val/loss", "val/mlm_acc", "val/sentence_acc", "params.backbone", "flops_per_token",
+                "latency_ms_b1", "latency_ms_b32", "train_activation_mb"} <= set(run.data.metrics)
         assert "ablate.git_commit" in run.data.tags or "ablate.version" in run.data.tags
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"config.yaml", "tokenizer"} <= artifacts

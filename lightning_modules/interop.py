@@ -1,0 +1,266 @@
+"""Interop with Hugging Face ``transformers``: convert, export, load, start from a checkpoint.
+
+- :func:`to_transformers` / :func:`from_transformers`: our :class:`PretrainingModel` <->
+  ``BertForPreTraining`` / ``AlbertForPreTraining`` / ``MobileBertForPreTraining``, when the
+  config is expressible (see :mod:`lightning_modules.interop_maps`). Encoder and sentence head
+  are exact for all three, the MLM head for BERT and ALBERT.
+- MobileBERT's MLM head is not ours: HF transforms H -> H (LayerNorm over H) and decodes with
+  ``[word_embedding (V x E) ; dense (V x (H - E))]``, ours transforms H -> E, norms at E and
+  decodes with the tied V x E embedding only. Ours -> HF puts our transform in HF's first E rows
+  (zeros elsewhere, ``dense`` = 0), so only the norm statistics differ; HF -> ours keeps HF's
+  first E rows and drops ``dense``. Both are approximations.
+- :func:`export` writes a transformers checkpoint (``save_pretrained``, safetensors) when
+  expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml`` either way.
+- :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
+  ``init_from`` starts from.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+
+from lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, load_config, to_dict, to_yaml
+from lightning_modules.errors import ConfigError
+from lightning_modules.heads import PretrainingModel, build_pretraining_model
+from lightning_modules.interop_maps import CLASSES, Pair, family, hf_config, model_config, pairs
+
+SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
+WEIGHTS, EXPORT_YAML = "model.safetensors", "ablate.yaml"
+_MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
+
+
+def _hf_class(name: str) -> Any:
+    import transformers
+
+    return getattr(transformers, CLASSES[name])
+
+
+@torch.no_grad()
+def _copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], mapping: list[Pair], to_hf: bool) -> set[str]:
+    """Copy every pair from ``src`` into ``dst`` (in place); the names of ``dst`` written."""
+    written = set()
+    for hf, ours, rows in mapping:
+        s, d = (ours, hf) if to_hf else (hf, ours)
+        value, target = src[s], dst[d]
+        if rows is not None:
+            value, target = (value[rows[0]:rows[1]], target) if to_hf else (value, target[rows[0]:rows[1]])
+        if value.shape != target.shape:
+            raise RuntimeError(f"interop map: {s} {tuple(value.shape)} does not fit {d} {tuple(target.shape)}")
+        target.copy_(value)
+        written.add(d)
+    return written
+
+
+def _check_covered(kind: str, names: set[str], written: set[str]) -> None:
+    if names - written:
+        raise RuntimeError(f"interop map misses {kind} parameters: {sorted(names - written)[:6]}")
+
+
+def state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU, contiguous state dict of our model (``torch.compile`` wrappers removed)."""
+    return {k.replace("_orig_mod.", ""): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
+    """The equivalent transformers ``*ForPreTraining`` model, weights copied (ConfigError if not expressible).
+
+    Without our sentence head, HF's pooler and NSP/SOP classifier keep HF's initialisation.
+    """
+    name = family(cfg)
+    hf = _hf_class(name)(hf_config(cfg, name))
+    hf.train(model.training)
+    ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
+    ours = {k.replace("_orig_mod.", ""): v for k, v in ours.items()}
+    mapping = pairs(name, cfg, model.sentence_head is not None)
+    written = _copy(ours, theirs, mapping, to_hf=True)
+    read = {p[1] for p in mapping}
+    with torch.no_grad():
+        if name == "albert" and cfg.embed_dim == cfg.hidden_dim:  # our "no projection" is HF's identity mapping
+            mapping_in = hf.albert.encoder.embedding_hidden_mapping_in
+            mapping_in.weight.copy_(torch.eye(cfg.hidden_dim))
+            mapping_in.bias.zero_()
+            written |= {f"albert.encoder.embedding_hidden_mapping_in.{n}" for n in ("weight", "bias")}
+        if name == "mobilebert":
+            E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
+            for param in (t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
+                          hf.cls.predictions.dense.weight):
+                param.zero_()
+            for param, value in ((t.dense.weight, head.transform.weight), (t.dense.bias, head.transform.bias),
+                                 (t.LayerNorm.weight, head.norm.weight), (t.LayerNorm.bias, head.norm.bias)):
+                param[:E].copy_(value)
+            written |= {n for n in theirs if n.startswith(_MLM)}
+            read |= {n for n in ours if n.startswith("mlm_head.")}
+    untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
+    _check_covered("transformers", untouched, written)
+    _check_covered("ablate", set(ours), read)
+    return hf
+
+
+def _is_sentence(hf_name: str) -> bool:
+    return hf_name.startswith(("bert.pooler", "cls.seq_relationship", "albert.pooler", "sop_classifier",
+                               "mobilebert.pooler"))
+
+
+def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
+    """Our config and model for a transformers ``Bert|Albert|MobileBert ForPreTraining`` model.
+
+    The sentence head is always built (``nsp`` for BERT and MobileBERT, ``sop`` for ALBERT).
+    """
+    name, cfg = model_config(hf.config)
+    if not isinstance(hf, _hf_class(name)):
+        raise ConfigError(f"{type(hf).__name__}: expected a {CLASSES[name]} (load it with that class)")
+    theirs = dict(hf.named_parameters())
+    if name == "albert" and cfg.embed_dim == cfg.hidden_dim:
+        m = hf.albert.encoder.embedding_hidden_mapping_in
+        if not (torch.equal(m.weight, torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device))
+                and not m.bias.any()):
+            raise ConfigError("embedding_hidden_mapping_in: with embedding_size == hidden_size ours has no "
+                              "projection, so it must be the identity")
+    model = build_pretraining_model(cfg, ObjectiveConfig(sentence=SENTENCE[name]))
+    model.train(hf.training)
+    ours = dict(model.named_parameters())
+    mapping = pairs(name, cfg, True)
+    written = _copy(theirs, ours, mapping, to_hf=False)
+    if name == "mobilebert":
+        E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
+        with torch.no_grad():
+            for param, value in ((head.transform.weight, t.dense.weight), (head.transform.bias, t.dense.bias),
+                                 (head.norm.weight, t.LayerNorm.weight), (head.norm.bias, t.LayerNorm.bias)):
+                param.copy_(value[:E])
+        written |= {n for n in ours if n.startswith("mlm_head.")}
+    _check_covered("ablate", set(ours), written)
+    return cfg, model
+
+
+def expressible(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` has a transformers equivalent."""
+    try:
+        family(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def export(model: PretrainingModel, cfg: ExperimentConfig, out_dir: str | Path,
+           format: Literal["auto", "transformers", "ablate"] = "auto") -> str:  # noqa: A002 - the CLI's word
+    """Write ``model`` to a new folder ``out_dir``; return the format written.
+
+    ``transformers``: ``save_pretrained`` (config.json + model.safetensors), loadable with the
+    ``*ForPreTraining`` class; ``ablate``: ``model.safetensors`` of our state dict. Both add
+    ``ablate.yaml`` (the resolved config). ``auto`` picks transformers when expressible.
+    Written to a temporary sibling and renamed, so a failure leaves nothing behind.
+    """
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: already exists and is not an empty folder")
+    if format not in ("auto", "transformers", "ablate"):
+        raise ConfigError(f"--format: {format!r} is not one of auto, transformers, ablate")
+    if format == "auto":
+        format = "transformers" if expressible(cfg.model) else "ablate"  # noqa: A001
+    hf = to_transformers(model, cfg.model) if format == "transformers" else None  # ConfigError says why not
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if hf is not None:
+            hf.save_pretrained(tmp)
+        else:
+            from safetensors.torch import save_file
+
+            save_file(state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / EXPORT_YAML).write_text(to_yaml(cfg), encoding="utf-8")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return format
+
+
+def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
+    """Our config and model (in eval mode) from a transformers checkpoint folder (``config.json``,
+    read locally with the matching ``*ForPreTraining``) or an ablate folder (``model.safetensors``
+    + ``ablate.yaml``, or ``config.yaml`` as in a run's ``model/`` artifacts)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such checkpoint folder")
+    if (folder / "config.json").is_file():
+        try:
+            model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{folder / 'config.json'}: unreadable ({exc})") from None
+        if model_type not in CLASSES:
+            raise ConfigError(f"{folder / 'config.json'}: model_type {model_type!r} is not supported "
+                              f"({', '.join(CLASSES)})")
+        try:
+            hf = _hf_class(model_type).from_pretrained(str(folder), local_files_only=True)
+        except OSError as exc:
+            raise ConfigError(f"{folder}: cannot load the transformers checkpoint ({exc})") from None
+        cfg, model = from_transformers(hf)
+        return cfg, model.eval()
+    yaml_path = next((folder / n for n in (EXPORT_YAML, "config.yaml") if (folder / n).is_file()), None)
+    if yaml_path is None or not (folder / WEIGHTS).is_file():
+        raise ConfigError(f"{folder}: neither a transformers checkpoint (config.json) nor an ablate export "
+                          f"({WEIGHTS} + {EXPORT_YAML})")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    exp = load_config(yaml_path)
+    model = build_pretraining_model(exp.model, exp.objective)
+    try:
+        model.load_state_dict(load_file(str(folder / WEIGHTS)))
+    except (RuntimeError, SafetensorError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"{folder / WEIGHTS}: does not match {yaml_path.name} ({first})") from None
+    return exp.model, model.eval()
+
+
+# fields that may differ between a run's config and its init_from checkpoint
+_FREE = {"dropout", "init_std"}
+
+
+def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
+    """``model.key=value`` (the checkpoint's value) for every architecture field that differs."""
+    a, b = to_dict(want), to_dict(have)
+    out = []
+    for key in a:
+        if key in _FREE or a[key] == b[key] or (key == "norm_eps" and want.norm == have.norm == "no_norm"):
+            continue
+        if key == "layers" and want.layer_specs() == have.layer_specs():
+            continue
+        value = yaml.safe_dump(b[key], default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+        out.append(f"model.{key}={value}")
+    return out
+
+
+def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
+    """The model a run starts from: None without ``init_from``, else ``cfg``'s model with the
+    checkpoint's weights.
+
+    ``model`` must describe the checkpoint's architecture (``dropout`` and ``init_std`` may
+    differ): otherwise ConfigError listing the ``model.key=value`` overrides that match it.
+    The sentence head is dropped when ``objective.sentence`` is none and freshly initialised
+    when the checkpoint has none.
+    """
+    if cfg.init_from is None:
+        return None
+    have, ckpt = load_pretrained(cfg.init_from)
+    differences = _arch_differences(cfg.model, have)
+    if differences:
+        raise ConfigError(f"init_from: {cfg.init_from} has a different architecture than model.*; set "
+                          + " ".join(differences))
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    state = state_dict(ckpt)
+    if model.sentence_head is None:
+        state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("sentence_head.") for k in missing):
+        raise ConfigError(f"init_from: {cfg.init_from}: weights do not fit ({(unexpected or missing)[:3]})")
+    return model

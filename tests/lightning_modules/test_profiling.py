@@ -1,0 +1,90 @@
+"""Measured latency and training activation memory (lightning_modules.profiling), and ``ablate params --measure``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_modules.config import build_config
+from lightning_modules.heads import PretrainingModel, build_pretraining_model
+from lightning_modules.profiling import Measured, measure, measure_latency, peak_train_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+V = 8192  # albert-tiny's vocabulary
+
+
+def tiny(**model: object) -> PretrainingModel:
+    cfg = build_config({"model": {"preset": "albert-tiny", **model}})
+    assert cfg.model.vocab_size == V
+    return build_pretraining_model(cfg.model, cfg.objective)
+
+
+@pytest.fixture(scope="module")
+def model() -> PretrainingModel:
+    torch.manual_seed(0)
+    return tiny()
+
+
+def test_latency_positive_and_grows_with_batch(model: PretrainingModel) -> None:
+    b1 = measure_latency(model, V, batch=1, seq_len=32, repeats=5, warmup=1)
+    b32 = measure_latency(model, V, batch=32, seq_len=32, repeats=5, warmup=1)
+    assert 0 < b1 < b32
+
+
+def test_activation_memory_is_linear_in_batch_and_length(model: PretrainingModel) -> None:
+    base = peak_train_memory(model, V, batch=4, seq_len=32)
+    assert base > 0
+    # dropout 0: the attention kernel keeps O(T) per head, so memory is ~linear in T as well as in B
+    assert peak_train_memory(model, V, batch=8, seq_len=32) / base == pytest.approx(2.0, rel=0.1)
+    assert peak_train_memory(model, V, batch=4, seq_len=64) / base == pytest.approx(2.0, rel=0.15)
+
+
+def test_dropout_masks_cost_activation_memory() -> None:
+    torch.manual_seed(0)
+    without = peak_train_memory(tiny(dropout=0.0), V, batch=8, seq_len=32)
+    with_dropout = peak_train_memory(tiny(dropout=0.1), V, batch=8, seq_len=32)
+    # every dropout saves a mask (and attention dropout keeps the T x T probabilities): ~+40% here
+    assert with_dropout > 1.2 * without
+
+
+def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
+    torch.manual_seed(0)
+    m = tiny(dropout=0.1)
+    m.train()
+    m.mlm_head.eval()  # a mixed state must come back as it was
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    rng = torch.get_rng_state()
+    got = measure(m, V, seq_len=16, repeats=1, warmup=0, memory_batch=2)
+    assert isinstance(got, Measured) and got.device == "cpu"
+    assert got.latency_ms_b1 > 0 and got.latency_ms_b32 > 0 and got.train_activation_mb > 0
+    assert m.training and not m.mlm_head.training and m.encoder.training
+    assert all(p.grad is None for p in m.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_params_measure_json_has_measured_keys() -> None:
+    out = subprocess.run([sys.executable, "-m", "sweeps.cli", "params", "albert-tiny", "data.max_length=32",
+                          "--measure", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(data)
+    assert data["device"] in ("cpu", "cuda") and 0 < data["latency_ms_b1"] < data["latency_ms_b32"]
+    assert data["train_activation_mb"] > 0
+
+
+def test_params_measure_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweeps import cli
+
+    monkeypatch.setattr(cli, "_measure", lambda cfg: Measured(1.25, 31.5, 42.0, "cpu"))  # rendering only: fast
+    assert cli.main(["params", "albert-tiny", "--measure"]) == 0
+    table = capsys.readouterr().out
+    assert "latency, batch 1" in table and "latency, batch 32" in table and "activation memory" in table
+    assert "1.25" in table and "31.50" in table and "42.0" in table
+    assert cli.main(["params", "albert-tiny", "--json"]) == 0  # without --measure: as before, no model built
+    assert "latency_ms_b1" not in json.loads(capsys.readouterr().out)
