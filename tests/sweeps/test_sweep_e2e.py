@@ -89,15 +89,18 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:  # interrupt in the middle of the second trial
-            exp = client.get_experiment_by_name("interrupted") if (tmp_path / "runs" / "mlflow.db").exists() else None
-            runs = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'trial'") if exp else []
-            if len(runs) >= 2 and any(r.info.status == "RUNNING" for r in runs):
-                break
-            time.sleep(0.5)
-        time.sleep(2)
+        deadline, second_started = time.time() + 240, False
+        while time.time() < deadline and proc.poll() is None and not second_started:  # wait for trial 1 to run
+            try:
+                trials = optuna.load_study(study_name="interrupted", storage=storage).trials
+                second_started = any(t.number >= 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials)
+            except Exception:  # noqa: BLE001 - the study or its database is not there yet
+                pass
+            time.sleep(0.3)
+        assert second_started, "the second trial was never seen running"
+        time.sleep(3)  # inside the second trial's training
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
     finally:
