@@ -10,6 +10,7 @@ impossible shapes raise :class:`ConfigError` naming the dotted key.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from pathlib import Path
@@ -365,7 +366,7 @@ def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     """
     from lightning_modules.presets import preset_fields  # presets import this module
 
-    tree = _deep_copy(raw)
+    tree = copy.deepcopy(raw)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     model = tree.get("model")
@@ -419,10 +420,3 @@ def field_names() -> set[str]:
     """Every valid dotted key."""
     return set(flatten(ExperimentConfig()))
 
-
-def _deep_copy(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _deep_copy(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_deep_copy(v) for v in tree]
-    return tree

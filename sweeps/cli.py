@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 from lightning_modules.errors import AblateError, ConfigError
@@ -92,8 +93,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     spec, base = load_study(args.study)
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
     study = result.study
-    counts = {s.name: n for s in type(study.trials[0].state) if (n := sum(t.state == s for t in study.trials))} \
-        if study.trials else {}
+    counts = dict(Counter(t.state.name for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {result.storage})")
     try:
         best = study.best_trial

@@ -87,7 +87,7 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
 
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     client = tracking.connect(uri)
-    exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri, cfg.tracking.root)
+    exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri)
     run_id = tracking.start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
                                 {tracking.ROLE: "run", **(tags or {})}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)

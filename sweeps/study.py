@@ -112,7 +112,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     tracking.sqlite_wal(storage)
     study = open_study(spec, storage, base_cfg.trainer.max_steps)
 
-    exp_id = tracking.experiment_id(client, spec.name, uri, root)
+    exp_id = tracking.experiment_id(client, spec.name, uri)
     for stale in tracking.stale_running(client, exp_id, spec.name):  # left by a killed worker
         tracking.end_run(client, stale.info.run_id, "KILLED")
     parent = tracking.find_parent(client, exp_id, spec.name) or tracking.start_run(

@@ -43,7 +43,7 @@ def resolve_tracking_uri(uri: str | None, root: str | Path) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def artifact_root(uri: str, root: str | Path) -> str | None:
+def artifact_root(uri: str) -> str | None:
     """Local artifact folder for an embedded SQLite store; None lets a server decide."""
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
@@ -90,12 +90,12 @@ def connect(uri: str) -> MlflowClient:
     return client
 
 
-def experiment_id(client: MlflowClient, name: str, uri: str, root: str | Path) -> str:
+def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     """Id of the experiment ``name``, created (with local artifacts for SQLite) if missing."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_root(uri, root))
+    return client.create_experiment(name, artifact_location=artifact_root(uri))
 
 
 def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str],

@@ -21,7 +21,7 @@ SMALL = dict(vocab_size=500, embed_dim=16, hidden_dim=32, num_layers=2, num_head
 def test_export_from_a_run(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = tracking.connect(uri)
-    exp = tracking.experiment_id(client, "ablate", uri, tmp_path)
+    exp = tracking.experiment_id(client, "ablate", uri)
     runs = {}
     for name, sharing in [("albert", "all"), ("attn", "attn")]:
         model_cfg = ModelConfig(**SMALL, sharing=sharing)
