@@ -75,6 +75,9 @@ class ModelConfig:
             H, then position and token type at H).
         layers: per-layer dimensions (schuBERT); None = every layer uses ``num_heads``
             heads of width intra_dim / num_heads and ``ffn_dim``.
+        mlm_head: ``factorized`` (BERT/ALBERT: H -> E transform, norm, decoder tied to the
+            V x E word embedding) or ``mobilebert`` (H -> H transform, LayerNorm, decoder
+            ``[word embedding V x E ; extra V x (H - E)]``, as released MobileBERT).
         sharing: cross-layer sharing, ``none | all | attn | ffn`` (ALBERT).
         norm: ``layer_norm`` or ``no_norm`` (MobileBERT's ``h * gamma + beta``).
         activation: ``gelu`` or ``relu``.
@@ -99,6 +102,7 @@ class ModelConfig:
     attention_input: Literal["bottleneck", "hidden", "shared_qk"] = "bottleneck"
     embedding: Literal["plain", "trigram"] = "plain"
     layers: tuple[LayerSpec, ...] | None = None
+    mlm_head: Literal["factorized", "mobilebert"] = "factorized"
     sharing: Sharing = "none"
     norm: Norm = "layer_norm"
     activation: Activation = "gelu"
@@ -119,6 +123,8 @@ class ModelConfig:
             raise ValueError(f"layers: gives {len(self.layers)} layers but num_layers is {self.num_layers}")
         if self.embedding == "trigram" and self.embed_dim > self.hidden_dim:
             raise ValueError(f"embed_dim: a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}")
+        if self.mlm_head == "mobilebert" and self.embed_dim > self.hidden_dim:
+            raise ValueError(f"mlm_head: 'mobilebert' decodes at H and needs E <= H, got E={self.embed_dim}")
         if self.attention_input != "bottleneck" and self.intra_dim is None:
             raise ValueError(f"attention_input: {self.attention_input!r} needs a bottleneck (set model.intra_dim)")
         specs = self.layer_specs()

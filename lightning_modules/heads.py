@@ -14,19 +14,37 @@ from lightning_modules.encoder import Encoder, build_encoder, init_weights
 
 
 class MLMHead(nn.Module):
-    """H -> E transform, activation, norm, then the decoder tied to the V x E word embedding."""
+    """Transform, activation, norm, then a decoder tied to the V x E word embedding.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    Args:
+        transform: H -> D linear (D = E for the factorized head, H for MobileBERT's).
+        activation: activation module.
+        norm: norm over D.
+        vocab_size: V, for the output bias.
+        extra: MobileBERT's extra decoder columns V x (D - E), or None when D = E.
+    """
+
+    def __init__(self, transform: nn.Linear, activation: nn.Module, norm: nn.Module, vocab_size: int,
+                 extra: nn.Parameter | None = None) -> None:
         super().__init__()
-        self.transform = nn.Linear(cfg.hidden_dim, cfg.embed_dim)
-        self.activation = ACT2FN[cfg.activation]()
-        self.norm = NORM2FN[cfg.norm](cfg.embed_dim, cfg.norm_eps)
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.transform, self.activation, self.norm = transform, activation, norm
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.extra = extra
 
     def forward(self, hidden: torch.Tensor, word_weight: torch.Tensor) -> torch.Tensor:
         """hidden: (N, H) at masked positions only; word_weight: (V, E) -> logits (N, V)."""
-        h = self.norm(self.activation(self.transform(hidden)))  # (N, E)
-        return F.linear(h, word_weight, self.bias)  # (N, V)
+        h = self.norm(self.activation(self.transform(hidden)))  # (N, D)
+        decoder = word_weight if self.extra is None else torch.cat([word_weight, self.extra], dim=1)  # (V, D)
+        return F.linear(h, decoder, self.bias)  # (N, V)
+
+
+MLM_HEADS = {
+    "factorized": lambda cfg: MLMHead(nn.Linear(cfg.hidden_dim, cfg.embed_dim), ACT2FN[cfg.activation](),
+                                      NORM2FN[cfg.norm](cfg.embed_dim, cfg.norm_eps), cfg.vocab_size),
+    "mobilebert": lambda cfg: MLMHead(nn.Linear(cfg.hidden_dim, cfg.hidden_dim), ACT2FN[cfg.activation](),
+                                      nn.LayerNorm(cfg.hidden_dim, eps=cfg.norm_eps), cfg.vocab_size,
+                                      nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_dim - cfg.embed_dim).normal_(std=cfg.init_std))),
+}
 
 
 class SentenceHead(nn.Module):
@@ -82,7 +100,7 @@ class PretrainingModel(nn.Module):
 def build_pretraining_model(model: ModelConfig, objective: ObjectiveConfig) -> PretrainingModel:
     """Encoder and heads for a pre-training objective."""
     encoder = build_encoder(model)
-    mlm_head = MLMHead(model)
+    mlm_head = MLM_HEADS[model.mlm_head](model)
     sentence_head = SentenceHead(model) if objective.sentence != "none" else None
     heads = nn.ModuleList([mlm_head] + ([sentence_head] if sentence_head else []))
     heads.apply(lambda m: init_weights(m, model.init_std))

@@ -3,12 +3,12 @@
 - :func:`to_transformers` / :func:`from_transformers`: our :class:`PretrainingModel` <->
   ``BertForPreTraining`` / ``AlbertForPreTraining`` / ``MobileBertForPreTraining``, when the
   config is expressible (see :mod:`lightning_modules.interop_maps`). Encoder and sentence head
-  are exact for all three, the MLM head for BERT and ALBERT.
-- MobileBERT's MLM head is not ours: HF transforms H -> H (LayerNorm over H) and decodes with
-  ``[word_embedding (V x E) ; dense (V x (H - E))]``, ours transforms H -> E, norms at E and
-  decodes with the tied V x E embedding only. Ours -> HF puts our transform in HF's first E rows
-  (zeros elsewhere, ``dense`` = 0), so only the norm statistics differ; HF -> ours keeps HF's
-  first E rows and drops ``dense``. Both are approximations.
+  are exact for all three; so is the MLM head, for MobileBERT with ``model.mlm_head: mobilebert``
+  (HF's H -> H transform, LayerNorm over H, decoder ``[word_embedding (V x E) ; dense (V x (H - E))]``;
+  HF -> ours always builds that head).
+- A MobileBERT with our ``factorized`` head (H -> E, norm at E, tied V x E decoder) exports
+  approximately: our transform fills HF's first E rows (zeros elsewhere, ``dense`` = 0), so only
+  the norm statistics differ.
 - :func:`export` writes a transformers checkpoint (``save_pretrained``, safetensors) when
   expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml`` either way.
 - :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
@@ -89,12 +89,17 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
             written |= {f"albert.encoder.embedding_hidden_mapping_in.{n}" for n in ("weight", "bias")}
         if name == "mobilebert":
             E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
-            for param in (t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
-                          hf.cls.predictions.dense.weight):
-                param.zero_()
+            exact = cfg.mlm_head == "mobilebert"  # same head: every tensor maps; else ours fills HF's first E rows
+            if not exact:
+                for param in (t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
+                              hf.cls.predictions.dense.weight):
+                    param.zero_()
+            rows = slice(None) if exact else slice(0, E)
             for param, value in ((t.dense.weight, head.transform.weight), (t.dense.bias, head.transform.bias),
                                  (t.LayerNorm.weight, head.norm.weight), (t.LayerNorm.bias, head.norm.bias)):
-                param[:E].copy_(value)
+                param[rows].copy_(value)
+            if exact:
+                hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
             written |= {n for n in theirs if n.startswith(_MLM)}
             read |= {n for n in ours if n.startswith("mlm_head.")}
     untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
@@ -129,11 +134,12 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     mapping = pairs(name, cfg, True)
     written = _copy(theirs, ours, mapping, to_hf=False)
     if name == "mobilebert":
-        E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
+        head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
         with torch.no_grad():
             for param, value in ((head.transform.weight, t.dense.weight), (head.transform.bias, t.dense.bias),
                                  (head.norm.weight, t.LayerNorm.weight), (head.norm.bias, t.LayerNorm.bias)):
-                param.copy_(value[:E])
+                param.copy_(value)
+            head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
         written |= {n for n in ours if n.startswith("mlm_head.")}
     _check_covered("ablate", set(ours), written)
     return cfg, model

@@ -135,7 +135,7 @@ def model_config(hf: Any) -> tuple[str, ModelConfig]:
         if hf.normalization_type == "layer_norm" and hf.layer_norm_eps != MOBILEBERT_EPS:
             raise ConfigError(f"layer_norm_eps: MobileBERT with LayerNorm is supported only with eps={MOBILEBERT_EPS} "
                               "(HF hard-codes it for two of its norms)")
-        fields.update(embed_dim=hf.embedding_size, embedding="trigram", num_ffn=hf.num_feedforward_networks,
+        fields.update(mlm_head="mobilebert", embed_dim=hf.embedding_size, embedding="trigram", num_ffn=hf.num_feedforward_networks,
                       norm=hf.normalization_type)
         if hf.use_bottleneck:
             attn = ("bottleneck" if hf.use_bottleneck_attention else

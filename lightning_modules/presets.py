@@ -54,14 +54,14 @@ def mobilebert() -> ModelConfig:
     ReLU, trigram E=128, Q/K from a shared bottleneck and V from the wide input: 25.3M."""
     return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=128, num_layers=24, num_heads=4,
                        ffn_dim=512, num_ffn=4, norm="no_norm", activation="relu", embedding="trigram",
-                       attention_input="shared_qk", dropout=0.0)
+                       attention_input="shared_qk", dropout=0.0, mlm_head="mobilebert")
 
 
 def mobilebert_tiny() -> ModelConfig:
     """MobileBERT-tiny: as MobileBERT with F=2 and Q, K, V from the block's bottleneck: 15.1M."""
     return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=128, num_layers=24, num_heads=4,
                        ffn_dim=512, num_ffn=2, norm="no_norm", activation="relu", embedding="trigram",
-                       attention_input="bottleneck", dropout=0.0)
+                       attention_input="bottleneck", dropout=0.0, mlm_head="mobilebert")
 
 
 def ibbert_large() -> ModelConfig:
@@ -69,7 +69,7 @@ def ibbert_large() -> ModelConfig:
     4 heads reading the 512-wide block input, FFN 4096, F=1, GELU, LayerNorm, trigram E=128: 293M."""
     return ModelConfig(vocab_size=30522, embed_dim=128, hidden_dim=512, intra_dim=1024, num_layers=24, num_heads=4,
                        ffn_dim=4096, num_ffn=1, norm="layer_norm", activation="gelu", embedding="trigram",
-                       attention_input="hidden")
+                       attention_input="hidden", mlm_head="mobilebert")
 
 
 def mobilebert_mini() -> ModelConfig:
