@@ -20,6 +20,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
+from lightning_modules.distill_config import DistillConfig, schedule
 from lightning_modules.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid")
@@ -296,6 +297,23 @@ class ExperimentConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
+
+    @model_validator(mode="after")
+    def _check_distill(self) -> ExperimentConfig:
+        if self.distill.teacher is None:
+            return self
+        if self.distill.strategy == "progressive" and self.model.sharing != "none":
+            raise ValueError(f"distill.strategy: 'progressive' freezes layers one at a time and needs "
+                             f"model.sharing 'none', not {self.model.sharing!r}")
+        if self.distill.layer_map is not None and len(self.distill.layer_map) != self.model.num_layers:
+            raise ValueError(f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "
+                             f"model.num_layers {self.model.num_layers}")
+        try:
+            schedule(self.distill, self.model.num_layers, self.trainer.max_steps)
+        except ValueError as exc:
+            raise ValueError(f"distill.{exc}") from None
+        return self
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ accumulate.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,25 @@ def layer_plan(num_layers: int, sharing: str) -> list[Step]:
             for i in range(num_layers)]
 
 
+@dataclass
+class Trace:
+    """What :meth:`Encoder.forward` records when given one (distillation reads it).
+
+    Args:
+        attention: layers whose attention scores to keep (None = all; empty = none).
+        until: stop after this layer (None = run all layers).
+    """
+
+    attention: frozenset[int] | None = None
+    until: int | None = None
+    embedding: torch.Tensor | None = None  # (B, T, H)
+    hidden: list[torch.Tensor] = field(default_factory=list)  # per layer run: (B, T, H)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, A, T, T) pre-softmax
+
+    def wants_attention(self, layer: int) -> bool:
+        return self.attention is None or layer in self.attention
+
+
 class Residual(nn.Module):
     """Post-norm residual sub-layer: ``norm(x + dropout(inner(x_in, ...)))``.
 
@@ -53,8 +73,8 @@ class Residual(nn.Module):
         super().__init__()
         self.inner, self.norm, self.dropout = inner, norm, drop
 
-    def forward(self, x: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
-        return self.norm(x + self.dropout(self.inner(*(inputs or (x,)))))
+    def forward(self, x: torch.Tensor, *inputs: torch.Tensor | None, **kwargs: object) -> torch.Tensor:
+        return self.norm(x + self.dropout(self.inner(*(inputs or (x,)), **kwargs)))
 
 
 class Encoder(nn.Module):
@@ -75,25 +95,44 @@ class Encoder(nn.Module):
         self.bottlenecks, self.plan = bottlenecks, plan
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids: (B, T); attention_mask: (B, T) bool, True on real tokens -> (B, T, H)."""
+                attention_mask: torch.Tensor | None = None, trace: Trace | None = None) -> torch.Tensor:
+        """input_ids: (B, T); attention_mask: (B, T) bool, True on real tokens -> (B, T, H).
+
+        With a ``trace``, the embedding output, each layer's output and the attention scores
+        it asks for are recorded in it, and the stack stops after ``trace.until``."""
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask[:, None, None, :]  # (B, 1, 1, T): padding keys are not attended
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        for step in self.plan:
-            x = self.block(x, step, mask)
+        if trace is not None:
+            trace.embedding = x
+        for i, step in enumerate(self.plan):
+            keep = [] if trace is not None and trace.wants_attention(i) else None
+            x = self.block(x, step, mask, keep)
+            if trace is not None:
+                trace.hidden.append(x)
+                if keep:
+                    trace.scores[i] = keep[0]
+                if trace.until == i:
+                    break
         return x
 
-    def block(self, x: torch.Tensor, step: Step, mask: torch.Tensor | None) -> torch.Tensor:
-        """One layer: x (B, T, H) -> (B, T, H)."""
+    def layer_modules(self, i: int) -> list[nn.Module]:
+        """The modules layer i runs (shared ones are shared with other layers)."""
+        step = self.plan[i]
+        mods = [self.attentions[step.attention], self.ffn_stacks[step.ffn]]
+        return mods + ([self.bottlenecks[step.bottleneck]] if self.bottlenecks else [])
+
+    def block(self, x: torch.Tensor, step: Step, mask: torch.Tensor | None,
+              keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """One layer: x (B, T, H) -> (B, T, H); attention scores go to ``keep`` when given."""
         if not self.bottlenecks:
-            h = self.attentions[step.attention](x, x, mask)  # (B, T, H)
+            h = self.attentions[step.attention](x, x, mask, keep=keep)  # (B, T, H)
         else:
             neck: Bottleneck = self.bottlenecks[step.bottleneck]
             h = neck.enter(x)  # (B, T, I)
             qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
-            h = self.attentions[step.attention](h, qk, mask, v)  # residual at I
+            h = self.attentions[step.attention](h, qk, mask, v, keep=keep)  # residual at I
         for sublayer in self.ffn_stacks[step.ffn]:
             h = sublayer(h)  # (B, T, I)
         return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)

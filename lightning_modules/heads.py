@@ -10,7 +10,7 @@ from torch import nn
 
 from lightning_modules.components.norms import ACT2FN, NORM2FN
 from lightning_modules.config import ModelConfig, ObjectiveConfig
-from lightning_modules.encoder import Encoder, build_encoder, init_weights
+from lightning_modules.encoder import Encoder, Trace, build_encoder, init_weights
 
 
 class MLMHead(nn.Module):
@@ -81,8 +81,10 @@ class PretrainingModel(nn.Module):
         self.encoder, self.mlm_head, self.sentence_head = encoder, mlm_head, sentence_head
         self.sentence_weight = sentence_weight
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> PretrainOutput:
-        hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))  # (B, T, H)
+    def forward(self, batch: dict[str, torch.Tensor], trace: Trace | None = None) -> PretrainOutput:
+        """The losses of one batch; ``trace`` records the encoder's internals (distillation)."""
+        hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                              trace)  # (B, T, H)
         labels = batch["mlm_labels"]  # (B, T), -100 where not selected
         selected = labels != -100
         targets = labels[selected]  # (N,)

@@ -79,6 +79,14 @@ def mobilebert_mini() -> ModelConfig:
                        attention_input="shared_qk", max_position=128, dropout=0.0)
 
 
+def ibbert_mini() -> ModelConfig:
+    """A CPU-sized IB-BERT teacher for ``mobilebert-mini``: same V, E, H, L and heads, intra-block
+    256 (inverted bottleneck) with attention on the 128-wide block input, FFN 1024, GELU, LayerNorm."""
+    return ModelConfig(vocab_size=8192, embed_dim=32, hidden_dim=128, intra_dim=256, num_layers=4, num_heads=4,
+                       ffn_dim=1024, num_ffn=1, norm="layer_norm", activation="gelu", embedding="trigram",
+                       attention_input="hidden", max_position=128, dropout=0.0)
+
+
 def albert_tiny() -> ModelConfig:
     """A CPU-sized ALBERT (the quickstart's base): V=8192, E=64, H=128, L=4, all shared."""
     return ModelConfig(vocab_size=8192, embed_dim=64, hidden_dim=128, num_layers=4,
@@ -108,6 +116,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "mobilebert-tiny": mobilebert_tiny,
     "ibbert-large": ibbert_large,
     "mobilebert-mini": mobilebert_mini,
+    "ibbert-mini": ibbert_mini,
     "albert-tiny": albert_tiny,
     "albert-small": albert_small,
     "bert-tiny": bert_tiny,

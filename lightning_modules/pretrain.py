@@ -48,6 +48,7 @@ class PretrainModule(pl.LightningModule):
             self.model.encoder = torch.compile(self.model.encoder)
         V = cfg.model.vocab_size
         self.val_loss = MeanMetric()
+        self.val_mlm_loss = MeanMetric()
         self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro")
         self.val_mlm_ppl = Perplexity()
         self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
@@ -71,13 +72,15 @@ class PretrainModule(pl.LightningModule):
         out = self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
         if out.mlm_targets.numel():
+            self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_targets.numel())
             self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)
             self.val_mlm_ppl.update(out.mlm_logits.float()[None], out.mlm_targets[None])  # (1, N, V)
         if out.sentence_logits is not None:
             self.val_sentence_acc.update(out.sentence_logits, batch["sentence_label"])
 
     def on_validation_epoch_end(self) -> None:
-        metrics = {"val/loss": self.val_loss, "val/mlm_acc": self.val_mlm_acc, "val/mlm_ppl": self.val_mlm_ppl}
+        metrics = {"val/loss": self.val_loss, "val/mlm_loss": self.val_mlm_loss, "val/mlm_acc": self.val_mlm_acc,
+                   "val/mlm_ppl": self.val_mlm_ppl}
         if self.model.sentence_head is not None:
             metrics["val/sentence_acc"] = self.val_sentence_acc
         for name, metric in metrics.items():
@@ -85,8 +88,13 @@ class PretrainModule(pl.LightningModule):
                 self.log(name, metric.compute(), prog_bar=name in ("val/loss", "val/mlm_acc"), sync_dist=True)
             metric.reset()
 
+    def trainable_modules(self) -> nn.Module:
+        """What the optimizer trains (the model; a distillation adds its projections)."""
+        return self.model
+
     def configure_optimizers(self):
         o, steps = self.cfg.optim, self.cfg.trainer.max_steps
-        optimizer = torch.optim.AdamW(param_groups(self.model, o.weight_decay), lr=o.lr, eps=o.eps, foreach=True)
+        optimizer = torch.optim.AdamW(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps,
+                                      foreach=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from lightning.pytorch.loggers import MLFlowLogger
 from datamodules.pretrain import PretrainDataModule
 from lightning_modules.accounting import param_report
 from lightning_modules.config import ExperimentConfig
+from lightning_modules.distill import DistillModule
 from lightning_modules.pretrain import PretrainModule
 from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
 from sweeps import tracking
-from sweeps.weights import log_weights
+from sweeps.weights import check_same_tokenizer, load_teacher, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
@@ -65,6 +67,20 @@ def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks:
     )
 
 
+def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[PretrainModule, dict[str, str]]:
+    """The LightningModule of a run and its extra tags: a DistillModule when ``distill.teacher``
+    is set (tagged with the teacher's run), else a PretrainModule; the model starts from random
+    weights or from those of ``init_from``."""
+    student = initial_model(cfg)
+    if cfg.distill.teacher is None:
+        return PretrainModule(cfg, student), {}
+    with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
+        teacher = load_teacher(cfg.distill.teacher, uri, Path(tmp))
+        check_same_tokenizer(teacher, tokenizer)
+    module = DistillModule(cfg, teacher.model, teacher.model_cfg, student)
+    return module, {tracking.TEACHER: teacher.run_id or teacher.source}
+
+
 def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
           parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
           callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None) -> RunResult:
@@ -78,18 +94,18 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
                               val_batches=cfg.trainer.val_batches)
     data.prepare_data()
     data.setup("fit")
-    module = PretrainModule(cfg, initial_model(cfg))  # random init, or the weights of cfg.init_from
+    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
+    module, module_tags = build_module(cfg, uri, Path(data.tokenizer_path))
     counts = param_report(module.model, cfg.model, cfg.data.max_length)
     # measured latency (batch 1, 32) and activation memory of one training step at this run's batch size, in fp32
     # where the model is now (CPU; the Trainer moves it later); reports show them beside quality
     measured = measure(module.model, cfg.model.vocab_size, cfg.data.max_length, repeats=5, warmup=1,
                        memory_batch=cfg.data.batch_size) if cfg.trainer.measure else None
 
-    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     client = tracking.connect(uri)
     exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri)
     run_id = tracking.start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
-                                {tracking.ROLE: "run", **(tags or {})}, parent_run_id)
+                                {tracking.ROLE: "run", **module_tags, **(tags or {})}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)
     try:
         metric_counts = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}

@@ -23,6 +23,7 @@ from lightning_modules.config import ExperimentConfig, flatten, to_yaml
 from lightning_modules.errors import StorageError
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
+TEACHER = "ablate.teacher_run"  # on a distilled run (and its study's parent): the teacher's run id or folder
 PARENT = "mlflow.parentRunId"
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from lightning_modules.config import ExperimentConfig, load_config, to_yaml
+from lightning_modules.config import ExperimentConfig, ModelConfig, load_config, to_yaml
 from lightning_modules.errors import ConfigError, StorageError
 from lightning_modules.heads import PretrainingModel
 from lightning_modules.interop import WEIGHTS, load_pretrained, state_dict
 
 ARTIFACT = "model"
+RUNS = "runs:/"  # distill.teacher: runs:/RUN_ID names a run of the same MLflow store
 
 
 def log_weights(client: MlflowClient, run_id: str, module_model: nn.Module, cfg: ExperimentConfig) -> None:
@@ -62,3 +64,48 @@ def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, Pretraini
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return cfg, model
+
+
+@dataclass
+class Teacher:
+    """A distillation teacher: its architecture, its model and (when known) its tokenizer file."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: PretrainingModel
+    tokenizer: Path | None
+    run_id: str | None = None
+
+
+def load_teacher(source: str, uri: str, workdir: Path) -> Teacher:
+    """The teacher ``distill.teacher`` names: ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
+    artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
+    weights, when there is one). ConfigError/StorageError prefixed with ``distill.teacher``."""
+    from sweeps import tracking
+
+    try:
+        if not source.startswith(RUNS):
+            model_cfg, model = load_pretrained(source)
+            tok = Path(source) / "tokenizer.json"
+            return Teacher(source, model_cfg, model, tok if tok.is_file() else None)
+        run_id = source.removeprefix(RUNS).strip("/")
+        cfg, model = load_run_weights(uri, run_id)
+        client = tracking.connect(uri)
+        files = [a.path for a in client.list_artifacts(run_id, "tokenizer") if a.path.endswith(".json")]
+        tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
+        return Teacher(source, cfg.model, model, tok, run_id)
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"distill.teacher: {exc}") from None
+
+
+def check_same_tokenizer(teacher: Teacher, student_tokenizer: Path) -> None:
+    """KD compares MLM distributions token by token: the teacher must use the student's vocabulary."""
+    from tokenizers import Tokenizer
+
+    if teacher.tokenizer is None:
+        return  # a checkpoint without its tokenizer: the user vouches for it (README)
+    theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
+    if theirs.get_vocab() != mine.get_vocab():
+        raise ConfigError(f"distill.teacher: {teacher.source} was trained with a different tokenizer than this run's "
+                          f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match the "
+                          f"teacher's)")

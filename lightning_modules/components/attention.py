@@ -7,6 +7,8 @@ from one tensor the projection is fused into one matrix.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,9 +35,14 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
         self.dropout_p = dropout_p
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, x_v: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, x_v: torch.Tensor | None = None,
+                keep: list[torch.Tensor] | None = None) -> torch.Tensor:
         """x: (B, T, D) for Q and K (and V when fused); x_v: (B, T, D_v) for a separate V;
-        mask: (B, 1, 1, T) bool, True = attend, or None for no padding -> (B, T, out)."""
+        mask: (B, 1, 1, T) bool, True = attend, or None for no padding -> (B, T, out).
+
+        With ``keep`` (attention transfer needs the distributions), attention is computed
+        explicitly and its scores (B, A, T, T), padding keys at the dtype's minimum, are
+        appended to ``keep``; otherwise it runs on ``scaled_dot_product_attention``."""
         B, T, _ = x.shape
         A, k, v = self.num_heads, self.qk_dim, self.v_dim
         if self.v is None:
@@ -47,7 +54,14 @@ class MultiHeadAttention(nn.Module):
         key = key.view(B, T, A, k).transpose(1, 2)  # (B, A, T, k)
         val = val.view(B, T, A, v).transpose(1, 2)  # (B, A, T, v)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, key, val, attn_mask=mask, dropout_p=p)  # (B, A, T, v)
+        if keep is None:
+            y = F.scaled_dot_product_attention(q, key, val, attn_mask=mask, dropout_p=p)  # (B, A, T, v)
+        else:
+            scores = q @ key.transpose(-2, -1) / math.sqrt(k)  # (B, A, T, T)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            keep.append(scores)
+            y = F.dropout(scores.softmax(dim=-1), p) @ val  # (B, A, T, v)
         return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
 
 

@@ -1,0 +1,191 @@
+"""DistillModule: transfer losses, the frozen teacher, progressive freezing, layer/head maps."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from datamodules.pretrain import PretrainDataModule
+from lightning_modules.config import build_config
+from lightning_modules.distill import DistillModule
+from lightning_modules.encoder import Trace
+from lightning_modules.errors import ConfigError
+from lightning_modules.heads import build_pretraining_model
+from lightning_modules.losses import feature_map_loss
+
+V = 300
+STUDENT = {"preset": "mobilebert-mini", "vocab_size": V, "max_position": 64}
+TEACHER = {"preset": "ibbert-mini", "vocab_size": V, "max_position": 64, "intra_dim": 64, "ffn_dim": 128}
+
+
+def _cfg(model: dict | None = None, **distill):
+    overrides = {"distill.teacher": "runs:/teacher", "trainer.max_steps": 40, **{f"distill.{k}": v for k, v in distill.items()}}
+    return build_config({"model": model or STUDENT, "objective": {"sentence": "sop"}}, overrides)
+
+
+def _teacher(model: dict | None = None):
+    cfg = build_config({"model": model or TEACHER, "objective": {"sentence": "sop"}})
+    torch.manual_seed(1)
+    return build_pretraining_model(cfg.model, cfg.objective), cfg.model
+
+
+def _batch(B: int = 4, T: int = 16) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 11:] = False
+    labels = torch.full((B, T), -100)
+    labels[:, [2, 5, 7]] = ids[:, [2, 5, 7]]
+    return {"input_ids": ids, "token_type_ids": (torch.arange(T) >= T // 2).long().expand(B, T).clone(),
+            "attention_mask": mask, "mlm_labels": labels, "sentence_label": torch.tensor([0, 1, 0, 1])}
+
+
+TRANSFER = {"fmt_weight": 1.0, "at_weight": 1.0, "embed_weight": 1.0}
+
+
+def test_every_loss_is_zero_when_the_student_is_the_teacher():
+    cfg = _cfg(**TRANSFER)
+    student = build_pretraining_model(cfg.model, cfg.objective)
+    module = DistillModule(cfg, copy.deepcopy(student), cfg.model, student).eval()
+    losses = module.distill_losses(_batch(), module.stages[0])
+    assert set(losses) == {"fmt", "at", "embed", "mlm", "kd", "sentence"}
+    for name in ("fmt", "at", "embed", "kd"):
+        assert losses[name].item() == 0.0, name
+    assert losses["mlm"].item() > 0  # the data losses are not transfer losses
+
+
+def test_every_loss_is_positive_when_the_student_differs():
+    cfg = _cfg(**TRANSFER)
+    teacher, teacher_cfg = _teacher()
+    module = DistillModule(cfg, teacher, teacher_cfg).eval()
+    losses = module.distill_losses(_batch(), module.stages[0])
+    for name in ("fmt", "at", "embed", "kd"):
+        assert losses[name].item() > 0, name
+        assert torch.isfinite(losses[name])
+
+
+def test_no_gradient_reaches_the_teacher_and_its_weights_do_not_move():
+    cfg = _cfg(**TRANSFER)
+    teacher, teacher_cfg = _teacher()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    module = DistillModule(cfg, teacher, teacher_cfg)
+    module.train()
+    assert not module.teacher.training  # train() keeps the teacher in eval mode (no dropout)
+    optimizer = torch.optim.AdamW(module.trainable_modules().parameters(), lr=1e-2)
+    for _ in range(3):
+        loss = module.weighted(module.distill_losses(_batch(), module.stages[0]))
+        loss.backward()
+        assert all(p.grad is None for p in teacher.parameters())
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.model.parameters())
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+
+
+def test_layer_and_head_maps_when_depths_and_head_counts_differ():
+    cfg = _cfg({**STUDENT, "num_layers": 2, "num_heads": 2})  # student: 2 layers x 2 heads
+    teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 4, "num_heads": 4})  # teacher: 4 x 4
+    module = DistillModule(cfg, teacher, teacher_cfg).eval()
+    assert module.layer_map == [1, 3]
+    assert module.head_maps == [[[0, 1], [2, 3]]] * 2
+    batch = _batch()
+    losses = module.distill_losses(batch, module.stages[0])
+    # FMT pairs student layer i with teacher layer layer_map[i], nothing else
+    args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    s, t = Trace(attention=frozenset()), Trace(attention=frozenset())
+    with torch.no_grad():
+        module.model.encoder(*args, trace=s)
+        teacher.encoder(*args, trace=t)
+    expected = (feature_map_loss(s.hidden[0], t.hidden[1], args[2]) + feature_map_loss(s.hidden[1], t.hidden[3], args[2])) / 2
+    assert losses["fmt"].item() == pytest.approx(expected.item(), rel=1e-6)
+    wrong = (feature_map_loss(s.hidden[0], t.hidden[0], args[2]) + feature_map_loss(s.hidden[1], t.hidden[1], args[2])) / 2
+    assert abs(losses["fmt"].item() - wrong.item()) > 1e-4  # the identity pairing gives another value
+
+
+def test_an_explicit_layer_map_and_its_errors():
+    teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 4})
+    module = DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 2]), teacher, teacher_cfg)
+    assert module.layer_map == [0, 2]
+    with pytest.raises(ConfigError, match="distill.layer_map: teacher layer 7 does not exist"):
+        DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 7]), teacher, teacher_cfg)
+    with pytest.raises(ConfigError, match="distill.at_weight: .*3 heads, the teacher 4"):
+        DistillModule(_cfg({**STUDENT, "num_layers": 2, "num_heads": 1, "intra_dim": 48, "num_heads": 3}),
+                      teacher, teacher_cfg)
+
+
+def test_widths_that_differ_get_learned_projections():
+    teacher, teacher_cfg = _teacher({**TEACHER, "hidden_dim": 96})
+    module = DistillModule(_cfg(**TRANSFER), teacher, teacher_cfg)
+    assert module.project is not None and len(module.project) == 5  # 4 layers + the embedding
+    assert module.project[0].in_features == 128 and module.project[0].out_features == 96
+    params = {id(p) for p in module.trainable_modules().parameters()}
+    assert all(id(p) in params for p in module.project.parameters())  # the optimizer trains them
+
+
+def test_vocabularies_must_match():
+    teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V + 1})
+    with pytest.raises(ConfigError, match="distill.teacher: the teacher's vocabulary has 301"):
+        DistillModule(_cfg(), teacher, teacher_cfg)
+
+
+def test_init_embeddings_copies_what_the_student_keeps():
+    teacher, teacher_cfg = _teacher()
+    cfg = _cfg({**STUDENT, "embed_norm": False, "position": "none"}, init_embeddings="all")
+    module = DistillModule(cfg, teacher, teacher_cfg)
+    mine, theirs = module.model.encoder.embeddings, teacher.encoder.embeddings
+    assert torch.equal(mine.word.weight, theirs.word.weight)
+    assert torch.equal(mine.trigram.linear.weight, theirs.trigram.linear.weight)
+    assert mine.position is None and "position.weight" not in module.copied
+    word_only = DistillModule(_cfg(init_embeddings="word"), teacher, teacher_cfg)
+    assert word_only.copied == ["word.weight"]
+    assert not torch.equal(word_only.model.encoder.embeddings.trigram.linear.weight, theirs.trigram.linear.weight)
+    with pytest.raises(ConfigError, match="distill.init_embeddings: .*set model.embed_dim"):
+        DistillModule(_cfg({**STUDENT, "embed_dim": 16}, init_embeddings="word"), teacher, teacher_cfg)
+
+
+class _Snapshots(pl.Callback):
+    """The student's weights at given global steps (before that step trains)."""
+
+    def __init__(self, steps: set[int]) -> None:
+        self.steps, self.at = steps, {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.global_step in self.steps:
+            self.at[trainer.global_step] = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def test_progressive_freezes_finished_layers_bit_for_bit(tmp_path, wiki_validation):
+    s = 3
+    cfg = build_config(
+        {"model": {**STUDENT, "num_layers": 2}, "objective": {"sentence": "sop"},
+         "data": {"corpus": str(wiki_validation), "max_length": 32, "batch_size": 4, "tokenizer_docs": 200,
+                  "num_workers": 0, "shuffle_buffer": 20, "cache_dir": str(tmp_path / "cache")},
+         "optim": {"lr": 1e-2, "warmup_steps": 0, "weight_decay": 0.1}},
+        {"distill.teacher": "runs:/teacher", "distill.strategy": "progressive", "distill.stage_steps": s,
+         "trainer.max_steps": 3 * s})
+    teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 2})
+    module = DistillModule(cfg, teacher, teacher_cfg)
+    assert [st.name for st in module.stages] == ["layer 0", "layer 1", "pd"]
+    data = PretrainDataModule(cfg.data, cfg.objective, V, 0)
+    snaps = _Snapshots({0, s, 2 * s})
+    trainer = pl.Trainer(max_steps=3 * s, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[snaps])
+    teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    trainer.fit(module, datamodule=data)
+    end_of_0, end_of_1, final = snaps.at[s], snaps.at[2 * s], module.model.state_dict()
+
+    def part(state, prefix):
+        return {k: v for k, v in state.items() if k.startswith(prefix)}
+
+    layer0 = ("encoder.attentions.0.", "encoder.ffn_stacks.0.", "encoder.bottlenecks.0.", "encoder.embeddings.")
+    layer1 = ("encoder.attentions.1.", "encoder.ffn_stacks.1.", "encoder.bottlenecks.1.")
+    for prefix in layer0:  # frozen during stage "layer 1": bit-identical
+        assert all(torch.equal(v, end_of_1[k]) for k, v in part(end_of_0, prefix).items()), prefix
+    assert any(not torch.equal(v, end_of_1[k]) for k, v in part(end_of_0, layer1[0]).items())  # layer 1 trained
+    for prefix in layer1:  # not trained before its stage
+        assert all(torch.equal(v, end_of_0[k]) for k, v in part(snaps.at[0], prefix).items()), prefix
+    assert any(not torch.equal(v, final[k]) for k, v in part(end_of_1, layer0[0]).items())  # PD trains everything
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in teacher_before.items())
