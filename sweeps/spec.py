@@ -17,11 +17,15 @@ Example::
     sampler: grid
     pruner: {type: median, n_warmup_steps: 100}
     objective: {metric: val/loss, direction: minimize}
+    teacher:                                                # optional: every trial distils from one teacher
+      model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
+      overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
     report: {...}                                           # see reports.spec.ReportSpec
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 from pathlib import Path
 from typing import Any, Literal
@@ -30,10 +34,16 @@ import optuna
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from lightning_modules.config import ExperimentConfig, _format_error, build_config, field_names, read_yaml
+from lightning_modules.config import (ExperimentConfig, _format_error, build_config, field_names, flatten,
+                                      read_yaml)
 from lightning_modules.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid")
+PLACEHOLDER_TEACHER = "runs:/teacher"
+"""Stands in for the study's teacher when student configs are validated before the teacher exists."""
+TOKENIZER_FIELDS = ("model.vocab_size", "data.corpus", "data.text_field", "data.val_fraction",
+                    "data.text_doc_chars", "data.lowercase", "data.tokenizer_docs")
+"""What determines the WordPiece tokenizer: teacher and student must agree on all of it."""
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -107,6 +117,32 @@ class ObjectiveSpec:
 
 
 @dataclass(frozen=True, config=_STRICT)
+class TeacherSpec:
+    """The teacher every trial of a study distils from (``distill.teacher`` of each trial).
+
+    Attributes:
+        source: an existing teacher, used as is: ``runs:/RUN_ID`` or a checkpoint folder.
+        model: the ``model`` section of a teacher trained once for the study (``preset:``
+            allowed); the rest of its config is the study's base.
+        overrides: dotted overrides of the teacher's config only (``trainer.max_steps``,
+            ``optim.lr``, ...); the study's ``overrides``, search and variants are the student's.
+    """
+
+    source: str | None = Field(default=None, min_length=1)
+    model: dict[str, Any] | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> TeacherSpec:
+        if (self.source is None) == (self.model is None):
+            raise ValueError("source: give exactly one of teacher.source (an existing teacher: runs:/RUN_ID or a "
+                             "checkpoint folder) and teacher.model (a teacher to train once for the study)")
+        if self.source is not None and self.overrides:
+            raise ValueError("overrides: only for a teacher the study trains (teacher.model), not teacher.source")
+        return self
+
+
+@dataclass(frozen=True, config=_STRICT)
 class StudySpec:
     """A whole study, as declared in YAML."""
 
@@ -121,6 +157,7 @@ class StudySpec:
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     report: dict[str, Any] | None = None
+    teacher: TeacherSpec | None = None
 
     @property
     def space(self) -> dict[str, ParamSpace]:
@@ -160,13 +197,14 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
 def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
     """Fail before anything runs: unknown fields, grids without choices, impossible configs."""
     known = field_names()
-    for key in [*spec.overrides, *spec.search]:
-        if key not in known:
-            raise ConfigError(f"{where}: search.{key}: not a config field")
-    for name, changes in spec.variants.items():
-        for key in changes:
+    sections = {"overrides": spec.overrides, "search": spec.search,
+                **{f"variants.{name}": changes for name, changes in spec.variants.items()}}
+    for section, keys in sections.items():
+        for key in keys:
             if key not in known:
-                raise ConfigError(f"{where}: variants.{name}.{key}: not a config field")
+                raise ConfigError(f"{where}: {section}.{key}: not a config field")
+            if key == "distill.teacher" and spec.teacher is not None:
+                raise ConfigError(f"{where}: {section}.{key}: set by the study's teacher section")
     if spec.sampler == "grid":
         for key, space in spec.search.items():
             if space.choices is None:
@@ -174,25 +212,79 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     elif spec.n_trials is None:
         raise ConfigError(f"{where}: n_trials: required for the {spec.sampler} sampler")
     try:
-        corner_configs(spec, base)
+        students = corner_configs(spec, base)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    if spec.teacher is not None and spec.teacher.model is not None:
+        _validate_teacher(spec, base, students, where)
+
+
+def _validate_teacher(spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig],
+                      where: Path | str) -> None:
+    """The teacher's overrides name config fields, its config is valid and it shares the students' tokenizer."""
+    known = field_names()
+    for key in spec.teacher.overrides:
+        if key not in known:
+            raise ConfigError(f"{where}: teacher.overrides.{key}: not a config field")
+        if key == "distill.teacher":
+            raise ConfigError(f"{where}: teacher.overrides.{key}: the teacher itself is trained without a teacher")
+    try:
+        teacher = flatten(teacher_config(base, spec))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: teacher.{exc}") from None
+    for student in map(flatten, students):
+        for key in TOKENIZER_FIELDS:
+            if teacher[key] != student[key]:
+                raise ConfigError(f"{where}: teacher.{key}: {teacher[key]!r} differs from the students' "
+                                  f"{student[key]!r}; teacher and student must share one tokenizer")
 
 
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
-    """The configs at the corners of the search space (every grid point for a grid)."""
+    """The configs at the corners of the search space (every grid point for a grid).
+
+    With a study teacher they distil from a placeholder, so that the ``distill`` section is
+    validated (stages against ``trainer.max_steps`` ...) before the teacher exists.
+    """
     space = {k: v for k, v in spec.space.items() if k != "seed"}
     keys = list(space)
-    return [trial_config(base, spec, dict(zip(keys, values)) | {"seed": spec.seeds[0]})
+    teacher = PLACEHOLDER_TEACHER if spec.teacher is not None else None
+    return [trial_config(base, spec, dict(zip(keys, values)) | {"seed": spec.seeds[0]}, teacher)
             for values in itertools.product(*(space[k].corners() for k in keys))]
 
 
-def trial_config(base: dict[str, Any], spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
-    """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params."""
+def trial_config(base: dict[str, Any], spec: StudySpec, params: dict[str, Any],
+                 teacher: str | None = None) -> ExperimentConfig:
+    """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params.
+
+    Args:
+        base: the study's base config tree.
+        spec: the study.
+        params: the sampled parameters (dotted names, ``variant`` and ``seed``).
+        teacher: the study's teacher (``runs:/RUN_ID`` or a folder), set as ``distill.teacher``;
+            None keeps whatever the base says.
+    """
     params = dict(params)
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
+    distill = {"distill.teacher": teacher} if teacher is not None else {}
     try:
-        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name})
+        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
     except ConfigError as exc:
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
+
+
+def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
+    """The config of the teacher a study trains: the base with its ``model`` section replaced by
+    ``teacher.model`` (and no ``init_from``, which belongs to the student's model), then
+    ``teacher.overrides``; named ``<study>-teacher``, distilling from nothing.
+
+    Raises:
+        ValueError: the study has no teacher to train (no ``teacher.model``).
+        ConfigError: the teacher's config is invalid (naming the dotted key).
+    """
+    if spec.teacher is None or spec.teacher.model is None:
+        raise ValueError(f"study {spec.name} trains no teacher (teacher.model is not set)")
+    tree = copy.deepcopy(base)
+    tree["model"] = copy.deepcopy(spec.teacher.model)
+    tree.pop("init_from", None)
+    return build_config(tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None})

@@ -3,28 +3,39 @@
 Optuna's storage (SQLite by default, PostgreSQL for many workers) is the coordinator and
 makes the study resumable: running the same command again continues it, retrying trials
 that failed or were interrupted and counting each finished configuration once.
+
+A study with a ``teacher`` section distils every trial from one teacher: a given source,
+or a teacher trained once for the study (a run nested under the parent, reused by later
+invocations while its config is unchanged).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+from mlflow.exceptions import MlflowException
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 from optuna_integration import PyTorchLightningPruningCallback
+from rich.console import Console
 
-from lightning_modules.config import ExperimentConfig, build_config
-from lightning_modules.errors import StorageError
+from lightning_modules.config import ExperimentConfig, build_config, to_yaml
+from lightning_modules.errors import ConfigError, StorageError
 from sweeps import tracking
 from sweeps.runner import run_name, train
 from datamodules.pretrain import PretrainDataModule
-from sweeps.spec import StudySpec, corner_configs, trial_config
+from sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
+from sweeps.weights import RUNS
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
+_CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):
@@ -90,10 +101,17 @@ def requeue_unfinished(study: optuna.Study, spec: StudySpec) -> int:
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
-    """Check every corpus the study reads and train (or load) its tokenizers before anything is
-    written, so that a missing or empty corpus fails with nothing half-created."""
+    """Check every corpus the study reads (the teacher's too) and train (or load) its tokenizers
+    before anything is written, so that a missing or empty corpus, or a teacher folder that is
+    not there, fails with nothing half-created."""
+    source = spec.teacher.source if spec.teacher is not None else None
+    if source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
+        raise ConfigError(f"teacher.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
+    configs = corner_configs(spec, base)
+    if spec.teacher is not None and spec.teacher.model is not None:
+        configs.append(teacher_config(base, spec))
     seen = set()
-    for cfg in corner_configs(spec, base):
+    for cfg in configs:
         key = (cfg.data, cfg.model.vocab_size)
         if key not in seen:
             seen.add(key)
@@ -108,6 +126,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     root = base_cfg.tracking.root
     uri = tracking.resolve_tracking_uri(tracking_uri or base_cfg.tracking.tracking_uri, root)
     client = tracking.connect(uri)
+    check_teacher_run(client, spec, uri)
     storage = storage or default_storage(root)
     tracking.sqlite_wal(storage)
     study = open_study(spec, storage, base_cfg.trainer.max_steps)
@@ -124,10 +143,36 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     requeue_unfinished(study, spec)
     todo = max(0, total - done) if n_trials is None else n_trials
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    client.update_run(parent, status="RUNNING")
+    try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
+        if todo:
+            teacher = ensure_teacher(spec, base, client, exp_id, uri, parent)
+            objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
+            study.optimize(objective, n_trials=todo, show_progress_bar=True, catch=(FloatingPointError,),
+                           callbacks=[MaxTrialsCallback(total, states=DONE)])
+    except KeyboardInterrupt:
+        tracking.end_run(client, parent, "KILLED")
+        raise
+    except BaseException:
+        tracking.end_run(client, parent, "FAILED")
+        raise
+    tracking.end_run(client, parent, "FINISHED")
+    return StudyResult(study=study, tracking_uri=uri, storage=storage, parent_run_id=parent)
+
+
+def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
+                    teacher: str | None) -> Callable[[optuna.Trial], float]:
+    """The Optuna objective: train the sampled config as an MLflow run nested under ``parent``
+    (distilling from ``teacher`` when given) and return its objective metric."""
+
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
-        cfg = trial_config(base, spec, params)
+        cfg = trial_config(base, spec, params, teacher)
         tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number)}
+        if teacher is not None:
+            tags[tracking.TEACHER] = _teacher_tag(teacher)
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
@@ -147,21 +192,67 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
                            f"logged: {', '.join(sorted(result.metrics))}")
         return result.metrics[spec.objective.metric]
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    client.update_run(parent, status="RUNNING")
+    return objective
+
+
+def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
+    """A ``teacher.source: runs:/RUN_ID`` must be a finished run of this MLflow store (checked
+    before the study writes anything)."""
+    source = spec.teacher.source if spec.teacher is not None else None
+    if source is None or not source.startswith(RUNS):
+        return
     try:
-        if todo:
-            study.optimize(objective, n_trials=todo, show_progress_bar=True, catch=(FloatingPointError,),
-                           callbacks=[MaxTrialsCallback(total, states=DONE)])
-    except KeyboardInterrupt:
-        tracking.end_run(client, parent, "KILLED")
-        raise
-    except BaseException:
-        tracking.end_run(client, parent, "FAILED")
-        raise
-    tracking.end_run(client, parent, "FINISHED")
-    return StudyResult(study=study, tracking_uri=uri, storage=storage, parent_run_id=parent)
+        status = client.get_run(_teacher_tag(source)).info.status
+    except MlflowException:
+        raise ConfigError(f"teacher.source: {source}: no such run in {uri}") from None
+    if status != "FINISHED":
+        raise ConfigError(f"teacher.source: {source}: the run is {status}, not FINISHED")
+
+
+def ensure_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str,
+                   parent: str) -> str | None:
+    """The study's teacher as a ``distill.teacher`` string (None: the study has no teacher).
+
+    ``teacher.source`` is used as is. ``teacher.model`` is trained once for the study, as a
+    run nested under ``parent``, and reused by later invocations: a FINISHED run of the study
+    tagged with the sha256 of the teacher's resolved config. Tags ``parent`` with the teacher.
+    """
+    if spec.teacher is None:
+        return None
+    if spec.teacher.source is not None:
+        source = spec.teacher.source
+        _CONSOLE.print(f"teacher: {source} (teacher.source)", markup=False)
+    else:
+        source = RUNS + _trained_teacher(spec, base, client, exp_id, uri, parent)
+    client.set_tag(parent, tracking.TEACHER, _teacher_tag(source))
+    return source
+
+
+def _teacher_tag(source: str) -> str:
+    """The ``ablate.teacher_run`` tag of a teacher source: the run id of ``runs:/RUN_ID``, else the folder."""
+    return source.removeprefix(RUNS).strip("/") if source.startswith(RUNS) else source
+
+
+def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str) -> str:
+    """The run id of the study's teacher: the finished one with this config, or a new one trained now."""
+    cfg = teacher_config(base, spec)
+    digest = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+    mine = f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{spec.name}'"
+    found = client.search_runs([exp_id], filter_string=(
+        f"{mine} and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1)
+    if found:
+        _CONSOLE.print(f"teacher: reusing run {found[0].info.run_id} (trained earlier for this study)", markup=False)
+        return found[0].info.run_id
+    for stale in client.search_runs([exp_id], filter_string=f"{mine} and attributes.status = 'RUNNING'"):
+        tracking.end_run(client, stale.info.run_id, "KILLED")  # left by a killed worker
+    what = spec.teacher.model.get("preset", "the teacher model")
+    _CONSOLE.print(f"teacher: training {what} once for the study (run 'teacher', {cfg.trainer.max_steps} steps)",
+                   markup=False)
+    tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
+    result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=tags, name="teacher")
+    _CONSOLE.print(f"teacher: trained run {result.run_id}", markup=False)
+    return result.run_id
 
 
 def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str) -> None:

@@ -6,7 +6,10 @@ it, so ``ablate export`` and ``init_from`` (on a downloaded copy) both start fro
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +80,20 @@ class Teacher:
     run_id: str | None = None
 
 
+@contextmanager
+def _quiet_downloads() -> Iterator[None]:
+    """No MLflow download bars inside a trial's output."""
+    old = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old
+
+
 def load_teacher(source: str, uri: str, workdir: Path) -> Teacher:
     """The teacher ``distill.teacher`` names: ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
     artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
@@ -89,10 +106,11 @@ def load_teacher(source: str, uri: str, workdir: Path) -> Teacher:
             tok = Path(source) / "tokenizer.json"
             return Teacher(source, model_cfg, model, tok if tok.is_file() else None)
         run_id = source.removeprefix(RUNS).strip("/")
-        cfg, model = load_run_weights(uri, run_id)
-        client = tracking.connect(uri)
-        files = [a.path for a in client.list_artifacts(run_id, "tokenizer") if a.path.endswith(".json")]
-        tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
+        with _quiet_downloads():
+            cfg, model = load_run_weights(uri, run_id)
+            client = tracking.connect(uri)
+            files = [a.path for a in client.list_artifacts(run_id, "tokenizer") if a.path.endswith(".json")]
+            tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
         return Teacher(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
         raise type(exc)(f"distill.teacher: {exc}") from None
