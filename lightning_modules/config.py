@@ -22,6 +22,7 @@ from pydantic.dataclasses import dataclass
 
 from lightning_modules.distill_config import DistillConfig, schedule
 from lightning_modules.errors import ConfigError
+from lightning_modules.pruning.config import PruneConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -298,9 +299,12 @@ class ExperimentConfig:
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
+    prune: PruneConfig = dataclasses.field(default_factory=PruneConfig)
 
     @model_validator(mode="after")
     def _check_distill(self) -> ExperimentConfig:
+        if self.prune.source is not None and self.distill.teacher is not None:
+            raise ValueError("prune.source: a run either prunes or distils; distill.teacher is set too")
         if self.distill.teacher is None:
             return self
         if self.distill.strategy == "progressive" and self.model.sharing != "none":

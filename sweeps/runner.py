@@ -6,6 +6,7 @@ import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from optuna import TrialPruned
@@ -15,11 +16,13 @@ from lightning.pytorch.loggers import MLFlowLogger
 from datamodules.pretrain import PretrainDataModule
 from lightning_modules.accounting import param_report
 from lightning_modules.config import ExperimentConfig
+from lightning_modules.heads import PretrainingModel
 from lightning_modules.distill import DistillModule
 from lightning_modules.pretrain import PretrainModule
 from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
 from sweeps import tracking
+from sweeps.prune_run import prune_train
 from sweeps.weights import check_same_tokenizer, load_teacher, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
@@ -81,13 +84,40 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
+def _metric_counts(model: PretrainingModel, cfg: ExperimentConfig) -> dict[str, float]:
+    """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and memory."""
+    counts = param_report(model, cfg.model, cfg.data.max_length)
+    out = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
+    out["flops_per_token"] = counts.flops_per_token
+    if cfg.trainer.measure:
+        # latency (batch 1, 32) and activation memory of one training step at this run's batch size, in fp32
+        # where the model is now (CPU; the Trainer moves it later); reports show them beside quality
+        measured = measure(model, cfg.model.vocab_size, cfg.data.max_length, repeats=5, warmup=1,
+                           memory_batch=cfg.data.batch_size)
+        out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
+    return out
+
+
+def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataModule, uri: str, client: Any,
+             run_id: str, callbacks: list[Callback]) -> dict[str, float]:
+    """Fit ``module`` inside run ``run_id``, then log its weights; the final metrics."""
+    logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks])
+    with tracking.scoped_tracking_uri():
+        trainer.fit(module, datamodule=data)
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
 def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
           parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
           callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None) -> RunResult:
-    """Train ``cfg`` to ``trainer.max_steps`` as one MLflow run; return its final metrics.
+    """Train ``cfg`` as one MLflow run (pre-training, distillation or pruning); return its final metrics.
 
-    Corpus and store problems raise before the MLflow run is created. Any failure marks the
-    run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
+    Corpus, store, teacher and source problems raise before the MLflow run is created. Any
+    failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
     """
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     data = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed,
@@ -95,12 +125,21 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
     data.prepare_data()
     data.setup("fit")
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
-    module, module_tags = build_module(cfg, uri, Path(data.tokenizer_path))
-    counts = param_report(module.model, cfg.model, cfg.data.max_length)
-    # measured latency (batch 1, 32) and activation memory of one training step at this run's batch size, in fp32
-    # where the model is now (CPU; the Trainer moves it later); reports show them beside quality
-    measured = measure(module.model, cfg.model.vocab_size, cfg.data.max_length, repeats=5, warmup=1,
-                       memory_batch=cfg.data.batch_size) if cfg.trainer.measure else None
+    tokenizer = Path(data.tokenizer_path)
+    if cfg.prune.source is None:
+        module, module_tags = build_module(cfg, uri, tokenizer)
+        inputs = _metric_counts(module.model, cfg)
+
+        def work(client: Any, run_id: str) -> dict[str, float]:
+            return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [])
+    else:
+        with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
+            source = load_teacher(cfg.prune.source, uri, Path(tmp), field="prune.source")
+            check_same_tokenizer(source, tokenizer, field="prune.source")
+        module_tags, inputs = {tracking.SOURCE: source.run_id or source.source}, {}
+
+        def work(client: Any, run_id: str) -> dict[str, float]:
+            return prune_train(cfg, source, data, uri, client, run_id)
 
     client = tracking.connect(uri)
     exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri)
@@ -108,17 +147,10 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
                                 {tracking.ROLE: "run", **module_tags, **(tags or {})}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        metric_counts = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
-        metric_counts["flops_per_token"] = counts.flops_per_token
-        if measured is not None:
-            metric_counts.update({k: v for k, v in measured.as_dict().items() if k != "device"})
-        tracking.log_run_inputs(client, run_id, cfg, metric_counts, Path(data.tokenizer_path))
+        tracking.log_run_inputs(client, run_id, cfg, inputs, tokenizer)
         for key, value in (extra_params or {}).items():  # e.g. a study's variant name
             client.log_param(run_id, key, value)
-        logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
-        trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *(callbacks or [])])
-        with tracking.scoped_tracking_uri():
-            trainer.fit(module, datamodule=data)
+        metrics = work(client, run_id)
     except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
         tracking.end_run(client, run_id, "KILLED")
         raise KeyboardInterrupt from exc
@@ -133,10 +165,5 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
         raise
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
-    if trainer.interrupted:
-        tracking.end_run(client, run_id, "KILLED")
-        raise KeyboardInterrupt
-    log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
     tracking.end_run(client, run_id, "FINISHED")
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

@@ -126,11 +126,14 @@ class TeacherSpec:
             allowed); the rest of its config is the study's base.
         overrides: dotted overrides of the teacher's config only (``trainer.max_steps``,
             ``optim.lr``, ...); the study's ``overrides``, search and variants are the student's.
+        into: the trial field it is given as: ``distill.teacher`` (every trial distils from
+            it) or ``prune.source`` (every trial prunes it: schuBERT studies).
     """
 
     source: str | None = Field(default=None, min_length=1)
     model: dict[str, Any] | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
+    into: Literal["distill.teacher", "prune.source"] = "distill.teacher"
 
     @model_validator(mode="after")
     def _check(self) -> TeacherSpec:
@@ -203,7 +206,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         for key in keys:
             if key not in known:
                 raise ConfigError(f"{where}: {section}.{key}: not a config field")
-            if key == "distill.teacher" and spec.teacher is not None:
+            if spec.teacher is not None and key == spec.teacher.into:
                 raise ConfigError(f"{where}: {section}.{key}: set by the study's teacher section")
     if spec.sampler == "grid":
         for key, space in spec.search.items():
@@ -226,7 +229,7 @@ def _validate_teacher(spec: StudySpec, base: dict[str, Any], students: list[Expe
     for key in spec.teacher.overrides:
         if key not in known:
             raise ConfigError(f"{where}: teacher.overrides.{key}: not a config field")
-        if key == "distill.teacher":
+        if key in ("distill.teacher", "prune.source"):
             raise ConfigError(f"{where}: teacher.overrides.{key}: the teacher itself is trained without a teacher")
     try:
         teacher = flatten(teacher_config(base, spec))
@@ -266,7 +269,7 @@ def trial_config(base: dict[str, Any], spec: StudySpec, params: dict[str, Any],
     params = dict(params)
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
-    distill = {"distill.teacher": teacher} if teacher is not None else {}
+    distill = {(spec.teacher.into if spec.teacher else "distill.teacher"): teacher} if teacher is not None else {}
     try:
         return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
     except ConfigError as exc:
@@ -287,4 +290,5 @@ def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
     tree = copy.deepcopy(base)
     tree["model"] = copy.deepcopy(spec.teacher.model)
     tree.pop("init_from", None)
-    return build_config(tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None})
+    return build_config(tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None,
+                                "prune.source": None})

@@ -23,6 +23,7 @@ from lightning_modules.config import ExperimentConfig, flatten, to_yaml
 from lightning_modules.errors import StorageError
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
+SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
 TEACHER = "ablate.teacher_run"  # on a distilled run (and its study's parent): the teacher's run id or folder
 PARENT = "mlflow.parentRunId"
 

@@ -94,10 +94,11 @@ def _quiet_downloads() -> Iterator[None]:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old
 
 
-def load_teacher(source: str, uri: str, workdir: Path) -> Teacher:
+def load_teacher(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Teacher:
     """The teacher ``distill.teacher`` names: ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
     artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
-    weights, when there is one). ConfigError/StorageError prefixed with ``distill.teacher``."""
+    weights, when there is one). ConfigError/StorageError prefixed with ``field`` (the config key
+    that named it: ``distill.teacher`` or ``prune.source``)."""
     from sweeps import tracking
 
     try:
@@ -113,17 +114,18 @@ def load_teacher(source: str, uri: str, workdir: Path) -> Teacher:
             tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
         return Teacher(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
-        raise type(exc)(f"distill.teacher: {exc}") from None
+        raise type(exc)(f"{field}: {exc}") from None
 
 
-def check_same_tokenizer(teacher: Teacher, student_tokenizer: Path) -> None:
-    """KD compares MLM distributions token by token: the teacher must use the student's vocabulary."""
+def check_same_tokenizer(teacher: Teacher, student_tokenizer: Path, field: str = "distill.teacher") -> None:
+    """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
+    teacher (or pruned model) must use this run's vocabulary."""
     from tokenizers import Tokenizer
 
     if teacher.tokenizer is None:
         return  # a checkpoint without its tokenizer: the user vouches for it (README)
     theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
     if theirs.get_vocab() != mine.get_vocab():
-        raise ConfigError(f"distill.teacher: {teacher.source} was trained with a different tokenizer than this run's "
-                          f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match the "
-                          f"teacher's)")
+        raise ConfigError(f"{field}: {teacher.source} was trained with a different tokenizer than this run's "
+                          f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
+                          f"those it was trained with)")

@@ -1,0 +1,70 @@
+"""``PruneModule``: schuBERT's gate phase on a trained encoder.
+
+The encoder's weights are frozen; gates alpha (initialised to 1) multiply into them (see
+:mod:`lightning_modules.pruning.gates`) and are trained with
+
+    loss = MLM + sentence loss + gamma * sum_dim beta_dim * ||alpha_dim||_1
+
+where beta_dim is proportional to the parameters one unit of that dimension removes
+(:func:`lightning_modules.pruning.budget.beta`). Removal and fine-tuning happen between
+gate phases (:mod:`sweeps.prune_run`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_modules.config import ExperimentConfig
+from lightning_modules.heads import PretrainingModel
+from lightning_modules.pretrain import PretrainModule
+from lightning_modules.pruning.budget import beta
+from lightning_modules.pruning.gates import Gates, attach, detach
+
+
+class PruneModule(PretrainModule):
+    """Gate training on a frozen encoder.
+
+    Args:
+        cfg: the run's config; ``cfg.model`` is the current (possibly already pruned) shape.
+        model: the trained model to gate (its weights stay frozen and unchanged).
+        dims: the dimensions that get gates (``VARIANTS[prune.method]``).
+    """
+
+    def __init__(self, cfg: ExperimentConfig, model: PretrainingModel, dims: tuple[str, ...]) -> None:
+        super().__init__(cfg, model)
+        model.requires_grad_(False)
+        self.gates = Gates(cfg.model, dims)
+        self.beta = beta(cfg.model)
+        attach(model, self.gates)
+
+    def release(self) -> PretrainingModel:
+        """Take the gates out of the model again (its weights as they were)."""
+        detach(self.model)
+        return self.model
+
+    def trainable_modules(self) -> torch.nn.Module:
+        return self.gates
+
+    def sparsity(self) -> torch.Tensor:
+        """sum_dim beta_dim * ||alpha_dim||_1 over the gated dimensions."""
+        return sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.model(batch)
+        sparsity = self.sparsity()
+        loss = out.loss + self.cfg.prune.gamma * sparsity
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"gate loss became {loss.item()} at step {self.global_step}")
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("prune/sparsity", sparsity, batch_size=bs)
+        self.log("train/mlm_loss", out.mlm_loss, batch_size=bs)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude
+            for p in self.gates.parameters():
+                p.clamp_(min=0.0)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.gates.parameters(), lr=self.cfg.prune.gate_lr)

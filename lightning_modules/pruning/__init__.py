@@ -1,0 +1,1 @@
+"""schuBERT: per-layer dimensions found by pruning a trained encoder with learned gates."""
