@@ -26,7 +26,8 @@ from rich.console import Console
 
 from datamodules.pretrain import PretrainDataModule
 from lightning_modules.accounting import param_report
-from lightning_modules.config import ExperimentConfig, ModelConfig
+from lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
+from lightning_modules.errors import ConfigError
 from lightning_modules.heads import PretrainingModel, build_pretraining_model
 from lightning_modules.pretrain import PretrainModule
 from lightning_modules.profiling import measure
@@ -71,16 +72,17 @@ def _with_model(cfg: ExperimentConfig, model_cfg: ModelConfig) -> ExperimentConf
     return dataclasses.replace(cfg, model=model_cfg)
 
 
-def first_layers(model: PretrainingModel, cfg: ModelConfig, new_cfg: ModelConfig) -> PretrainingModel:
+def first_layers(model: PretrainingModel, new_cfg: ModelConfig, objective: ObjectiveConfig) -> PretrainingModel:
     """The first ``new_cfg.num_layers`` layers of ``model`` (with its embeddings and heads)."""
-    from lightning_modules.config import ObjectiveConfig
-
-    objective = ObjectiveConfig(sentence="sop" if model.sentence_head is not None else "none")
     small = build_pretraining_model(new_cfg, objective)
     keep = {f"encoder.{kind}.{i}." for kind in ("attentions", "ffn_stacks") for i in range(new_cfg.num_layers)}
     state = {k: v for k, v in model.state_dict().items()
              if not k.startswith(("encoder.attentions.", "encoder.ffn_stacks.")) or any(k.startswith(p) for p in keep)}
-    small.load_state_dict(state)
+    if small.sentence_head is None:
+        state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
+    missing, _ = small.load_state_dict(state, strict=False)
+    if any(not k.startswith("sentence_head.") for k in missing):  # only a sentence head may start fresh
+        raise ConfigError(f"prune.source: its weights do not fit {new_cfg.num_layers} layers ({missing[:3]})")
     return small
 
 
@@ -122,7 +124,7 @@ def run_pruning(cfg: ExperimentConfig, data: PretrainDataModule, uri: str, clien
     else:
         shapes = {"uniform": uniform, "fewer-layers": fewer_layers}
         new_cfg = shapes[p.method](source_cfg, eta)
-        model = first_layers(model, source_cfg, new_cfg) if p.method == "fewer-layers" else \
+        model = first_layers(model, new_cfg, cfg.objective) if p.method == "fewer-layers" else \
             shrink(model, source_cfg, magnitude_keep(model, source_cfg, new_cfg))[1]
         cur_cfg = new_cfg
         now = backbone_params(cur_cfg)
@@ -161,7 +163,9 @@ def prune_train(cfg: ExperimentConfig, source: Teacher, data: PretrainDataModule
     markdown += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     client.log_text(run_id, f"hidden h = {new_cfg.hidden_dim}\n\n" + "\n".join(markdown) + "\n", "dims.md")
     client.log_text(run_id, table.assign(hidden=new_cfg.hidden_dim).to_csv(index=False), "dims.csv")
-    client.set_tag(run_id, "ablate.pruned_layers", " ".join(f"{s.num_heads}/{s.qk_dim}/{s.v_dim}/{s.ffn_dim}"
-                                                           for s in new_cfg.layer_specs()))
+    layers = " ".join(f"{s.num_heads}/{s.qk_dim}/{s.v_dim}/{s.ffn_dim}" for s in new_cfg.layer_specs())
+    client.set_tag(run_id, "ablate.pruned_layers", layers)
+    # the shape found, as a param a report can show beside the metrics: "h=96 a/k/v/f per layer"
+    client.log_param(run_id, "pruned.dims", f"h={new_cfg.hidden_dim} {layers}")
     log_weights(client, run_id, model, final)
     return metrics

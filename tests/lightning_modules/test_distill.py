@@ -112,7 +112,7 @@ def test_an_explicit_layer_map_and_its_errors():
     with pytest.raises(ConfigError, match="distill.layer_map: teacher layer 7 does not exist"):
         DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 7]), teacher, teacher_cfg)
     with pytest.raises(ConfigError, match="distill.at_weight: .*3 heads, the teacher 4"):
-        DistillModule(_cfg({**STUDENT, "num_layers": 2, "num_heads": 1, "intra_dim": 48, "num_heads": 3}),
+        DistillModule(_cfg({**STUDENT, "num_layers": 2, "intra_dim": 48, "num_heads": 3}),
                       teacher, teacher_cfg)
 
 
