@@ -150,7 +150,7 @@ def render_console(result: ReportResult, console: Console | None = None) -> None
     table = result.table
     headers, text, bold = cells(table)
     rt = RichTable(title=table.spec.title, header_style="bold")
-    n_keys = len(table.spec.rows)
+    n_keys = len(table.spec.rows) + len(table.spec.details)
     for i, h in enumerate(headers):
         rt.add_column(h, justify="left" if i < n_keys else "right")
     for t, b in zip(text, bold, strict=True):

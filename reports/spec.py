@@ -106,7 +106,10 @@ class ReportSpec:
         metrics: Metric columns, in order.
         plots: Plots to draw.
         include_states: Trial states (``ablate.state`` tag) that count.
-        row_labels: Optional headers for row columns (default: last dotted part).
+        row_labels: Optional headers for row and detail columns (default: last dotted part).
+        details: Params shown as text columns after the row keys, not grouping runs: the
+            distinct values among a row's included runs (e.g. ``pruned.dims``, the shape a
+            pruning run found).
         study: Study name (standalone REPORT.yaml only).
         tracking_uri: MLflow tracking URI (standalone REPORT.yaml only).
     """
@@ -117,6 +120,7 @@ class ReportSpec:
     plots: tuple[PlotSpec, ...] = ()
     include_states: tuple[State, ...] = Field(default=("COMPLETE",), min_length=1)
     row_labels: dict[str, str] = Field(default_factory=dict)
+    details: tuple[str, ...] = ()
     study: str | None = None
     tracking_uri: str | None = None
 
@@ -134,8 +138,8 @@ class ReportSpec:
     def _cross_checks(self) -> ReportSpec:
         _unique([m.name for m in self.metrics], "metrics")
         for key in self.row_labels:
-            if key not in self.rows:
-                raise _keyed(f"row_labels.{key}", f"not one of rows {list(self.rows)}")
+            if key not in (*self.rows, *self.details):
+                raise _keyed(f"row_labels.{key}", f"not one of rows {list(self.rows)} or details {list(self.details)}")
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:
                 raise _keyed(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")

@@ -135,6 +135,10 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
         stats[f"{m}.mean"] = agg[(m, "mean")].to_numpy(dtype=float)
         stats[f"{m}.std"] = agg[(m, "std")].to_numpy(dtype=float)
         stats[f"{m}.n"] = agg[(m, "count")].fillna(0).to_numpy(dtype=int)
+    for d in spec.details:  # text beside the keys: the distinct values of the included runs
+        values = used[d] if d in used.columns else pd.Series(index=used.index, dtype=object)
+        joined = values.groupby(used[_KEY], sort=False).agg(lambda v: " / ".join(sorted({str(x) for x in v.dropna()})))
+        stats[d] = joined.reindex(keys).fillna("").to_numpy()
 
     missing: list[Missing] = []
     states = runs.groupby(_KEY, sort=False)["state"].agg(lambda s: s.fillna("no state").value_counts().to_dict())
@@ -182,7 +186,7 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     displays identically.
     """
     spec, st = table.spec, table.stats
-    headers = [spec.row_label(r) for r in spec.rows] + [m.display for m in spec.metrics] + ["n"]
+    headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["n"]
     best: dict[str, str] = {}
     for m in spec.metrics:
         means = st.loc[st[f"{m.name}.n"] > 0, f"{m.name}.mean"].dropna()
@@ -190,8 +194,8 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
             best[m.name] = format_number(means.max() if m.better == "higher" else means.min(), m)
     text, bold = [], []
     for key, (_, row) in zip(table.keys(), st.iterrows(), strict=True):
-        t = [str(v) for v in key]
-        b = [False] * len(key)
+        t = [str(v) for v in key] + [str(row[d]) for d in spec.details]
+        b = [False] * (len(key) + len(spec.details))
         for m in spec.metrics:
             mean, std, n = row[f"{m.name}.mean"], row[f"{m.name}.std"], int(row[f"{m.name}.n"])
             t.append(format_cell(mean, std, n, m))
@@ -205,7 +209,7 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
 
 def _numeric_columns(table: Table) -> list[bool]:
     keys = [all(isinstance(k, (int, float)) or k is None for k in table.stats[r]) for r in table.spec.rows]
-    return keys + [True] * (len(table.spec.metrics) + 1)
+    return keys + [False] * len(table.spec.details) + [True] * (len(table.spec.metrics) + 1)
 
 
 def to_markdown(table: Table) -> str:
@@ -253,5 +257,5 @@ def to_latex(table: Table) -> str:
 
 def to_csv(table: Table) -> str:
     """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric."""
-    cols = [*table.spec.rows, "n"] + [f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")]
+    cols = [*table.spec.rows, *table.spec.details, "n"] + [f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")]
     return table.stats[cols].to_csv(index=False)

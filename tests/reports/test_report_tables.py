@@ -121,3 +121,19 @@ def test_formats():
     assert format_cell(2.5e9, 0.0, 1, m(format="sci")) == "2.50e+09"
     assert format_cell(float("nan"), float("nan"), 0, m()) == "–"
     assert sorted(["l10", "l2", None, 3, 1.5], key=natural_key) == [1.5, 3, "l2", "l10", None]
+
+
+def test_details_are_text_columns_beside_the_keys(runs):
+    spec = ReportSpec(title="t", rows=("model.sharing",), details=("model.embed_dim",),
+                      row_labels={"model.embed_dim": "E seen"}, metrics=(MetricSpec(name="val/mlm_acc"),))
+    table = aggregate(runs, spec)
+    assert table.keys() == [("all",), ("attn",), ("ffn",), ("none",)]  # details do not group
+    by_key = dict(zip(table.keys(), table.stats["model.embed_dim"], strict=True))
+    assert by_key[("all",)] == "128 / 64"
+    assert by_key[("attn",)] == ""  # its runs all failed: no included run to show
+    md = to_markdown(table)
+    assert md.splitlines()[0].startswith("| sharing | E seen |")
+    assert "| all | 128 / 64 |" in md
+    assert "model.embed_dim" in to_csv(table).splitlines()[0]
+    with pytest.raises(Exception, match="not one of rows .* or details"):
+        ReportSpec(title="t", rows=("model.sharing",), row_labels={"nope": "x"}, metrics=(MetricSpec(name="val/loss"),))
