@@ -22,6 +22,7 @@ from pydantic.dataclasses import dataclass
 
 from lightning_modules.distill_config import DistillConfig, schedule
 from lightning_modules.errors import ConfigError
+from lightning_modules.finetune_config import FinetuneConfig
 from lightning_modules.pruning.config import PruneConfig
 
 _STRICT = ConfigDict(extra="forbid")
@@ -243,6 +244,9 @@ class TrainerConfig:
         progress: show a progress bar.
         measure: measure forward latency (batch 1 and 32) and training activation memory
             before training and log them with the run (costly on CPU for large models).
+        intrinsic: after training, score MLM accuracy and NSP and SOP accuracy by linear
+            probes on the frozen [CLS] vector, whatever the run's own objective (logged as
+            ``intrinsic/mlm_acc``, ``intrinsic/nsp_acc``, ``intrinsic/sop_acc``).
     """
 
     max_steps: PosInt = 1000
@@ -256,6 +260,7 @@ class TrainerConfig:
     log_every: PosInt = 10
     progress: bool = True
     measure: bool = True
+    intrinsic: bool = False
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -300,6 +305,7 @@ class ExperimentConfig:
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
     prune: PruneConfig = dataclasses.field(default_factory=PruneConfig)
+    finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
 
     @model_validator(mode="after")
     def _check_distill(self) -> ExperimentConfig:

@@ -81,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     cfg = _config(args.config, args.overrides)
     result = train(cfg, tracking_uri=args.tracking_uri)
-    shown = {k: round(v, 4) for k, v in result.metrics.items() if k.startswith("val/")}
+    shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     print(f"run {result.run_id} finished: {shown}")
     _print_ui_hint(result.tracking_uri)
 

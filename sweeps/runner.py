@@ -6,6 +6,7 @@ import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,6 +20,7 @@ from lightning_modules.config import ExperimentConfig
 from lightning_modules.heads import PretrainingModel
 from lightning_modules.distill import DistillModule
 from lightning_modules.pretrain import PretrainModule
+from lightning_modules.probe import intrinsic_eval
 from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
 from sweeps import tracking
@@ -107,8 +109,14 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
         trainer.fit(module, datamodule=data)
     if trainer.interrupted:
         raise KeyboardInterrupt
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.trainer.intrinsic:  # the same probes for every model, whatever its own objective
+        scores = intrinsic_eval(module.model, cfg.data, cfg.model.vocab_size, seed=cfg.seed).as_metrics()
+        for key, value in scores.items():
+            client.log_metric(run_id, key, value, step=trainer.global_step)
+        metrics.update(scores)
     log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return metrics
 
 
 def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
@@ -118,7 +126,13 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
 
     Corpus, store, teacher and source problems raise before the MLflow run is created. Any
     failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
+    A config with ``finetune.source`` fine-tunes (:func:`sweeps.finetune_run.finetune`).
     """
+    if cfg.finetune.source is not None:
+        from sweeps.finetune_run import finetune
+
+        return finetune(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
+                        tags=tags, name=name, extra_params=extra_params)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     data = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed,
                               val_batches=cfg.trainer.val_batches)
@@ -141,10 +155,22 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
         def work(client: Any, run_id: str) -> dict[str, float]:
             return prune_train(cfg, source, data, uri, client, run_id)
 
+    return tracked_run(cfg, uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
+                       tags={**module_tags, **(tags or {})}, inputs=inputs, tokenizer=tokenizer,
+                       extra_params=extra_params)
+
+
+def tracked_run(cfg: ExperimentConfig, uri: str, work: Callable[[Any, str], dict[str, float]], *,
+                experiment: str | None, name: str | None, parent_run_id: str | None, tags: dict[str, str],
+                inputs: dict[str, float], tokenizer: Path | None,
+                extra_params: dict[str, str] | None = None) -> RunResult:
+    """Run ``work(client, run_id)`` inside a new MLflow run that logs ``cfg``, ``inputs`` (metrics at
+    step 0) and the tokenizer first, and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised
+    as KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
     client = tracking.connect(uri)
     exp_id = tracking.experiment_id(client, experiment or cfg.tracking.experiment, uri)
     run_id = tracking.start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
-                                {tracking.ROLE: "run", **module_tags, **(tags or {})}, parent_run_id)
+                                {tracking.ROLE: "run", **tags}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)
     try:
         tracking.log_run_inputs(client, run_id, cfg, inputs, tokenizer)

@@ -10,7 +10,6 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.config import to_yaml
-from lightning_modules.errors import ConfigError
 from sweeps.cli import main
 from sweeps.spec import PLACEHOLDER_TEACHER, StudySpec, corner_configs, load_study, teacher_config, trial_config
 from tests.sweeps.conftest import tiny_base, write_study

@@ -1,0 +1,126 @@
+"""``FinetuneModule``: GLUE-style classification on a pre-trained encoder.
+
+The encoder comes from a pre-trained model; the head is BERT's (pooler dense + tanh on
+[CLS], dropout, classifier), its pooler initialised from the pre-trained sentence head's
+when there is one. Dev metrics (torchmetrics): accuracy, macro F1 and Matthews
+correlation, logged as ``<task>/accuracy``, ``<task>/f1``, ``<task>/mcc`` and
+``<task>/loss``; the best value of ``finetune.metric`` so far as ``<task>/best_<metric>``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
+
+from lightning_modules.config import ExperimentConfig
+from lightning_modules.encoder import Encoder
+from lightning_modules.heads import PretrainingModel
+from lightning_modules.pretrain import param_groups, warmup_linear_decay
+
+
+class ClassificationHead(nn.Module):
+    """``classifier(dropout(tanh(pooler(h_cls))))``."""
+
+    def __init__(self, pooler: nn.Linear, classifier: nn.Linear, dropout: float) -> None:
+        super().__init__()
+        self.pooler, self.classifier, self.dropout = pooler, classifier, nn.Dropout(dropout)
+
+    def forward(self, cls: torch.Tensor) -> torch.Tensor:
+        """cls: (B, H) -> logits (B, C)."""
+        return self.classifier(self.dropout(torch.tanh(self.pooler(cls))))
+
+
+class Classifier(nn.Module):
+    """A pre-trained encoder with a classification head."""
+
+    def __init__(self, encoder: Encoder, head: ClassificationHead) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))  # (B, T, H)
+        return self.head(hidden[:, 0])  # (B, C)
+
+
+def build_classifier(pretrained: PretrainingModel, num_labels: int, dropout: float, init_std: float) -> Classifier:
+    """A copy of ``pretrained``'s encoder with a fresh classifier (and its pooler, when it has one)."""
+    sentence = pretrained.sentence_head
+    pooler = copy.deepcopy(sentence.pooler) if sentence is not None else None
+    if pooler is None:
+        width = _hidden_width(pretrained.encoder)
+        pooler = nn.Linear(width, width)
+        nn.init.normal_(pooler.weight, std=init_std)
+        nn.init.zeros_(pooler.bias)
+    classifier = nn.Linear(pooler.out_features, num_labels)
+    nn.init.normal_(classifier.weight, std=init_std)
+    nn.init.zeros_(classifier.bias)
+    return Classifier(copy.deepcopy(pretrained.encoder), ClassificationHead(pooler, classifier, dropout))
+
+
+def _hidden_width(encoder: Encoder) -> int:
+    """H, read off the encoder (the width of its output)."""
+    emb = encoder.embeddings
+    if emb.projection is not None:
+        return emb.projection.out_features
+    return emb.trigram.linear.out_features if emb.trigram is not None else emb.word.embedding_dim
+
+
+class FinetuneModule(pl.LightningModule):
+    """Fine-tuning regime: cross-entropy on the labels, dev metrics for early stopping.
+
+    Args:
+        cfg: the run's config (``finetune`` says the task and schedule).
+        pretrained: the pre-trained model; its encoder is copied, so it stays unchanged.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel) -> None:
+        super().__init__()
+        self.cfg, f = cfg, cfg.finetune
+        self.model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
+        C = f.num_labels
+        self.val_loss = MeanMetric()
+        self.metrics = nn.ModuleDict({
+            "accuracy": MulticlassAccuracy(num_classes=C, average="micro"),
+            "f1": MulticlassF1Score(num_classes=C, average="macro"),
+            "mcc": MulticlassMatthewsCorrCoef(num_classes=C),
+        })
+        self.best: float | None = None
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = F.cross_entropy(self.model(batch).float(), batch["labels"])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"fine-tuning loss became {loss.item()} at step {self.global_step}")
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        logits = self.model(batch)
+        self.val_loss.update(F.cross_entropy(logits.float(), batch["labels"]), weight=batch["labels"].shape[0])
+        for metric in self.metrics.values():
+            metric.update(logits, batch["labels"])
+
+    def on_validation_epoch_end(self) -> None:
+        task, f = self.cfg.finetune.task, self.cfg.finetune
+        values = {f"{task}/{name}": metric.compute() for name, metric in self.metrics.items()}
+        values[f"{task}/loss"] = self.val_loss.compute()
+        current = float(values[f"{task}/{f.metric}"])
+        self.best = current if self.best is None else max(self.best, current)
+        values[f"{task}/best_{f.metric}"] = torch.tensor(self.best)
+        for name, value in values.items():
+            self.log(name, value, prog_bar=name == f"{task}/{f.metric}")
+        for metric in (*self.metrics.values(), self.val_loss):
+            metric.reset()
+
+    def configure_optimizers(self):
+        f = self.cfg.finetune
+        optimizer = torch.optim.AdamW(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr,
+                                      eps=self.cfg.optim.eps, foreach=True)
+        schedule = warmup_linear_decay(type(self.cfg.optim)(warmup_steps=max(1, f.max_steps // 10)), f.max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,54 @@
+"""The ``finetune`` section of the config: GLUE-style classification on a pre-trained encoder.
+
+A run fine-tunes when ``finetune.source`` names a pre-trained model; otherwise the section
+is inert.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+Metric = Literal["accuracy", "f1", "mcc"]
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class FinetuneConfig:
+    """Task, data and schedule of a fine-tuning run.
+
+    Attributes:
+        source: the pre-trained model: ``runs:/RUN_ID`` (an ablate run of this MLflow store,
+            whose tokenizer is used), an ``ablate export`` folder or a transformers checkpoint.
+            None: no fine-tuning.
+        task: the task's name: metrics are logged as ``<task>/accuracy`` etc.
+        train: training data: a local ``.tsv``/``.csv``/``.jsonl`` file, or a ``datasets``
+            hub name (``glue/sst2``; its ``train`` split).
+        validation: dev data, as ``train`` (a hub name's ``validation`` split when None).
+        text_fields: one column (single sentence) or two (sentence pair).
+        label_field: the integer label column.
+        num_labels: classes.
+        max_length: tokens per example ([CLS] a [SEP] (b [SEP]), truncated).
+        batch_size: examples per batch.
+        lr: AdamW learning rate (warmup 10 %, then linear decay).
+        max_steps: most optimizer steps.
+        val_every: validate on the dev set every this many steps.
+        patience: stop after this many validations without improving ``metric``.
+        metric: the dev metric for early stopping and the run's result.
+    """
+
+    source: str | None = None
+    task: str = Field(default="sst2", pattern=r"^[\w.-]+$")
+    train: str | None = None
+    validation: str | None = None
+    text_fields: tuple[str, ...] = Field(default=("sentence",), min_length=1, max_length=2)
+    label_field: str = "label"
+    num_labels: Annotated[int, Field(ge=2)] = 2
+    max_length: Annotated[int, Field(ge=8)] = 128
+    batch_size: Annotated[int, Field(gt=0)] = 32
+    lr: Annotated[float, Field(gt=0.0)] = 1e-4
+    max_steps: Annotated[int, Field(gt=0)] = 1000
+    val_every: Annotated[int, Field(gt=0)] = 100
+    patience: Annotated[int, Field(ge=1)] = 3
+    metric: Metric = "accuracy"
