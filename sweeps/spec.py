@@ -20,6 +20,8 @@ Example::
     teacher:                                                # optional: every trial distils from one teacher
       model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
+    finetune:                                               # optional: chained trials, pretrain -> fine-tune
+      - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
     report: {...}                                           # see reports.spec.ReportSpec
 """
 
@@ -161,6 +163,7 @@ class StudySpec:
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     report: dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
+    finetune: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def space(self) -> dict[str, ParamSpace]:
@@ -220,6 +223,10 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         raise ConfigError(f"{where}: {exc}") from None
     if spec.teacher is not None and spec.teacher.model is not None:
         _validate_teacher(spec, base, students, where)
+    if spec.finetune:
+        from sweeps.chain import check_tasks
+
+        check_tasks(students[0], spec.finetune, str(where))
 
 
 def _validate_teacher(spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig],

@@ -28,6 +28,7 @@ from rich.console import Console
 from lightning_modules.config import ExperimentConfig, build_config, to_yaml
 from lightning_modules.errors import ConfigError, StorageError
 from sweeps import tracking
+from sweeps.chain import chained_trial
 from sweeps.runner import run_name, train
 from datamodules.pretrain import PretrainDataModule
 from sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
@@ -176,9 +177,14 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
-            result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,
-                           name=run_name(params), callbacks=[pruning],
-                           extra_params={"variant": params["variant"]} if "variant" in params else None)
+            extra = {"variant": params["variant"]} if "variant" in params else None
+            if spec.finetune:  # pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
+                result = chained_trial(cfg, spec.finetune, tracking_uri=uri, experiment=spec.name,
+                                       parent_run_id=parent, tags=run_tags, name=run_name(params),
+                                       callbacks=[pruning], extra_params=extra)
+            else:
+                result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,
+                               name=run_name(params), callbacks=[pruning], extra_params=extra)
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise

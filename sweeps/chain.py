@@ -1,0 +1,71 @@
+"""Chained trials: pre-train, score intrinsically, fine-tune on each task, as one trial.
+
+The trial is an MLflow run (nested under the study's parent) whose stages are runs nested
+under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked by
+``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
+``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
+study's objective and reports can use any of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from mlflow.entities import Metric
+
+from lightning_modules.config import ExperimentConfig, build_config, to_dict
+from lightning_modules.errors import ConfigError
+from sweeps.runner import RunResult, tracked_run, train
+from sweeps.weights import RUNS
+
+STAGE = "ablate.stage"
+PRETRAIN_RUN = "ablate.pretrain_run"
+LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")  # a task's data given as a local file (else a hub name)
+
+
+def task_config(cfg: ExperimentConfig, task: dict[str, Any], source: str) -> ExperimentConfig:
+    """The fine-tuning config of one task: the trial's config with ``finetune.*`` from ``task``."""
+    updates = {f"finetune.{k}": v for k, v in task.items()}
+    return build_config(to_dict(cfg), {**updates, "finetune.source": source})
+
+
+def check_tasks(cfg: ExperimentConfig, tasks: list[dict[str, Any]], where: str) -> None:
+    """Every task builds a valid config and its local files exist (before anything runs)."""
+    for i, task in enumerate(tasks):
+        try:
+            ft = task_config(cfg, task, RUNS + "pretrain").finetune
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
+        for key in ("train", "validation"):
+            value = getattr(ft, key)
+            if value is not None and value.endswith(LOCAL) and not Path(value).is_file():
+                raise ConfigError(f"{where}: finetune[{i}].{key}: {value}: no such file")
+
+
+def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, tracking_uri: str, experiment: str,
+                  parent_run_id: str, tags: dict[str, str], name: str, callbacks: list[Callback],
+                  extra_params: dict[str, str] | None = None) -> RunResult:
+    """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task, as one trial run."""
+
+    def work(client: Any, trial_run: str) -> dict[str, float]:
+        pre = train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
+                    tags={STAGE: "pretrain"}, name=f"{name} | pretrain", callbacks=callbacks)
+        client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
+        metrics = dict(pre.metrics)
+        best = []
+        for task in tasks:
+            ft_cfg = task_config(cfg, task, RUNS + pre.run_id)
+            f = ft_cfg.finetune
+            result = train(ft_cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
+                           tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id}, name=f"{name} | {f.task}")
+            metrics.update({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
+            best.append(result.metrics[f"{f.task}/best_{f.metric}"])
+        if best:
+            metrics["downstream/avg"] = sum(best) / len(best)
+        client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
+        return metrics
+
+    return tracked_run(cfg, tracking_uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
+                       tags={**tags, STAGE: "trial"}, inputs={}, tokenizer=None, extra_params=extra_params)

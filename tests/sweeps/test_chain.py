@@ -1,0 +1,57 @@
+"""Chained trials: pretrain -> intrinsic probes -> fine-tune, each stage a run nested in the trial's."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from sweeps.cli import main
+from sweeps.spec import load_study
+from sweeps.study import run_study
+from tests.conftest import SHARED_DATA
+from tests.sweeps.conftest import write_study
+
+SST2 = SHARED_DATA / "sst2"
+
+
+def _study(tmp_path, corpus, **finetune):
+    lines = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:601]) + "\n", encoding="utf-8")
+    task = {"task": "sst2", "train": str(tmp_path / "train.tsv"), "validation": str(SST2 / "validation.tsv"),
+            "max_length": 32, "batch_size": 32, "lr": 1e-3, "max_steps": 4, "val_every": 4, **finetune}
+    return write_study(tmp_path, corpus, name="chain", search={"objective.sentence": {"choices": ["sop", "nsp"]}},
+                       trainer={"measure": False, "intrinsic": True}, finetune=[task],
+                       objective={"metric": "downstream/avg", "direction": "maximize"})
+
+
+def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wiki_validation):
+    if not (SST2 / "train.tsv").is_file():
+        pytest.skip(f"shared test data not found at {SST2}")
+    spec, base = load_study(_study(tmp_path, wiki_validation))
+    result = run_study(spec, base)
+    client = MlflowClient(result.tracking_uri)
+    exp = client.get_experiment_by_name("chain").experiment_id
+    trials = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert len(trials) == 2
+    for trial in trials:
+        assert trial.info.status == "FINISHED" and trial.data.tags["mlflow.parentRunId"] == result.parent_run_id
+        m = trial.data.metrics
+        for name in ("val/mlm_acc", "intrinsic/nsp_acc", "intrinsic/sop_acc", "sst2/best_accuracy", "downstream/avg"):
+            assert name in m, name
+        assert m["downstream/avg"] == m["sst2/best_accuracy"]
+        stages = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
+        assert sorted(s.data.tags["ablate.stage"] for s in stages) == ["finetune:sst2", "pretrain"]
+        pre = next(s for s in stages if s.data.tags["ablate.stage"] == "pretrain")
+        ft = next(s for s in stages if s.data.tags["ablate.stage"] != "pretrain")
+        assert trial.data.tags["ablate.pretrain_run"] == pre.info.run_id == ft.data.tags["ablate.pretrain_run"]
+        assert ft.data.params["finetune.source"] == f"runs:/{pre.info.run_id}"
+    values = sorted(t.value for t in result.study.trials)
+    assert values == sorted(t.data.metrics["downstream/avg"] for t in trials)
+
+
+def test_a_missing_task_file_fails_before_anything_runs(tmp_path, wiki_validation, capsys):
+    path = _study(tmp_path, wiki_validation, validation=str(tmp_path / "nope.tsv"))
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "finetune[0].validation" in err and "no such file" in err
+    assert not (tmp_path / "runs").exists()
