@@ -21,7 +21,7 @@ TRANSFER = ("fmt", "at", "embed")  # the layer-wise transfer losses; "pd" is the
 
 @dataclass(frozen=True, config=_STRICT)
 class DistillConfig:
-    """Teacher, losses and strategy of a distillation run.
+    """Source, losses and strategy of a distillation run.
 
     Attributes:
         teacher: the frozen teacher: ``runs:/RUN_ID`` (an ablate run in this run's MLflow

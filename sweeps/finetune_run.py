@@ -24,7 +24,7 @@ from lightning_modules.errors import ConfigError
 from lightning_modules.finetune import FinetuneModule
 from sweeps import tracking
 from sweeps.runner import RunResult, tracked_run
-from sweeps.weights import load_teacher
+from sweeps.weights import load_source
 
 
 def build_finetune_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, steps_per_epoch: int) -> pl.Trainer:
@@ -53,7 +53,7 @@ def finetune(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experime
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tmp = Path(tempfile.mkdtemp(prefix="ablate-finetune-"))
     try:
-        source = load_teacher(f.source, uri, tmp, field="finetune.source")
+        source = load_source(f.source, uri, tmp, field="finetune.source")
         if source.tokenizer is None:
             raise ConfigError(f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
                               f"needs the tokenizer it was pre-trained with")

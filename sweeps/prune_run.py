@@ -36,7 +36,7 @@ from lightning_modules.pruning.budget import backbone_params, choose, fewer_laye
 from lightning_modules.pruning.keep import VARIANTS
 from lightning_modules.pruning.surgery import shrink
 from sweeps import tracking
-from sweeps.weights import Teacher, log_weights
+from sweeps.weights import Source, log_weights
 
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -137,7 +137,7 @@ def run_pruning(cfg: ExperimentConfig, data: PretrainDataModule, uri: str, clien
     return cur_cfg, model, metrics
 
 
-def prune_train(cfg: ExperimentConfig, source: Teacher, data: PretrainDataModule, uri: str, client: Any,
+def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any,
                 run_id: str) -> dict[str, float]:
     """Prune ``source`` as ``cfg.prune`` says inside run ``run_id``, log the outcome; the last metrics."""
     seq = cfg.data.max_length

@@ -25,7 +25,7 @@ from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
 from sweeps import tracking
 from sweeps.prune_run import prune_train
-from sweeps.weights import check_same_tokenizer, load_teacher, log_weights
+from sweeps.weights import check_same_tokenizer, load_source, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
@@ -80,7 +80,7 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     if cfg.distill.teacher is None:
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
-        teacher = load_teacher(cfg.distill.teacher, uri, Path(tmp))
+        teacher = load_source(cfg.distill.teacher, uri, Path(tmp))
         check_same_tokenizer(teacher, tokenizer)
     module = DistillModule(cfg, teacher.model, teacher.model_cfg, student)
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
@@ -148,7 +148,7 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
             return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [])
     else:
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
-            source = load_teacher(cfg.prune.source, uri, Path(tmp), field="prune.source")
+            source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")
             check_same_tokenizer(source, tokenizer, field="prune.source")
         module_tags, inputs = {tracking.SOURCE: source.run_id or source.source}, {}
 

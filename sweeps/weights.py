@@ -70,8 +70,9 @@ def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, Pretraini
 
 
 @dataclass
-class Teacher:
-    """A distillation teacher: its architecture, its model and (when known) its tokenizer file."""
+class Source:
+    """A trained model to start from (a distillation teacher, a model to prune or to fine-tune): its
+    architecture, its model and (when known) its tokenizer file."""
 
     source: str
     model_cfg: ModelConfig
@@ -94,8 +95,8 @@ def _quiet_downloads() -> Iterator[None]:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old
 
 
-def load_teacher(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Teacher:
-    """The teacher ``distill.teacher`` names: ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
+def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Source:
+    """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``): ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
     artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
     weights, when there is one). ConfigError/StorageError prefixed with ``field`` (the config key
     that named it: ``distill.teacher`` or ``prune.source``)."""
@@ -105,19 +106,19 @@ def load_teacher(source: str, uri: str, workdir: Path, field: str = "distill.tea
         if not source.startswith(RUNS):
             model_cfg, model = load_pretrained(source)
             tok = Path(source) / "tokenizer.json"
-            return Teacher(source, model_cfg, model, tok if tok.is_file() else None)
+            return Source(source, model_cfg, model, tok if tok.is_file() else None)
         run_id = source.removeprefix(RUNS).strip("/")
         with _quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
             client = tracking.connect(uri)
             files = [a.path for a in client.list_artifacts(run_id, "tokenizer") if a.path.endswith(".json")]
             tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
-        return Teacher(source, cfg.model, model, tok, run_id)
+        return Source(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
         raise type(exc)(f"{field}: {exc}") from None
 
 
-def check_same_tokenizer(teacher: Teacher, student_tokenizer: Path, field: str = "distill.teacher") -> None:
+def check_same_tokenizer(teacher: Source, student_tokenizer: Path, field: str = "distill.teacher") -> None:
     """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
     teacher (or pruned model) must use this run's vocabulary."""
     from tokenizers import Tokenizer

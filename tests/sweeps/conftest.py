@@ -50,3 +50,16 @@ def write_study(tmp_path: Path, corpus: Path, name: str = "tiny", search: dict |
 @pytest.fixture()
 def study_file(tmp_path, wiki_validation) -> Path:
     return write_study(tmp_path, wiki_validation)
+
+
+def trained_run(tmp_path: Path, corpus: Path, model: dict | None = None) -> tuple[dict, object]:
+    """A tiny model trained on real text (no measurement): the base tree and its RunResult, for runs
+    that start from a trained model (distillation teachers, pruning and fine-tuning sources)."""
+    from lightning_modules.config import build_config
+    from sweeps.runner import train
+
+    base = tiny_base(tmp_path, corpus)
+    if model is not None:
+        base["model"] = model
+    base["trainer"]["measure"] = False
+    return base, train(build_config(base))

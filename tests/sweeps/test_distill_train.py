@@ -10,7 +10,7 @@ from lightning_modules.config import build_config
 from lightning_modules.errors import ConfigError
 from sweeps.cli import main
 from sweeps.runner import train
-from tests.sweeps.conftest import tiny_base
+from tests.sweeps.conftest import trained_run
 
 TEACHER = {"preset": "ibbert-mini", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "intra_dim": 64,
            "num_layers": 2, "num_heads": 2, "ffn_dim": 128, "max_position": 64}
@@ -21,10 +21,7 @@ STUDENT = {"preset": "mobilebert-mini", "vocab_size": 1000, "embed_dim": 16, "hi
 @pytest.fixture(scope="module")
 def teacher_run(tmp_path_factory, wiki_validation):
     tmp = tmp_path_factory.mktemp("distill")
-    base = tiny_base(tmp, wiki_validation)
-    base["model"] = TEACHER
-    base["trainer"]["measure"] = False
-    result = train(build_config(base))
+    base, result = trained_run(tmp, wiki_validation, TEACHER)
     return tmp, base, result
 
 

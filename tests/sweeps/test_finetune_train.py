@@ -10,7 +10,7 @@ from lightning_modules.config import build_config
 from sweeps.cli import main
 from sweeps.runner import train
 from tests.conftest import SHARED_DATA
-from tests.sweeps.conftest import tiny_base
+from tests.sweeps.conftest import tiny_base, trained_run
 
 SST2 = SHARED_DATA / "sst2"
 
@@ -20,9 +20,7 @@ def pretrained(tmp_path_factory, wiki_validation):
     if not (SST2 / "train.tsv").is_file():
         pytest.skip(f"shared test data not found at {SST2}")
     tmp = tmp_path_factory.mktemp("finetune")
-    base = tiny_base(tmp, wiki_validation)
-    base["trainer"]["measure"] = False
-    result = train(build_config(base))
+    base, result = trained_run(tmp, wiki_validation)
     lines = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp / "train.tsv").write_text("\n".join(lines[:1201]) + "\n", encoding="utf-8")  # header + 1200 rows
     return tmp, base, result

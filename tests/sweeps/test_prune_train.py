@@ -10,7 +10,7 @@ from lightning_modules.config import build_config, load_config
 from lightning_modules.pruning.budget import backbone_params, unit_costs
 from sweeps.cli import main
 from sweeps.runner import train
-from tests.sweeps.conftest import tiny_base
+from tests.sweeps.conftest import trained_run
 
 MODEL = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim": 32, "num_layers": 2,
          "num_heads": 4, "ffn_dim": 64, "max_position": 64, "dropout": 0.0}
@@ -18,11 +18,7 @@ MODEL = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim
 
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory, wiki_validation):
-    tmp = tmp_path_factory.mktemp("prune")
-    base = tiny_base(tmp, wiki_validation)
-    base["model"] = MODEL
-    base["trainer"]["measure"] = False
-    return base, train(build_config(base))
+    return trained_run(tmp_path_factory.mktemp("prune"), wiki_validation, MODEL)
 
 
 def _pruned(base: dict, source: str, **prune) -> dict:
