@@ -2,25 +2,36 @@
 
 ``ReportSpec`` (what to show) -> ``load_runs`` (MLflow -> one flat row per run)
 -> ``aggregate`` (mean ± std per configuration) -> Markdown / LaTeX / CSV / PNG,
-all driven by ``build_report``.
+all driven by ``build_report``. The shipped specs, one per paper table, are in
+``reports/specs/`` (see ``reports.catalog``).
+
+Submodules are imported on first use, so reading a spec does not load matplotlib.
 """
 
-from reports.build import ReportResult, build_report, render_console
-from reports.runs import load_runs
-from reports.spec import MetricSpec, PlotSpec, ReportSpec
-from reports.tables import Table, aggregate, to_csv, to_latex, to_markdown
+from __future__ import annotations
 
-__all__ = [
-    "MetricSpec",
-    "PlotSpec",
-    "ReportResult",
-    "ReportSpec",
-    "Table",
-    "aggregate",
-    "build_report",
-    "load_runs",
-    "render_console",
-    "to_csv",
-    "to_latex",
-    "to_markdown",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MetricSpec": "reports.spec",
+    "PlotSpec": "reports.spec",
+    "ReportSpec": "reports.spec",
+    "ReportResult": "reports.build",
+    "build_report": "reports.build",
+    "render_console": "reports.build",
+    "load_runs": "reports.runs",
+    "Table": "reports.tables",
+    "aggregate": "reports.tables",
+    "to_csv": "reports.tables",
+    "to_latex": "reports.tables",
+    "to_markdown": "reports.tables",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'reports' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

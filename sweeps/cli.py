@@ -104,28 +104,32 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    from reports import catalog
     from reports.build import build_report, render_console
     from reports.spec import ReportSpec
     from lightning_modules.config import build_config, read_yaml
     from sweeps import tracking
-    from sweeps.spec import load_study
+    from sweeps.spec import load_study, report_spec
 
-    raw = read_yaml(args.spec)
-    if "search" in raw or "report" in raw:  # a study
-        spec, base = load_study(args.spec)
-        if spec.report is None:
-            raise ConfigError(f"{args.spec}: report: the study declares no report")
-        report = ReportSpec.from_mapping(spec.report, where="report")
-        study_name, cfg = spec.name, build_config(base, spec.overrides)
-        uri = args.tracking_uri or cfg.tracking.tracking_uri
-        root = cfg.tracking.root
-    else:  # a standalone report spec naming its study
-        study_name = str(raw.pop("study", "")) or None
-        if not study_name:
-            raise ConfigError(f"{args.spec}: study: required in a report spec")
-        uri = args.tracking_uri or raw.pop("tracking_uri", None)
-        report = ReportSpec.from_mapping(raw, where=str(args.spec))
-        root = "ablate-runs"
+    target = Path(args.spec)
+    root = "ablate-runs"
+    uri = args.tracking_uri
+    raw = read_yaml(target) if target.is_file() else None
+    if raw is not None and ("search" in raw or "variants" in raw or "base" in raw):  # a study
+        spec, base = load_study(target)
+        report = report_spec(spec, target)
+        if report is None:
+            raise ConfigError(f"{target}: report: the study declares no report")
+        cfg = build_config(base, spec.overrides)
+        study_name, root = spec.name, cfg.tracking.root
+        uri = uri or cfg.tracking.tracking_uri
+    else:  # a REPORT.yaml or a shipped name: MLflow is all it reads
+        report = catalog.load_named(str(target)) if raw is None else ReportSpec.from_yaml(target)
+        study_name = report.study
+        uri = uri or report.tracking_uri
+    study_name = args.study or study_name
+    if not study_name:
+        raise ConfigError(f"{target}: study: required in a report spec (or give --study)")
     uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
     out = Path(args.out) if args.out else Path(root) / "reports" / study_name
     result = build_report(report, study_name, uri, out)
@@ -158,6 +162,8 @@ def _print_ui_hint(uri: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from reports.catalog import names as report_names
+
     p = argparse.ArgumentParser(prog="ablate",
                                 description="BERT compression ablations: params, train, sweep, report, export.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -180,7 +186,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
-    s.add_argument("spec", help="STUDY.yaml or REPORT.yaml")
+    s.add_argument("spec", metavar="TARGET",
+                   help="STUDY.yaml, REPORT.yaml or a shipped report: " + ", ".join(report_names()))
+    s.add_argument("--study", help="the study (MLflow experiment) to read; default: the spec's")
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.set_defaults(func=cmd_report)

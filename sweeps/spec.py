@@ -22,7 +22,8 @@ Example::
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
     finetune:                                               # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
-    report: {...}                                           # see reports.spec.ReportSpec
+    report: albert-table3                                   # a shipped spec (reports/specs/), a REPORT.yaml path
+                                                            # relative to this file, or inline: see ReportSpec
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from pydantic.dataclasses import dataclass
 from lightning_modules.config import (ExperimentConfig, _format_error, build_config, field_names, flatten,
                                       read_yaml)
 from lightning_modules.errors import ConfigError
+from reports import catalog
+from reports.spec import ReportSpec
 
 _STRICT = ConfigDict(extra="forbid")
 PLACEHOLDER_TEACHER = "runs:/teacher"
@@ -161,7 +164,7 @@ class StudySpec:
     n_trials: int | None = Field(default=None, gt=0)
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
-    report: dict[str, Any] | None = None
+    report: str | dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
     finetune: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -197,7 +200,15 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
         raise ConfigError(f"{path}: {exc}") from None
     base = spec.base if isinstance(spec.base, dict) else read_yaml(path.parent / spec.base)
     validate_study(spec, base, path)
+    report_spec(spec, path)  # a bad report fails now, not after the sweep
     return spec, base
+
+
+def report_spec(spec: StudySpec, path: str | Path) -> ReportSpec | None:
+    """The study's report: inline, a shipped name or a REPORT.yaml relative to the study file."""
+    if spec.report is None:
+        return None
+    return catalog.resolve(spec.report, f"{path}: report", Path(path).parent)
 
 
 def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:

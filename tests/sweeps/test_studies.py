@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from lightning_modules.errors import ConfigError
-from reports.spec import ReportSpec
-from sweeps.spec import corner_configs, load_study
+from sweeps.spec import corner_configs, load_study, report_spec
 
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "studies").glob("*.yaml"))
 
@@ -17,7 +16,7 @@ STUDIES = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "studies").gl
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_shipped_study_is_valid(path):
     spec, base = load_study(path)
-    assert spec.report is not None and ReportSpec.from_mapping(spec.report).metrics
+    assert report_spec(spec, path).metrics
     assert spec.total_trials() == len(corner_configs(spec, base)) * len(spec.seeds)
 
 

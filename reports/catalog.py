@@ -1,0 +1,65 @@
+"""The shipped report specs (``reports/specs/NAME.yaml``), one per paper-style table.
+
+A study names its report either inline (a mapping) or by reference: a shipped name
+(``report: albert-table3``) or a path to a REPORT.yaml relative to the study file.
+``ablate report NAME`` builds a shipped report from MLflow alone: no study YAML, corpus
+or checkpoint is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning_modules.errors import ConfigError
+from reports.spec import ReportSpec
+
+#: Folder of the shipped specs.
+SPEC_DIR = Path(__file__).with_name("specs")
+
+
+def names() -> list[str]:
+    """Names of the shipped report specs, sorted."""
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def shipped(name: str) -> Path | None:
+    """The file of the shipped spec called ``name`` (``_`` and ``-`` alike), or None."""
+    path = SPEC_DIR / f"{name.replace('_', '-')}.yaml"
+    return path if path.is_file() else None
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or value.endswith((".yaml", ".yml"))
+
+
+def load_named(target: str, base_dir: Path | None = None) -> ReportSpec:
+    """A REPORT.yaml path (relative to ``base_dir``) or a shipped name, as a spec.
+
+    Raises:
+        ConfigError: neither a readable spec file nor a shipped name; or an invalid spec.
+    """
+    if _looks_like_path(target):
+        path = (base_dir or Path.cwd()) / target
+        if not path.is_file():
+            raise ConfigError(f"{target}: no such report spec file")
+        return ReportSpec.from_yaml(path)
+    path = shipped(target)
+    if path is None:
+        raise ConfigError(f"{target}: not a shipped report (one of {', '.join(names())}) nor a .yaml file")
+    return ReportSpec.from_yaml(path)
+
+
+def resolve(value: str | Mapping[str, Any], where: str = "report", base_dir: Path | None = None) -> ReportSpec:
+    """A study's ``report:`` value (inline mapping, shipped name or path) as a spec.
+
+    Raises:
+        ConfigError: naming ``where`` (e.g. ``study.yaml: report``).
+    """
+    if isinstance(value, str):
+        try:
+            return load_named(value, base_dir)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return ReportSpec.from_mapping(value, where=where)
