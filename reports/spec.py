@@ -140,6 +140,15 @@ class ReportSpec:
         for key in self.row_labels:
             if key not in (*self.rows, *self.details):
                 raise _keyed(f"row_labels.{key}", f"not one of rows {list(self.rows)} or details {list(self.details)}")
+        headers = [("rows", self.row_label(r)) for r in self.rows]
+        headers += [("details", self.row_label(d)) for d in self.details]
+        headers += [(f"metrics[{i}].label", m.display) for i, m in enumerate(self.metrics)]
+        seen: dict[str, str] = {}
+        for key, header in headers:
+            if header in seen:
+                raise _keyed(key, f"column header {header!r} is used twice (also by {seen[header]}); "
+                                  "give one of them a label (row_labels or label)")
+            seen[header] = key
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:
                 raise _keyed(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")

@@ -5,10 +5,15 @@ under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked
 ``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
 ``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
 study's objective and reports can use any of them.
+
+A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then
+fine-tuned once per seed (one stage run each) and the trial carries each ``<task>/...``
+metric's mean over them, plus ``<task>/best_<metric>_std`` (sample standard deviation).
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +30,29 @@ PRETRAIN_RUN = "ablate.pretrain_run"
 LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")  # a task's data given as a local file (else a hub name)
 
 
-def task_config(cfg: ExperimentConfig, task: dict[str, Any], source: str) -> ExperimentConfig:
+def task_config(cfg: ExperimentConfig, task: dict[str, Any], source: str, seed: int | None = None) -> ExperimentConfig:
     """The fine-tuning config of one task: the trial's config with ``finetune.*`` from ``task``."""
-    updates = {f"finetune.{k}": v for k, v in task.items()}
+    updates = {f"finetune.{k}": v for k, v in task.items() if k != "seeds"}
+    if seed is not None:
+        updates["seed"] = seed
     return build_config(to_dict(cfg), {**updates, "finetune.source": source})
+
+
+def task_seeds(task: dict[str, Any], where: str) -> list[int | None]:
+    """The task's fine-tuning seeds (``[None]``: the trial's own seed, once)."""
+    seeds = task.get("seeds")
+    if seeds is None:
+        return [None]
+    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        raise ConfigError(f"{where}.seeds: expected a non-empty list of distinct non-negative integers, got {seeds!r}")
+    return list(seeds)
 
 
 def check_tasks(cfg: ExperimentConfig, tasks: list[dict[str, Any]], where: str) -> None:
     """Every task builds a valid config and its local files exist (before anything runs)."""
     for i, task in enumerate(tasks):
+        task_seeds(task, f"{where}: finetune[{i}]")
         try:
             ft = task_config(cfg, task, RUNS + "pretrain").finetune
         except ConfigError as exc:
@@ -55,13 +74,21 @@ def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, trackin
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
         metrics = dict(pre.metrics)
         best = []
-        for task in tasks:
-            ft_cfg = task_config(cfg, task, RUNS + pre.run_id)
-            f = ft_cfg.finetune
-            result = train(ft_cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
-                           tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id}, name=f"{name} | {f.task}")
-            metrics.update({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
-            best.append(result.metrics[f"{f.task}/best_{f.metric}"])
+        for i, task in enumerate(tasks):
+            runs: list[dict[str, float]] = []
+            for seed in task_seeds(task, f"finetune[{i}]"):
+                ft_cfg = task_config(cfg, task, RUNS + pre.run_id, seed)
+                f = ft_cfg.finetune
+                suffix = "" if seed is None else f" seed={seed}"
+                result = train(ft_cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
+                               tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id},
+                               name=f"{name} | {f.task}{suffix}")
+                runs.append({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
+            metrics.update(_mean(runs))
+            key = f"{f.task}/best_{f.metric}"
+            if len(runs) > 1:
+                metrics[f"{key}_std"] = statistics.stdev(r[key] for r in runs)
+            best.append(metrics[key])
         if best:
             metrics["downstream/avg"] = sum(best) / len(best)
         client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
@@ -69,3 +96,9 @@ def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, trackin
 
     return tracked_run(cfg, tracking_uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
                        tags={**tags, STAGE: "trial"}, inputs={}, tokenizer=None, extra_params=extra_params)
+
+
+def _mean(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the runs that logged it."""
+    names = {k for r in runs for k in r}
+    return {k: statistics.fmean(r[k] for r in runs if k in r) for k in sorted(names)}

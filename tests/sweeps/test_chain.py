@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -14,12 +16,12 @@ from tests.sweeps.conftest import write_study
 SST2 = SHARED_DATA / "sst2"
 
 
-def _study(tmp_path, corpus, **finetune):
+def _study(tmp_path, corpus, choices=("sop", "nsp"), **finetune):
     lines = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:601]) + "\n", encoding="utf-8")
     task = {"task": "sst2", "train": str(tmp_path / "train.tsv"), "validation": str(SST2 / "validation.tsv"),
             "max_length": 32, "batch_size": 32, "lr": 1e-3, "max_steps": 4, "val_every": 4, **finetune}
-    return write_study(tmp_path, corpus, name="chain", search={"objective.sentence": {"choices": ["sop", "nsp"]}},
+    return write_study(tmp_path, corpus, name="chain", search={"objective.sentence": {"choices": list(choices)}},
                        trainer={"measure": False, "intrinsic": True}, finetune=[task],
                        objective={"metric": "downstream/avg", "direction": "maximize"})
 
@@ -55,3 +57,29 @@ def test_a_missing_task_file_fails_before_anything_runs(tmp_path, wiki_validatio
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "finetune[0].validation" in err and "no such file" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_fine_tuning_seeds_give_mean_and_std(tmp_path, wiki_validation):
+    if not (SST2 / "train.tsv").is_file():
+        pytest.skip(f"shared test data not found at {SST2}")
+    spec, base = load_study(_study(tmp_path, wiki_validation, choices=["sop"], seeds=[3, 4], val_every=2))
+    result = run_study(spec, base)
+    client = MlflowClient(result.tracking_uri)
+    exp = client.get_experiment_by_name("chain").experiment_id
+    (trial,) = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    stages = client.search_runs([exp], f"tags.`ablate.stage` = 'finetune:sst2'")
+    assert sorted(s.info.run_name.rsplit("| ", 1)[1] for s in stages) == ["sst2 seed=3", "sst2 seed=4"]
+    assert sorted(s.data.params["seed"] for s in stages) == ["3", "4"]
+    best = [s.data.metrics["sst2/best_accuracy"] for s in stages]
+    m = trial.data.metrics
+    assert m["sst2/best_accuracy"] == pytest.approx(statistics.fmean(best))
+    assert m["sst2/best_accuracy_std"] == pytest.approx(statistics.stdev(best))
+    assert m["downstream/avg"] == m["sst2/best_accuracy"]
+
+
+@pytest.mark.parametrize("seeds", [[], [1, 1], [-1], "0,1", [0.5]])
+def test_bad_fine_tuning_seeds_are_refused(tmp_path, wiki_validation, capsys, seeds):
+    path = _study(tmp_path, wiki_validation, seeds=seeds)
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "finetune[0].seeds: expected a non-empty list" in err
