@@ -72,7 +72,8 @@ def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, trackin
         pre = train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
                     tags={STAGE: "pretrain"}, name=f"{name} | pretrain", callbacks=callbacks)
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
-        metrics = dict(pre.metrics)
+        # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
+        metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
         best = []
         for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []

@@ -38,7 +38,8 @@ def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wi
     for trial in trials:
         assert trial.info.status == "FINISHED" and trial.data.tags["mlflow.parentRunId"] == result.parent_run_id
         m = trial.data.metrics
-        for name in ("val/mlm_acc", "intrinsic/nsp_acc", "intrinsic/sop_acc", "sst2/best_accuracy", "downstream/avg"):
+        for name in ("val/mlm_acc", "intrinsic/nsp_acc", "intrinsic/sop_acc", "sst2/best_accuracy", "downstream/avg",
+                     "params.backbone", "flops_per_token"):
             assert name in m, name
         assert m["downstream/avg"] == m["sst2/best_accuracy"]
         stages = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
@@ -47,6 +48,7 @@ def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wi
         ft = next(s for s in stages if s.data.tags["ablate.stage"] != "pretrain")
         assert trial.data.tags["ablate.pretrain_run"] == pre.info.run_id == ft.data.tags["ablate.pretrain_run"]
         assert ft.data.params["finetune.source"] == f"runs:/{pre.info.run_id}"
+        assert {k: m.get(k) for k in pre.data.metrics} == pre.data.metrics  # the trial carries the stage's figures
     values = sorted(t.value for t in result.study.trials)
     assert values == sorted(t.data.metrics["downstream/avg"] for t in trials)
 
