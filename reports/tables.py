@@ -183,14 +183,15 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     """Headers, display text and bold flags for every cell (key columns, metrics, n).
 
     The best mean per metric (by ``better``) is bold, along with any mean that
-    displays identically.
+    displays identically; a column whose cells all display alike has no best, so
+    nothing in it is bold.
     """
     spec, st = table.spec, table.stats
     headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["n"]
     best: dict[str, str] = {}
     for m in spec.metrics:
         means = st.loc[st[f"{m.name}.n"] > 0, f"{m.name}.mean"].dropna()
-        if m.better and len(means):
+        if m.better and len({format_number(v, m) for v in means}) > 1:
             best[m.name] = format_number(means.max() if m.better == "higher" else means.min(), m)
     text, bold = [], []
     for key, (_, row) in zip(table.keys(), st.iterrows(), strict=True):

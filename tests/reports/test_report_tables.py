@@ -137,3 +137,13 @@ def test_details_are_text_columns_beside_the_keys(runs):
     assert "model.embed_dim" in to_csv(table).splitlines()[0]
     with pytest.raises(Exception, match="not one of rows .* or details"):
         ReportSpec(title="t", rows=("model.sharing",), row_labels={"nope": "x"}, metrics=(MetricSpec(name="val/loss"),))
+
+
+def test_a_column_of_equal_values_has_no_bold_cell(runs):
+    spec = ReportSpec.from_mapping({"title": "t", "rows": ["model.sharing"], "metrics": [
+        {"name": "model.num_ffn_metric", "better": "lower"}, {"name": "val/mlm_acc", "better": "higher"}]})
+    runs = runs.assign(**{"model.num_ffn_metric": 1.0})
+    md = to_markdown(aggregate(runs, spec))
+    body = md.splitlines()[2:]
+    assert not any("**" in line.split("|")[2] for line in body)  # all equal: none bold
+    assert sum("**" in line.split("|")[3] for line in body) == 1  # the best MLM acc still is
