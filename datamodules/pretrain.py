@@ -57,6 +57,7 @@ class PretrainDataModule(pl.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_path: Path | None = None
         self._checked = False
+        self.skip_train_batches = 0  # set when a run resumes from a checkpoint (load_state_dict)
 
     def _ensure_ready(self) -> None:
         if not self._checked:  # DataError for a missing/empty/unreadable corpus, before training
@@ -99,6 +100,7 @@ class PretrainDataModule(pl.LightningDataModule):
             rank=rank,
             world_size=world_size,
             max_batches=max_batches,
+            skip=self.skip_train_batches if split == "train" else 0,
         )
         workers = self.data.num_workers
         if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
@@ -110,6 +112,15 @@ class PretrainDataModule(pl.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
         )
+
+    def state_dict(self) -> dict[str, int]:
+        """Saved in Lightning checkpoints: training batches consumed so far (one per step)."""
+        trainer = self.trainer
+        return {"train_batches": trainer.global_step if trainer is not None else self.skip_train_batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """On resume: the training stream skips the batches the checkpointed run consumed."""
+        self.skip_train_batches = int(state.get("train_batches", 0))
 
     def train_dataloader(self) -> DataLoader:
         """Endless training batches, reshuffled each epoch of the corpus (seed + epoch)."""

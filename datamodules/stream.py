@@ -185,6 +185,8 @@ class PretrainStream(torch.utils.data.IterableDataset):
             deterministic pass: fixed order, pairs and masks).
         rank: DDP rank; world_size: DDP world size.
         max_batches: stop after this many batches in all (validation cap), or None.
+        skip: global batches already consumed (a run resumed from a checkpoint): they are
+            built and dropped, so the stream and its masks continue exactly where they were.
     """
 
     def __init__(
@@ -197,11 +199,12 @@ class PretrainStream(torch.utils.data.IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         max_batches: int | None = None,
+        skip: int = 0,
     ) -> None:
         super().__init__()
         self.data, self.objective, self.seed, self.split = data, objective, seed, split
         self.tokenizer_json = tokenizer_json
-        self.rank, self.world_size, self.max_batches = rank, world_size, max_batches
+        self.rank, self.world_size, self.max_batches, self.skip = rank, world_size, max_batches, skip
 
     def _instances(self, tokenizer: Tokenizer, worker: int, num_workers: int) -> Iterator[Instance]:
         data, train = self.data, self.split == "train"
@@ -244,5 +247,8 @@ class PretrainStream(torch.utils.data.IterableDataset):
         batches = batched(self._instances(tokenizer, worker, num_workers), self.data.batch_size)
         if self.max_batches is not None:  # worker w yields global batches w, w + k, ... < cap
             batches = itertools.islice(batches, len(range(worker, self.max_batches, num_workers)))
-        for chunk in batches:
-            yield collate(chunk, ids, self.objective, vocab_size, continuation, generator)
+        skip = len(range(worker, self.skip, num_workers))  # worker w yielded global batches w, w + k, ...
+        for i, chunk in enumerate(batches):
+            batch = collate(chunk, ids, self.objective, vocab_size, continuation, generator)  # advances the masks
+            if i >= skip:
+                yield batch

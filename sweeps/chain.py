@@ -65,12 +65,13 @@ def check_tasks(cfg: ExperimentConfig, tasks: list[dict[str, Any]], where: str) 
 
 def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, tracking_uri: str, experiment: str,
                   parent_run_id: str, tags: dict[str, str], name: str, callbacks: list[Callback],
-                  extra_params: dict[str, str] | None = None) -> RunResult:
+                  extra_params: dict[str, str] | None = None, checkpoint_dir: Path | None = None) -> RunResult:
     """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task, as one trial run."""
 
     def work(client: Any, trial_run: str) -> dict[str, float]:
         pre = train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
-                    tags={STAGE: "pretrain"}, name=f"{name} | pretrain", callbacks=callbacks)
+                    tags={STAGE: "pretrain"}, name=f"{name} | pretrain", callbacks=callbacks,
+                    checkpoint_dir=checkpoint_dir)
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}

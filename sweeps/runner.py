@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from optuna import TrialPruned
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
@@ -23,11 +24,13 @@ from lightning_modules.pretrain import PretrainModule
 from lightning_modules.probe import intrinsic_eval
 from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
-from sweeps import tracking
+from sweeps import checkpoints, tracking
 from sweeps.prune_run import prune_train
 from sweeps.weights import check_same_tokenizer, load_source, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
+RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
+
 SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
          "model.num_ffn": "F", "model.ffn_dim": "ffn"}
 
@@ -55,8 +58,9 @@ class _ValidateAtEnd(Callback):
             trainer.validate_loop.run()
 
 
-def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks: list[Callback]) -> pl.Trainer:
-    """A Lightning Trainer from the config (no checkpoints: issue-7 territory)."""
+def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks: list[Callback],
+                  checkpointing: bool = False) -> pl.Trainer:
+    """A Lightning Trainer from the config (checkpoints only when ``callbacks`` bring a ModelCheckpoint)."""
     t = cfg.trainer
     val_every = min(t.val_every, t.max_steps)
     extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
@@ -66,7 +70,7 @@ def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks:
         max_steps=t.max_steps, val_check_interval=val_every, check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,
         precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
-        logger=logger or False, callbacks=[*extra, *callbacks], enable_checkpointing=False,
+        logger=logger or False, callbacks=[*extra, *callbacks], enable_checkpointing=checkpointing,
         enable_progress_bar=t.progress, enable_model_summary=False, log_every_n_steps=t.log_every,
         deterministic=False,
     )
@@ -101,12 +105,18 @@ def _metric_counts(model: PretrainingModel, cfg: ExperimentConfig) -> dict[str, 
 
 
 def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataModule, uri: str, client: Any,
-             run_id: str, callbacks: list[Callback]) -> dict[str, float]:
-    """Fit ``module`` inside run ``run_id``, then log its weights; the final metrics."""
+             run_id: str, callbacks: list[Callback], checkpoint_dir: Path | None = None) -> dict[str, float]:
+    """Fit ``module`` inside run ``run_id`` (resuming from ``checkpoint_dir/last.ckpt`` when an
+    earlier attempt left one), then log its weights; the final metrics."""
     logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
-    trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks])
+    saving = checkpoints.callbacks(checkpoint_dir) if checkpoint_dir is not None else []
+    trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
+    resume = checkpoints.resume_path(checkpoint_dir)
+    if resume is not None:
+        step = int(torch.load(resume, map_location="cpu", weights_only=False)["global_step"])
+        client.set_tag(run_id, RESUMED, f"{resume} (step {step})")
     with tracking.scoped_tracking_uri():
-        trainer.fit(module, datamodule=data)
+        trainer.fit(module, datamodule=data, ckpt_path=resume)
     if trainer.interrupted:
         raise KeyboardInterrupt
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -121,8 +131,12 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
 
 def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
           parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
-          callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None) -> RunResult:
+          callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None,
+          checkpoint_dir: Path | None = None) -> RunResult:
     """Train ``cfg`` as one MLflow run (pre-training, distillation or pruning); return its final metrics.
+
+    With ``checkpoint_dir`` (a study trial's), pre-training and distillation keep their last and
+    best checkpoints there and resume from the last one if an earlier attempt left it.
 
     Corpus, store, teacher and source problems raise before the MLflow run is created. Any
     failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
@@ -145,7 +159,7 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
         inputs = _metric_counts(module.model, cfg)
 
         def work(client: Any, run_id: str) -> dict[str, float]:
-            return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [])
+            return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [], checkpoint_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
             source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")

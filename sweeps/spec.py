@@ -22,6 +22,8 @@ Example::
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
     finetune:                                               # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
+    heartbeat: 10                                           # s between a running trial's heartbeats; silent
+                                                            # for 3x that = its worker died: retried
     report: albert-table3                                   # a shipped spec (reports/specs/), a REPORT.yaml path
                                                             # relative to this file, or inline: see ReportSpec
 """
@@ -167,6 +169,7 @@ class StudySpec:
     report: str | dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
     finetune: list[dict[str, Any]] = Field(default_factory=list)
+    heartbeat: int = Field(default=10, ge=1, le=3600)
 
     @property
     def space(self) -> dict[str, ParamSpace]:

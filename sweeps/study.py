@@ -20,14 +20,13 @@ from typing import Any
 
 import optuna
 from mlflow.exceptions import MlflowException
-from optuna.study import MaxTrialsCallback
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
 from lightning_modules.config import ExperimentConfig, build_config, to_yaml
 from lightning_modules.errors import ConfigError, StorageError
-from sweeps import tracking
+from sweeps import checkpoints, tracking, workers
 from sweeps.chain import chained_trial
 from sweeps.runner import run_name, train
 from datamodules.pretrain import PretrainDataModule
@@ -72,33 +71,37 @@ def default_storage(root: str | Path) -> str:
     return f"sqlite:///{folder / 'optuna.db'}"
 
 
-def open_study(spec: StudySpec, storage: str, max_steps: int) -> optuna.Study:
-    """Create or load the Optuna study (StorageError naming the URL if unreachable)."""
+def open_study(spec: StudySpec, storage: str | optuna.storages.BaseStorage, max_steps: int,
+               url: str | None = None) -> tuple[optuna.Study, bool]:
+    """Create or load the Optuna study; also whether this call created it.
+
+    Raises:
+        StorageError: naming the URL, if the storage cannot be opened.
+    """
     samplers = {
         "grid": lambda: optuna.samplers.GridSampler(spec.grid(), seed=0),
         "tpe": lambda: optuna.samplers.TPESampler(seed=0),
         "random": lambda: optuna.samplers.RandomSampler(seed=0),
     }
+    kwargs = {"study_name": spec.name, "storage": storage, "sampler": samplers[spec.sampler](),
+              "pruner": spec.pruner.build(max_steps)}
     try:
-        return optuna.create_study(study_name=spec.name, storage=storage, sampler=samplers[spec.sampler](),
-                                   pruner=spec.pruner.build(max_steps), direction=spec.objective.direction,
-                                   load_if_exists=True)
+        try:
+            return optuna.create_study(direction=spec.objective.direction, **kwargs), True
+        except optuna.exceptions.DuplicatedStudyError:
+            return optuna.load_study(**kwargs), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise StorageError(f"--storage {storage}: cannot open the Optuna study ({type(exc).__name__}: "
+        raise StorageError(f"--storage {url or storage}: cannot open the Optuna study ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0][:200]})") from None
 
 
-def requeue_unfinished(study: optuna.Study, spec: StudySpec) -> int:
-    """Enqueue grid points whose trials failed or were interrupted and never finished since."""
-    if spec.sampler != "grid":
-        return 0
-    trials = study.get_trials(deepcopy=False)
-    done = {tuple(sorted(t.params.items())) for t in trials if t.state in DONE}
-    waiting = {tuple(sorted(t.params.items())) for t in trials if t.state == TrialState.WAITING}
-    failed = {tuple(sorted(t.params.items())) for t in trials if t.state == TrialState.FAIL and t.params}
-    for params in sorted(failed - done - waiting, key=str):
-        study.enqueue_trial(dict(params))
-    return len(failed - done - waiting)
+def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> Any:
+    """The Optuna RDB storage at ``url``, with heartbeats (StorageError naming the URL if unreachable)."""
+    try:
+        return workers.storage(url, heartbeat, on_stale)
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise StorageError(f"--storage {url}: cannot open the Optuna storage ({type(exc).__name__}: {first})") from None
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
@@ -121,38 +124,52 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
 
 def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = None,
               tracking_uri: str | None = None, n_trials: int | None = None) -> StudyResult:
-    """Run the study until ``n_trials`` (default: the whole study) more trials are done."""
+    """Run the study (as one of possibly many workers) until it is complete, or until this
+    worker has run ``n_trials`` more trials."""
     base_cfg: ExperimentConfig = build_config(base, {**spec.overrides, "name": spec.name})
     preflight(spec, base)
     root = base_cfg.tracking.root
     uri = tracking.resolve_tracking_uri(tracking_uri or base_cfg.tracking.tracking_uri, root)
+    killed: list[Callable[[FrozenTrial], None]] = []  # set once the MLflow experiment is known
+    on_stale = workers.retry_stale(lambda trial: killed[0](trial))
+    # a given storage is checked first (an unreachable one writes nothing); the default SQLite
+    # file is only created once the MLflow store and the teacher are known to be good
+    rdb = connect_storage(storage, spec.heartbeat, on_stale) if storage else None
     client = tracking.connect(uri)
     check_teacher_run(client, spec, uri)
-    storage = storage or default_storage(root)
-    tracking.sqlite_wal(storage)
-    study = open_study(spec, storage, base_cfg.trainer.max_steps)
-
+    url = storage or default_storage(root)
+    tracking.sqlite_wal(url)
+    rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
     exp_id = tracking.experiment_id(client, spec.name, uri)
-    for stale in tracking.stale_running(client, exp_id, spec.name):  # left by a killed worker
-        tracking.end_run(client, stale.info.run_id, "KILLED")
-    parent = tracking.find_parent(client, exp_id, spec.name) or tracking.start_run(
-        client, exp_id, spec.name, {tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()})
-    client.set_tag(parent, "ablate.storage", storage)
-
-    total = spec.total_trials()
-    done = sum(t.state in DONE for t in study.get_trials(deepcopy=False))
-    requeue_unfinished(study, spec)
-    todo = max(0, total - done) if n_trials is None else n_trials
-
+    killed.append(workers.mark_killed(client, exp_id, spec.name))
+    study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    parent = workers.shared_parent(
+        study, created, find=lambda: tracking.find_parent(client, exp_id, spec.name),
+        create=lambda: tracking.start_run(client, exp_id, spec.name, {
+            tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}))
+    client.set_tag(parent, "ablate.storage", url)
+    optuna.storages.fail_stale_trials(study)  # trials of dead workers: KILLED in MLflow, retried
+    for stale in tracking.stale_running(client, exp_id, spec.name):  # runs whose trial is no longer running
+        if _trial_state(study, stale) != TrialState.RUNNING:
+            tracking.end_run(client, stale.info.run_id, "KILLED")
+    workers.fill_queue(study, spec, created)
+
     client.update_run(parent, status="RUNNING")
     try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
-        if todo:
+        if _left(study, spec) or workers.others_running(study):
             teacher = ensure_teacher(spec, base, client, exp_id, uri, parent)
             objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
-            study.optimize(objective, n_trials=todo, show_progress_bar=True, catch=(FloatingPointError,),
-                           callbacks=[MaxTrialsCallback(total, states=DONE)])
+            callbacks = [workers.stop_when_drained(spec)]
+            run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
+            if n_trials is not None:
+                study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **run)
+            else:
+                if _left(study, spec):
+                    study.optimize(objective, n_trials=None, callbacks=callbacks, **run)
+                while workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
+                    study.optimize(objective, n_trials=None, callbacks=callbacks, **run)
     except KeyboardInterrupt:
         tracking.end_run(client, parent, "KILLED")
         raise
@@ -160,7 +177,21 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
         tracking.end_run(client, parent, "FAILED")
         raise
     tracking.end_run(client, parent, "FINISHED")
-    return StudyResult(study=study, tracking_uri=uri, storage=storage, parent_run_id=parent)
+    return StudyResult(study=study, tracking_uri=uri, storage=url, parent_run_id=parent)
+
+
+def _left(study: optuna.Study, spec: StudySpec) -> bool:
+    """Whether a configuration is left for this worker to take."""
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return True
+    return spec.sampler != "grid" and sum(t.state in DONE for t in trials) < spec.total_trials()
+
+
+def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
+    number = run.data.tags.get(tracking.TRIAL)
+    trials = study.get_trials(deepcopy=False)
+    return trials[int(number)].state if number is not None and number.isdigit() and int(number) < len(trials) else None
 
 
 def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
@@ -170,21 +201,24 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
+        workers.claim(trial.study, trial, params)  # lost a race for this configuration: no run, FAIL
         cfg = trial_config(base, spec, params, teacher)
-        tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number)}
+        tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number),
+                tracking.WORKER: tracking.worker_id()}
         if teacher is not None:
             tags[tracking.TEACHER] = _teacher_tag(teacher)
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
+        ckpt = checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
             if spec.finetune:  # pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
                 result = chained_trial(cfg, spec.finetune, tracking_uri=uri, experiment=spec.name,
                                        parent_run_id=parent, tags=run_tags, name=run_name(params),
-                                       callbacks=[pruning], extra_params=extra)
+                                       callbacks=[pruning], extra_params=extra, checkpoint_dir=ckpt)
             else:
                 result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,
-                               name=run_name(params), callbacks=[pruning], extra_params=extra)
+                               name=run_name(params), callbacks=[pruning], extra_params=extra, checkpoint_dir=ckpt)
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise

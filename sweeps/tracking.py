@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.config import ExperimentConfig, flatten, to_yaml
@@ -26,6 +28,7 @@ ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "abla
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
 TEACHER = "ablate.teacher_run"  # on a distilled run (and its study's parent): the teacher's run id or folder
 PARENT = "mlflow.parentRunId"
+WORKER = "ablate.worker"  # on a trial run: host:pid of the process that ran it
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -97,7 +100,13 @@ def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_root(uri))
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root(uri))
+    except MlflowException:  # another worker created it meanwhile
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str],
@@ -112,6 +121,11 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     """Mark a run FINISHED / FAILED / KILLED, whatever state it was left in."""
     client.set_terminated(run_id, status)
+
+
+def worker_id() -> str:
+    """``host:pid`` of this process, to tell the workers of a study apart."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def package_tags() -> dict[str, str]:

@@ -1,0 +1,64 @@
+"""Checkpoints inside a trial, so that a killed trial resumes where it was.
+
+A study trial keeps its Lightning checkpoints in ``<tracking.root>/checkpoints/<study>/
+<config sha256[:16]>/`` (any later attempt at the same resolved config finds them: a retry
+after a dead worker, or the configuration requeued after Ctrl-C): ``last.ckpt`` and
+``best.ckpt`` (lowest ``val/loss``), written at every validation; nothing else, so the
+disk does not grow with the steps. A retry starts from ``last.ckpt``: weights, optimizer,
+schedule, step, the random generators and the data stream's position, so its curve
+continues and it ends where an uninterrupted trial does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from lightning_modules.config import ExperimentConfig, to_yaml
+
+LAST = "last.ckpt"
+
+
+class RngState(Callback):
+    """Save and restore the Python, NumPy and torch generators with each checkpoint (dropout)."""
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        checkpoint["ablate_rng"] = {"python": random.getstate(), "torch": torch.get_rng_state(),  # weights_only-safe
+                                    "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("ablate_rng")
+        if state is not None:
+            random.setstate(state["python"])
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+            torch.set_rng_state(state["torch"])
+
+
+def trial_dir(root: str | Path, study: str, cfg: ExperimentConfig) -> Path:
+    """Where the checkpoints of a trial with this resolved config live (shared by its retries)."""
+    return Path(root) / "checkpoints" / study / hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+
+
+def callbacks(folder: Path) -> list[Callback]:
+    """Keep ``last.ckpt`` and ``best.ckpt`` in ``folder``, written at each validation."""
+    return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val/loss", mode="min", save_top_k=1,
+                            save_last=True, enable_version_counter=False), RngState()]
+
+
+def resume_path(folder: Path | None) -> Path | None:
+    """``last.ckpt`` of ``folder`` if an earlier attempt wrote one."""
+    if folder is None:
+        return None
+    last = folder / LAST
+    return last if last.is_file() else None

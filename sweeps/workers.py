@@ -1,0 +1,183 @@
+"""Many workers, one study: Optuna's RDB storage is the coordinator.
+
+* The worker that creates the Optuna study enqueues every grid point; workers take
+  trials from that queue (Optuna pops a WAITING trial atomically), so each
+  configuration is run once, however many workers there are.
+* The same worker creates the study's MLflow parent run and records its id on the
+  Optuna study, so every worker nests its trials under the one parent.
+* Heartbeats: a running trial updates its heartbeat every ``interval`` seconds. A trial
+  whose worker died (SIGKILL, power loss) goes stale after ``3 * interval`` s; the next
+  worker to look fails it, ends its MLflow run KILLED and enqueues a retry (Optuna's
+  ``RetryHeartbeatStaleTrialCallback``), which resumes from the trial's last checkpoint.
+* A worker returns when the study is complete: after its own trials it waits for the
+  other workers' running trials to finish (or go stale and be retried).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeps import tracking
+from sweeps.spec import StudySpec
+
+QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues the grid, then "ready"
+PARENT_RUN = "ablate.parent_run"  # study user attr: the MLflow parent run id
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_RETRY = 3
+
+# heartbeats and their retry callback are "experimental" in Optuna 5: ablate relies on them knowingly
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+class DuplicateTrial(Exception):
+    """Another trial already ran, or is running, this configuration (lost a race for it)."""
+
+
+def params_of(trial: FrozenTrial) -> dict[str, Any]:
+    """A trial's configuration: its suggested params, or the fixed ones it was enqueued with."""
+    return dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
+
+
+def key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> RDBStorage:
+    """An RDB storage (SQLite or PostgreSQL) with heartbeats and a callback for stale trials."""
+    kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
+    return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                      heartbeat_stale_trial_callback=on_stale)
+
+
+def retry_stale(mark_killed: Callable[[FrozenTrial], None]) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """The stale-trial callback: end the dead attempt's MLflow run KILLED, then enqueue a retry."""
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY, inherit_intermediate_values=True)
+
+    def on_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+        mark_killed(trial)
+        retry(study, trial)
+
+    return on_stale
+
+
+def grid_points(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every configuration of a grid study, in grid order."""
+    grid = spec.grid()
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: float = 120.0) -> int:
+    """Enqueue the grid points no trial holds (all of them in a new study); return how many.
+
+    Only the creator of a new study fills its queue; a worker that loads it meanwhile
+    waits until the queue is ready, so two workers started together never enqueue twice.
+    """
+    if spec.sampler != "grid":
+        return 0
+    if created:
+        study.set_user_attr(QUEUE, "filling")
+    else:
+        deadline = time.monotonic() + wait_s
+        while study.user_attrs.get(QUEUE) == "filling" and time.monotonic() < deadline:
+            time.sleep(1.0)
+            study = optuna.load_study(study_name=study.study_name, storage=study._storage)
+    trials = study.get_trials(deepcopy=False)
+    held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING, TrialState.WAITING)}
+    failed = {key(params_of(t)) for t in trials if t.state == TrialState.FAIL}
+    todo = [p for p in grid_points(spec) if key(p) not in held]
+    todo.sort(key=lambda p: key(p) in failed)  # configurations never tried first
+    for params in todo:
+        study.enqueue_trial(params)
+    if created or QUEUE not in study.user_attrs:
+        study.set_user_attr(QUEUE, "ready")
+    return len(todo)
+
+
+def claim(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
+    """Raise :class:`DuplicateTrial` if another trial holds ``params``: finished, or running with
+    a smaller number (of two racing trials the older one runs)."""
+    mine = key(params)
+    for other in study.get_trials(deepcopy=False, states=(*DONE, TrialState.RUNNING)):
+        if other.number == trial.number or key(params_of(other)) != mine:
+            continue
+        if other.state != TrialState.RUNNING or other.number < trial.number:
+            raise DuplicateTrial(f"configuration {dict(mine)} is held by trial {other.number} ({other.state.name})")
+
+
+def stop_when_drained(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """A study callback: stop this worker once no configuration is left to take."""
+
+    def callback(study: optuna.Study, _: FrozenTrial) -> None:
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return
+        if spec.sampler == "grid":
+            held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING)}
+            if all(key(p) in held for p in grid_points(spec)):
+                study.stop()
+        elif sum(t.state in DONE for t in trials) >= spec.total_trials():
+            study.stop()
+
+    return callback
+
+
+def others_running(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials still RUNNING after this worker's own have ended (other workers' or dead ones)."""
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def wait_for_others(study: optuna.Study, poll_s: float, log: Callable[[str], None]) -> bool:
+    """Wait until no trial is RUNNING; fail stale ones on the way. True if retries were enqueued."""
+    told = False
+    while running := others_running(study):
+        if not told:
+            log(f"waiting for {len(running)} running trial(s) of other workers (or for them to go stale)")
+            told = True
+        time.sleep(poll_s)
+        optuna.storages.fail_stale_trials(study)
+    return any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
+
+
+def shared_parent(study: optuna.Study, created: bool, create: Callable[[], str], find: Callable[[], str | None],
+                  wait_s: float = 120.0) -> str:
+    """The study's MLflow parent run: made by the study's creator, found by the others."""
+    if created:
+        run_id = find() or create()
+        study.set_user_attr(PARENT_RUN, run_id)
+        return run_id
+    deadline = time.monotonic() + wait_s
+    while PARENT_RUN not in study.user_attrs and time.monotonic() < deadline:
+        if find() is not None:
+            break
+        time.sleep(1.0)
+        study = optuna.load_study(study_name=study.study_name, storage=study._storage)
+    run_id = study.user_attrs.get(PARENT_RUN) or find() or create()
+    if PARENT_RUN not in study.user_attrs:
+        study.set_user_attr(PARENT_RUN, run_id)
+    return run_id
+
+
+def mark_killed(client: Any, exp_id: str, study_name: str) -> Callable[[FrozenTrial], None]:
+    """End the MLflow run(s) of a dead trial attempt KILLED, state FAIL."""
+
+    def mark(trial: FrozenTrial) -> None:
+        runs = client.search_runs([exp_id], filter_string=(
+            f"tags.`{tracking.STUDY}` = '{study_name}' and tags.`{tracking.TRIAL}` = '{trial.number}' "
+            f"and attributes.status = 'RUNNING'"))
+        for run in runs:
+            for nested in client.search_runs([exp_id], filter_string=(
+                    f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'")):
+                tracking.end_run(client, nested.info.run_id, "KILLED")
+            client.set_tag(run.info.run_id, tracking.STATE, "FAIL")
+            client.set_tag(run.info.run_id, "ablate.fail_reason", "worker died (heartbeat stale); retried")
+            tracking.end_run(client, run.info.run_id, "KILLED")
+
+    return mark

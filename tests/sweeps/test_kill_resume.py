@@ -1,0 +1,85 @@
+"""SIGKILL a worker mid-trial, run the same command again: the trial resumes from its checkpoint.
+
+Real processes, a real SQLite Optuna storage with heartbeats and a real MLflow store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from sweeps.runner import train
+from sweeps.spec import load_study, trial_config
+from tests.sweeps.conftest import write_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sweep(study: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(study)], cwd=study.parent, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_validation):
+    study = write_study(tmp_path, wiki_validation, name="killed",
+                        search={"model.sharing": {"choices": ["all", "none"]}},
+                        trainer={"max_steps": 120, "val_every": 20, "measure": False}, heartbeat=1)
+    runs_dir = tmp_path / "runs"
+    proc = _sweep(study, tmp_path / "first.log")
+    try:  # wait for the first checkpoint of a trial, then kill the worker mid-trial
+        deadline = time.monotonic() + 400
+        while not list((runs_dir / "checkpoints").glob("killed/*/last.ckpt")):
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    storage = f"sqlite:///{runs_dir / 'optuna.db'}"
+    uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
+    trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
+    assert [t.state.name for t in trials].count("RUNNING") == 1  # left behind by the dead worker
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("killed").experiment_id
+    (killed,) = client.search_runs([exp], "tags.`ablate.role` = 'trial' and attributes.status = 'RUNNING'")
+
+    second = _sweep(study, tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+
+    trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 2 and Counter(str(sorted(t.params.items())) for t in complete).most_common(1)[0][1] == 1
+    assert "RUNNING" not in {t.state.name for t in trials}
+    runs = client.search_runs([exp])
+    assert "RUNNING" not in {r.info.status for r in runs}
+    killed = client.get_run(killed.info.run_id)
+    assert killed.info.status == "KILLED" and killed.data.tags["ablate.state"] == "FAIL"
+    finished = [r for r in runs if r.data.tags.get("ablate.role") == "trial" and r.info.status == "FINISHED"]
+    assert len(finished) == 2
+    (resumed,) = [r for r in finished if "ablate.resumed_from" in r.data.tags]
+    assert resumed.data.params["model.sharing"] == killed.data.params["model.sharing"]
+    step = int(resumed.data.tags["ablate.resumed_from"].rsplit("step ", 1)[1].rstrip(")"))
+    assert 0 < step < 120
+    history = client.get_metric_history(resumed.info.run_id, "train/loss")
+    assert min(m.step for m in history) > step and max(m.step for m in history) >= 110  # continued, not repeated
+    ckpts = sorted(p.name for p in (runs_dir / "checkpoints" / "killed").rglob("*.ckpt"))
+    assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt"]  # only last and best per trial
+
+    # the resumed trial ends where an uninterrupted run of the same config does
+    spec, base = load_study(study)
+    params = {"model.sharing": resumed.data.params["model.sharing"], "seed": 0}
+    cfg = trial_config(base, spec, params, None)
+    straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}", experiment="straight")
+    assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)

@@ -1,0 +1,84 @@
+"""Two workers, one study, on a real PostgreSQL (Optuna) and a real MLflow server.
+
+The test installs Debian's PostgreSQL if it is missing, starts a private cluster and an
+``mlflow server`` (PostgreSQL backend store, served artifacts) on loopback, runs two
+``ablate sweep`` processes at once on one 6-configuration grid and checks that every
+configuration ran exactly once, under one parent, and that the report builds from the
+server. Everything it started is stopped, also when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from tests.servers import mlflow_server, postgres_cluster
+from tests.sweeps.conftest import write_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    art = tmp_path_factory.mktemp("artifacts")
+    with postgres_cluster() as pg:
+        optuna_url = pg.create_database("optuna")
+        with mlflow_server(pg.create_database("mlflow"), art) as srv:
+            yield optuna_url, srv.url
+
+
+def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(study), "--storage", storage,
+                             "--tracking-uri", uri], cwd=cwd, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
+    storage, uri = servers
+    study = write_study(tmp_path, wiki_validation, name="two-workers",
+                        search={"model.sharing": {"choices": ["all", "none", "attn"]},
+                                "model.embed_dim": {"choices": [16, 32]}},
+                        trainer={"max_steps": 4, "val_every": 2, "measure": False})
+    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+    procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
+    try:
+        codes = [p.wait(timeout=800) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+
+    trials = optuna.load_study(study_name="two-workers", storage=storage).get_trials()
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 6
+    assert Counter(tuple(sorted(t.params.items())) for t in complete).most_common(1)[0][1] == 1
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("two-workers").experiment_id
+    (parent,) = client.search_runs([exp], "tags.`ablate.role` = 'study'")
+    runs = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert parent.info.status == "FINISHED"
+    assert len({r.data.tags["ablate.worker"] for r in runs}) == 2  # the work was shared
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rep = subprocess.run([sys.executable, "-m", "sweeps.cli", "report", str(study), "--tracking-uri", uri,
+                          "--out", str(tmp_path / "report")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert all(r.info.run_id in md for r in runs)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {"report/report.md"}
