@@ -87,6 +87,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
+    from sweeps import tracking
     from sweeps.spec import load_study
     from sweeps.study import run_study
 
@@ -94,7 +95,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
     study = result.study
     counts = dict(Counter(t.state.name for t in study.trials))
-    print(f"study {spec.name}: {counts} (storage {result.storage})")
+    print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
     try:
         best = study.best_trial
         print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")

@@ -91,8 +91,8 @@ def open_study(spec: StudySpec, storage: str | optuna.storages.BaseStorage, max_
         except optuna.exceptions.DuplicatedStudyError:
             return optuna.load_study(**kwargs), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise StorageError(f"--storage {url or storage}: cannot open the Optuna study ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0][:200]})") from None
+        raise StorageError(f"--storage {tracking.redact(url or str(storage))}: cannot open the Optuna study "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
 def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> Any:
@@ -101,7 +101,8 @@ def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, 
         return workers.storage(url, heartbeat, on_stale)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        raise StorageError(f"--storage {url}: cannot open the Optuna storage ({type(exc).__name__}: {first})") from None
+        raise StorageError(f"--storage {tracking.redact(url)}: cannot open the Optuna storage "
+                           f"({type(exc).__name__}: {first})") from None
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
@@ -149,7 +150,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
         study, created, find=lambda: tracking.find_parent(client, exp_id, spec.name),
         create=lambda: tracking.start_run(client, exp_id, spec.name, {
             tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}))
-    client.set_tag(parent, "ablate.storage", url)
+    client.set_tag(parent, "ablate.storage", tracking.redact(url))
     optuna.storages.fail_stale_trials(study)  # trials of dead workers: KILLED in MLflow, retried
     for stale in tracking.stale_running(client, exp_id, spec.name):  # runs whose trial is no longer running
         if _trial_state(study, stale) != TrialState.RUNNING:

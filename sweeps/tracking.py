@@ -123,6 +123,16 @@ def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     client.set_terminated(run_id, status)
 
 
+def redact(url: str) -> str:
+    """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a database URL: nothing to hide
+        return url
+
+
 def worker_id() -> str:
     """``host:pid`` of this process, to tell the workers of a study apart."""
     return f"{socket.gethostname()}:{os.getpid()}"
