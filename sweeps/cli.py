@@ -96,6 +96,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     study = result.study
     counts = dict(Counter(t.state.name for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
+    done = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")}
+    for t in study.trials:  # failures not made good by a later trial of the same configuration
+        reason = t.user_attrs.get("ablate.fail_reason")
+        if t.state.name == "FAIL" and reason and tuple(sorted(t.params.items())) not in done:
+            print(f"trial {t.number} {t.params} failed: {reason} "
+                  f"(run the command again to retry it)")
     try:
         best = study.best_trial
         print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")

@@ -34,6 +34,7 @@ from sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
 from sweeps.weights import RUNS
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
 TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
@@ -202,7 +203,11 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
-        workers.claim(trial.study, trial, params)  # lost a race for this configuration: no run, FAIL
+        try:
+            workers.claim(trial.study, trial, params)  # lost a race for this configuration: no run, FAIL
+        except workers.DuplicateTrial as exc:
+            trial.set_user_attr(FAIL_REASON, str(exc))
+            raise
         cfg = trial_config(base, spec, params, teacher)
         tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number),
                 tracking.WORKER: tracking.worker_id()}
@@ -223,8 +228,9 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise
-        except BaseException:
-            _tag_last_run(client, exp_id, spec.name, trial, "FAIL")
+        except BaseException as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            _tag_last_run(client, exp_id, spec.name, trial, "FAIL", reason)
             raise
         trial.set_user_attr("mlflow_run_id", result.run_id)
         client.set_tag(result.run_id, tracking.STATE, "COMPLETE")
@@ -296,12 +302,17 @@ def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id:
     return result.run_id
 
 
-def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str) -> None:
-    """Record the Optuna outcome on the trial's MLflow run (if the run was created)."""
+def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str,
+                  reason: str | None = None) -> None:
+    """Record the Optuna outcome (and a failure's reason) on the trial and its MLflow run (if created)."""
+    if reason is not None:
+        trial.set_user_attr(FAIL_REASON, reason)
     runs = client.search_runs([exp_id], filter_string=(
         f"tags.`{tracking.STUDY}` = '{study}' and tags.`{tracking.TRIAL}` = '{trial.number}'"),
         order_by=["attributes.start_time DESC"], max_results=1)
     if runs:
         client.set_tag(runs[0].info.run_id, tracking.STATE, state)
+        if reason is not None:
+            client.set_tag(runs[0].info.run_id, FAIL_REASON, reason)
         trial.set_user_attr("mlflow_run_id", runs[0].info.run_id)
 

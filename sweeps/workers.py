@@ -113,17 +113,17 @@ def claim(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> N
 
 
 def stop_when_drained(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], None]:
-    """A study callback: stop this worker once no configuration is left to take."""
+    """A study callback: stop this worker once no configuration is left to take.
+
+    A grid study is drained when its queue is empty: every configuration was taken in this
+    invocation (one that failed is retried by the next invocation, not in a loop now).
+    """
 
     def callback(study: optuna.Study, _: FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in trials):
             return
-        if spec.sampler == "grid":
-            held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING)}
-            if all(key(p) in held for p in grid_points(spec)):
-                study.stop()
-        elif sum(t.state in DONE for t in trials) >= spec.total_trials():
+        if spec.sampler == "grid" or sum(t.state in DONE for t in trials) >= spec.total_trials():
             study.stop()
 
     return callback

@@ -136,3 +136,25 @@ def test_pruned_trials_are_recorded_and_count_as_done(tmp_path, wiki_validation)
     assert {(r.info.status, r.data.tags["ablate.state"]) for r in trials} == {("FINISHED", "PRUNED")}
     assert main(["sweep", str(path)]) == 0  # pruned trials are done: nothing reruns
     assert len(optuna.load_study(study_name="pruned", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}").trials) == 2
+
+
+def test_a_nan_loss_fails_its_trial_with_the_reason_and_the_study_goes_on(tmp_path, wiki_validation):
+    """A learning rate of 1e9 overflows within a few steps: that trial fails (stopped at once,
+    reason in Optuna and MLflow); the sane one completes."""
+    path = write_study(tmp_path, wiki_validation, name="nan", search={"optim.lr": {"choices": [1.0e-3, 1.0e9]}},
+                       trainer={"max_steps": 60, "val_every": 30, "measure": False})
+    assert main(["sweep", str(path)]) == 0
+    study = optuna.load_study(study_name="nan", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
+    states = {t.params["optim.lr"]: t for t in study.trials}
+    assert states[1.0e-3].state == optuna.trial.TrialState.COMPLETE
+    failed = states[1.0e9]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    reason = failed.user_attrs["ablate.fail_reason"]
+    assert reason.startswith("FloatingPointError: training loss became") and "at step" in reason
+    step = int(reason.split("at step ")[1].split()[0])
+    assert step < 60
+    client, _ = _client(tmp_path)
+    exp = client.get_experiment_by_name("nan").experiment_id
+    (run,) = client.search_runs([exp], "tags.`ablate.state` = 'FAIL'")
+    assert run.info.status == "FAILED" and run.data.tags["ablate.fail_reason"] == reason
+    assert not client.search_runs([exp], "attributes.status = 'RUNNING'")
