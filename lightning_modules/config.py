@@ -386,7 +386,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or "syntax error"
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     if data is None:
-        return {}
+        raise ConfigError(f"{path}: empty file; expected a mapping of config sections")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections")
     return data

@@ -205,10 +205,15 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
         if model_type not in CLASSES:
             raise ConfigError(f"{folder / 'config.json'}: model_type {model_type!r} is not supported "
                               f"({', '.join(CLASSES)})")
+        from safetensors import SafetensorError
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar on stderr
         try:
             hf = _hf_class(model_type).from_pretrained(str(folder), local_files_only=True)
-        except OSError as exc:
-            raise ConfigError(f"{folder}: cannot load the transformers checkpoint ({exc})") from None
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # missing, truncated, mismatched
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{folder}: cannot load the transformers checkpoint ({first})") from None
         cfg, model = from_transformers(hf)
         return cfg, model.eval()
     yaml_path = next((folder / n for n in (EXPORT_YAML, "config.yaml") if (folder / n).is_file()), None)
@@ -257,7 +262,10 @@ def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
     """
     if cfg.init_from is None:
         return None
-    have, ckpt = load_pretrained(cfg.init_from)
+    try:
+        have, ckpt = load_pretrained(cfg.init_from)
+    except ConfigError as exc:
+        raise ConfigError(f"init_from: {exc}") from None
     differences = _arch_differences(cfg.model, have)
     if differences:
         raise ConfigError(f"init_from: {cfg.init_from} has a different architecture than model.*; set "

@@ -87,8 +87,8 @@ def sqlite_wal(uri: str) -> None:
 def connect(uri: str) -> MlflowClient:
     """A client for ``uri``, checked to be reachable (StorageError naming the URI if not)."""
     sqlite_wal(uri)
-    client = MlflowClient(tracking_uri=uri)
     try:
+        client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - every backend raises its own type
         raise StorageError(f"--tracking-uri {uri}: cannot reach the MLflow store ({type(exc).__name__})") from None
