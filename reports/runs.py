@@ -64,6 +64,37 @@ def _check_sqlite(tracking_uri: str) -> None:
         raise StorageError(f"{tracking_uri}: no MLflow database at {path}")
 
 
+def check_database(uri: str, timeout_s: int = 10) -> None:
+    """Refuse an unreachable database URI (``postgresql://``, ``mysql://``, ``mssql://``) at once.
+
+    MLflow's SQL store retries a refused connection for minutes before giving up; one
+    connection attempt with a timeout says the same in seconds.
+    """
+    scheme = uri.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in ("postgresql", "mysql", "mssql"):
+        return
+    import sqlalchemy
+
+    args = {"connect_timeout": timeout_s} if scheme in ("postgresql", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args=args)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - driver errors vary
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"{_redact(uri)}: cannot reach the database ({first})") from None
+
+
+def _redact(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a database URL
+        return url
+
+
 def _quote(value: str) -> str:
     """Quote a string for an MLflow filter (which has no escapes)."""
     if "'" not in value:
@@ -133,6 +164,7 @@ def load_runs(tracking_uri: str, study: str) -> tuple[pd.DataFrame, str | None]:
         StorageError: the tracking store cannot be reached or read.
     """
     _check_sqlite(tracking_uri)
+    check_database(tracking_uri)
     s = _quote(study)
     with _fail_fast():
         try:

@@ -80,7 +80,7 @@ def open_study(spec: StudySpec, storage: str | optuna.storages.BaseStorage, max_
         StorageError: naming the URL, if the storage cannot be opened.
     """
     samplers = {
-        "grid": lambda: optuna.samplers.GridSampler(spec.grid(), seed=0),
+        "grid": lambda: workers.QueuedGridSampler(spec.grid(), seed=0),
         "tpe": lambda: optuna.samplers.TPESampler(seed=0),
         "random": lambda: optuna.samplers.RandomSampler(seed=0),
     }

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from lightning_modules.config import ExperimentConfig, flatten, to_yaml
 from lightning_modules.errors import StorageError
+from reports.runs import _redact, check_database
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -88,6 +89,10 @@ def connect(uri: str) -> MlflowClient:
     """A client for ``uri``, checked to be reachable (StorageError naming the URI if not)."""
     sqlite_wal(uri)
     try:
+        check_database(uri)
+    except StorageError as exc:
+        raise StorageError(f"--tracking-uri {exc}") from None
+    try:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - every backend raises its own type
@@ -125,12 +130,7 @@ def end_run(client: MlflowClient, run_id: str, status: str) -> None:
 
 def redact(url: str) -> str:
     """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a database URL: nothing to hide
-        return url
+    return _redact(url)
 
 
 def worker_id() -> str:

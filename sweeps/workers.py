@@ -37,6 +37,25 @@ MAX_RETRY = 3
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
+class QueuedGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, also recording the grid point of an enqueued trial.
+
+    ``GridSampler`` leaves enqueued trials (``fixed_params``) without a ``grid_id``, so it
+    would count them as unvisited and fail in ``after_trial`` on the last grid point; ablate
+    enqueues every point, so each trial gets the id of the point it fixes.
+    """
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        fixed = trial.system_attrs.get("fixed_params")
+        if fixed is not None and "grid_id" not in trial.system_attrs:
+            point = tuple(fixed.get(name) for name in self._param_names)
+            if point in self._all_grids:
+                study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+                study._storage.set_trial_system_attr(trial._trial_id, "grid_id", self._all_grids.index(point))
+                return
+        super().before_trial(study, trial)
+
+
 class DuplicateTrial(Exception):
     """Another trial already ran, or is running, this configuration (lost a race for it)."""
 

@@ -88,7 +88,9 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
     client, _ = _client(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # a shell's background job ignores SIGINT, and Python keeps an inherited SIG_IGN
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     try:
         deadline, second_started = time.time() + 240, False
