@@ -167,11 +167,11 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
             if n_trials is not None:
                 study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **run)
-            else:
+            else:  # n_trials = what is left now (for the progress bar); the callback stops when drained
                 if _left(study, spec):
-                    study.optimize(objective, n_trials=None, callbacks=callbacks, **run)
+                    study.optimize(objective, n_trials=_count_left(study, spec), callbacks=callbacks, **run)
                 while workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
-                    study.optimize(objective, n_trials=None, callbacks=callbacks, **run)
+                    study.optimize(objective, n_trials=_count_left(study, spec), callbacks=callbacks, **run)
     except KeyboardInterrupt:
         tracking.end_run(client, parent, "KILLED")
         raise
@@ -188,6 +188,15 @@ def _left(study: optuna.Study, spec: StudySpec) -> bool:
     if any(t.state == TrialState.WAITING for t in trials):
         return True
     return spec.sampler != "grid" and sum(t.state in DONE for t in trials) < spec.total_trials()
+
+
+def _count_left(study: optuna.Study, spec: StudySpec) -> int:
+    """Configurations left to take: queued trials (grid), or trials short of the total."""
+    trials = study.get_trials(deepcopy=False)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    if spec.sampler == "grid":
+        return max(1, waiting)
+    return max(1, waiting, spec.total_trials() - sum(t.state in DONE for t in trials))
 
 
 def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
