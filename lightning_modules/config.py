@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -448,6 +449,11 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 def to_yaml(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML, loadable by :func:`load_config`."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_digest(cfg: ExperimentConfig) -> str:
+    """sha256 of the resolved config's YAML: equal digests, equal runs."""
+    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
 
 
 def field_names() -> set[str]:

@@ -83,10 +83,11 @@ def check_database(uri: str, timeout_s: int = 10) -> None:
         engine.dispose()
     except Exception as exc:  # noqa: BLE001 - driver errors vary
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"{_redact(uri)}: cannot reach the database ({first})") from None
+        raise StorageError(f"{redact(uri)}: cannot reach the database ({first})") from None
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
+    """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
     try:
         from sqlalchemy.engine import make_url
 

@@ -11,8 +11,8 @@ continues and it ends where an uninterrupted trial does.
 
 from __future__ import annotations
 
-import hashlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,17 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_modules.config import ExperimentConfig, to_yaml
+from lightning_modules.config import ExperimentConfig, config_digest
 
 LAST = "last.ckpt"
 
 
 class RngState(Callback):
-    """Save and restore the Python, NumPy and torch generators with each checkpoint (dropout)."""
+    """Save and restore the Python, NumPy and torch generators with each checkpoint (dropout);
+    on restore, also tell ``on_resume`` the checkpoint's step."""
+
+    def __init__(self, on_resume: Callable[[int], None] | None = None) -> None:
+        self.on_resume = on_resume
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -37,6 +41,8 @@ class RngState(Callback):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
+        if self.on_resume is not None:
+            self.on_resume(int(checkpoint["global_step"]))
         state = checkpoint.get("ablate_rng")
         if state is not None:
             random.setstate(state["python"])
@@ -47,13 +53,14 @@ class RngState(Callback):
 
 def trial_dir(root: str | Path, study: str, cfg: ExperimentConfig) -> Path:
     """Where the checkpoints of a trial with this resolved config live (shared by its retries)."""
-    return Path(root) / "checkpoints" / study / hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+    return Path(root) / "checkpoints" / study / config_digest(cfg)[:16]
 
 
-def callbacks(folder: Path) -> list[Callback]:
-    """Keep ``last.ckpt`` and ``best.ckpt`` in ``folder``, written at each validation."""
+def callbacks(folder: Path, on_resume: Callable[[int], None] | None = None) -> list[Callback]:
+    """Keep ``last.ckpt`` and ``best.ckpt`` in ``folder``, written at each validation;
+    ``on_resume(step)`` is called when a fit restores one."""
     return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val/loss", mode="min", save_top_k=1,
-                            save_last=True, enable_version_counter=False), RngState()]
+                            save_last=True, enable_version_counter=False), RngState(on_resume)]
 
 
 def resume_path(folder: Path | None) -> Path | None:

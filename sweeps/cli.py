@@ -87,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from sweeps import tracking
+    from sweeps import tracking, workers
     from sweeps.spec import load_study
     from sweeps.study import run_study
 
@@ -96,10 +96,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     study = result.study
     counts = dict(Counter(t.state.name for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
-    done = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")}
+    done = {workers.key(t.params) for t in study.trials if t.state in workers.DONE}
     for t in study.trials:  # failures not made good by a later trial of the same configuration
-        reason = t.user_attrs.get("ablate.fail_reason")
-        if t.state.name == "FAIL" and reason and tuple(sorted(t.params.items())) not in done:
+        reason = t.user_attrs.get(tracking.FAIL_REASON)
+        if t.state.name == "FAIL" and reason and workers.key(t.params) not in done:
             print(f"trial {t.number} {t.params} failed: {reason} "
                   f"(run the command again to retry it)")
     try:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from optuna import TrialPruned
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
@@ -109,12 +108,10 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
     """Fit ``module`` inside run ``run_id`` (resuming from ``checkpoint_dir/last.ckpt`` when an
     earlier attempt left one), then log its weights; the final metrics."""
     logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
-    saving = checkpoints.callbacks(checkpoint_dir) if checkpoint_dir is not None else []
-    trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
     resume = checkpoints.resume_path(checkpoint_dir)
-    if resume is not None:
-        step = int(torch.load(resume, map_location="cpu", weights_only=False)["global_step"])
-        client.set_tag(run_id, RESUMED, f"{resume} (step {step})")
+    saving = [] if checkpoint_dir is None else checkpoints.callbacks(
+        checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})"))
+    trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
     with tracking.scoped_tracking_uri():
         trainer.fit(module, datamodule=data, ckpt_path=resume)
     if trainer.interrupted:

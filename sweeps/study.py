@@ -11,7 +11,6 @@ invocations while its config is unchanged).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
-from lightning_modules.config import ExperimentConfig, build_config, to_yaml
+from lightning_modules.config import ExperimentConfig, build_config, config_digest
 from lightning_modules.errors import ConfigError, StorageError
 from sweeps import checkpoints, tracking, workers
 from sweeps.chain import chained_trial
@@ -33,8 +32,8 @@ from datamodules.pretrain import PretrainDataModule
 from sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
 from sweeps.weights import RUNS
 
-DONE = (TrialState.COMPLETE, TrialState.PRUNED)
-FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
+DONE = workers.DONE
+FAIL_REASON = tracking.FAIL_REASON
 TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
@@ -72,8 +71,8 @@ def default_storage(root: str | Path) -> str:
     return f"sqlite:///{folder / 'optuna.db'}"
 
 
-def open_study(spec: StudySpec, storage: str | optuna.storages.BaseStorage, max_steps: int,
-               url: str | None = None) -> tuple[optuna.Study, bool]:
+def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage, max_steps: int,
+               url: str) -> tuple[optuna.Study, bool]:
     """Create or load the Optuna study; also whether this call created it.
 
     Raises:
@@ -92,7 +91,7 @@ def open_study(spec: StudySpec, storage: str | optuna.storages.BaseStorage, max_
         except optuna.exceptions.DuplicatedStudyError:
             return optuna.load_study(**kwargs), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise StorageError(f"--storage {tracking.redact(url or str(storage))}: cannot open the Optuna study "
+        raise StorageError(f"--storage {tracking.redact(url)}: cannot open the Optuna study "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
@@ -160,7 +159,7 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
 
     client.update_run(parent, status="RUNNING")
     try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
-        if _left(study, spec) or workers.others_running(study):
+        if _count_left(study, spec) or workers.others_running(study):
             teacher = ensure_teacher(spec, base, client, exp_id, uri, parent)
             objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
             callbacks = [workers.stop_when_drained(spec)]
@@ -168,10 +167,11 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
             if n_trials is not None:
                 study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **run)
             else:  # n_trials = what is left now (for the progress bar); the callback stops when drained
-                if _left(study, spec):
-                    study.optimize(objective, n_trials=_count_left(study, spec), callbacks=callbacks, **run)
-                while workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
-                    study.optimize(objective, n_trials=_count_left(study, spec), callbacks=callbacks, **run)
+                while True:  # then wait for other workers' trials; a dead one's retry is taken here
+                    if left := _count_left(study, spec):
+                        study.optimize(objective, n_trials=left, callbacks=callbacks, **run)
+                    if not workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
+                        break
     except KeyboardInterrupt:
         tracking.end_run(client, parent, "KILLED")
         raise
@@ -182,21 +182,13 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     return StudyResult(study=study, tracking_uri=uri, storage=url, parent_run_id=parent)
 
 
-def _left(study: optuna.Study, spec: StudySpec) -> bool:
-    """Whether a configuration is left for this worker to take."""
-    trials = study.get_trials(deepcopy=False)
-    if any(t.state == TrialState.WAITING for t in trials):
-        return True
-    return spec.sampler != "grid" and sum(t.state in DONE for t in trials) < spec.total_trials()
-
-
 def _count_left(study: optuna.Study, spec: StudySpec) -> int:
-    """Configurations left to take: queued trials (grid), or trials short of the total."""
+    """Configurations left for this worker to take: queued trials, and (not grid) trials short of the total."""
     trials = study.get_trials(deepcopy=False)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     if spec.sampler == "grid":
-        return max(1, waiting)
-    return max(1, waiting, spec.total_trials() - sum(t.state in DONE for t in trials))
+        return waiting
+    return max(waiting, spec.total_trials() - sum(t.state in DONE for t in trials))
 
 
 def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
@@ -292,7 +284,7 @@ def _teacher_tag(source: str) -> str:
 def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str) -> str:
     """The run id of the study's teacher: the finished one with this config, or a new one trained now."""
     cfg = teacher_config(base, spec)
-    digest = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
+    digest = config_digest(cfg)
     mine = f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{spec.name}'"
     found = client.search_runs([exp_id], filter_string=(
         f"{mine} and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"),

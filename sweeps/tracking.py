@@ -23,12 +23,13 @@ from mlflow.tracking import MlflowClient
 
 from lightning_modules.config import ExperimentConfig, flatten, to_yaml
 from lightning_modules.errors import StorageError
-from reports.runs import _redact, check_database
+from reports.runs import check_database, redact  # noqa: F401 - redact: re-exported as tracking.redact
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
 TEACHER = "ablate.teacher_run"  # on a distilled run (and its study's parent): the teacher's run id or folder
 PARENT = "mlflow.parentRunId"
+FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
 WORKER = "ablate.worker"  # on a trial run: host:pid of the process that ran it
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
@@ -126,11 +127,6 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     """Mark a run FINISHED / FAILED / KILLED, whatever state it was left in."""
     client.set_terminated(run_id, status)
-
-
-def redact(url: str) -> str:
-    """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
-    return _redact(url)
 
 
 def worker_id() -> str:

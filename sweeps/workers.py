@@ -105,9 +105,8 @@ def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: floa
         study.set_user_attr(QUEUE, "filling")
     else:
         deadline = time.monotonic() + wait_s
-        while study.user_attrs.get(QUEUE) == "filling" and time.monotonic() < deadline:
+        while study.user_attrs.get(QUEUE) == "filling" and time.monotonic() < deadline:  # read from storage
             time.sleep(1.0)
-            study = optuna.load_study(study_name=study.study_name, storage=study._storage)
     trials = study.get_trials(deepcopy=False)
     held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING, TrialState.WAITING)}
     failed = {key(params_of(t)) for t in trials if t.state == TrialState.FAIL}
@@ -173,11 +172,10 @@ def shared_parent(study: optuna.Study, created: bool, create: Callable[[], str],
         study.set_user_attr(PARENT_RUN, run_id)
         return run_id
     deadline = time.monotonic() + wait_s
-    while PARENT_RUN not in study.user_attrs and time.monotonic() < deadline:
+    while PARENT_RUN not in study.user_attrs and time.monotonic() < deadline:  # read from storage
         if find() is not None:
             break
         time.sleep(1.0)
-        study = optuna.load_study(study_name=study.study_name, storage=study._storage)
     run_id = study.user_attrs.get(PARENT_RUN) or find() or create()
     if PARENT_RUN not in study.user_attrs:
         study.set_user_attr(PARENT_RUN, run_id)
@@ -196,7 +194,7 @@ def mark_killed(client: Any, exp_id: str, study_name: str) -> Callable[[FrozenTr
                     f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'")):
                 tracking.end_run(client, nested.info.run_id, "KILLED")
             client.set_tag(run.info.run_id, tracking.STATE, "FAIL")
-            client.set_tag(run.info.run_id, "ablate.fail_reason", "worker died (heartbeat stale); retried")
+            client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")
             tracking.end_run(client, run.info.run_id, "KILLED")
 
     return mark
