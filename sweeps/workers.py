@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
 import warnings
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sweeps import tracking
 from sweeps.spec import StudySpec
@@ -32,6 +34,7 @@ QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues 
 PARENT_RUN = "ablate.parent_run"  # study user attr: the MLflow parent run id
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_RETRY = 3
+SCHEMA_ATTEMPTS = 5
 
 # heartbeats and their retry callback are "experimental" in Optuna 5: ablate relies on them knowingly
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -72,8 +75,18 @@ def key(params: dict[str, Any]) -> tuple:
 def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> RDBStorage:
     """An RDB storage (SQLite or PostgreSQL) with heartbeats and a callback for stale trials."""
     kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
-    return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                      heartbeat_stale_trial_callback=on_stale)
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=heartbeat,
+                              grace_period=3 * heartbeat, heartbeat_stale_trial_callback=on_stale)
+        except (IntegrityError, ProgrammingError):
+            # Workers started together on an empty database race to create Optuna's tables
+            # (PostgreSQL: duplicate pg_type / "relation already exists"); the loser retries
+            # and finds them made. A refused connection is an OperationalError: not retried.
+            if attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
 
 
 def retry_stale(mark_killed: Callable[[FrozenTrial], None]) -> Callable[[optuna.Study, FrozenTrial], None]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
 import pytest
 from mlflow import MlflowClient
 
+from sweeps import workers
 from tests.servers import mlflow_server, postgres_cluster
 from tests.sweeps.conftest import write_study
 
@@ -26,12 +29,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    art = tmp_path_factory.mktemp("artifacts")
+def cluster():
     with postgres_cluster() as pg:
-        optuna_url = pg.create_database("optuna")
-        with mlflow_server(pg.create_database("mlflow"), art) as srv:
-            yield optuna_url, srv.url
+        yield pg
+
+
+@pytest.fixture(scope="module")
+def servers(cluster, tmp_path_factory):
+    optuna_url = cluster.create_database("optuna")
+    with mlflow_server(cluster.create_database("mlflow"), tmp_path_factory.mktemp("artifacts")) as srv:
+        yield optuna_url, srv.url
+
+
+def _open(url: str, start: threading.Barrier) -> str:
+    start.wait()
+    try:
+        workers.storage(url, 10, lambda study, trial: None)
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - the test reports whatever went wrong
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_workers_opening_an_empty_database_at_once(cluster):
+    """Workers started together race to create Optuna's tables; every one of them gets the storage."""
+    url = cluster.create_database("optuna_race")
+    start = threading.Barrier(6)
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(_open, [url] * 6, [start] * 6))
+    assert results == ["ok"] * 6
 
 
 def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subprocess.Popen:
