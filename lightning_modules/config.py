@@ -239,7 +239,9 @@ class TrainerConfig:
         precision: Lightning precision, ``32-true`` or ``bf16-mixed``.
         accelerator: ``auto``, ``cpu``, ``gpu``.
         devices: devices for one run (DDP when > 1).
-        strategy: Lightning strategy (``auto``, ``ddp``, ...).
+        strategy: how a run uses several devices: ``ddp`` (the ranks are forked at ``fit``;
+            spawned once CUDA is initialised), ``ddp_spawn`` or ``ddp_fork``; ``auto`` = ``ddp``
+            when ``devices`` > 1.
         compile: wrap the encoder in ``torch.compile``.
         log_every: log training metrics every this many steps.
         progress: show a progress bar.
@@ -256,7 +258,7 @@ class TrainerConfig:
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
     accelerator: str = "auto"
     devices: PosInt = 1
-    strategy: str = "auto"
+    strategy: Literal["auto", "ddp", "ddp_fork", "ddp_spawn"] = "auto"
     compile: bool = False
     log_every: PosInt = 10
     progress: bool = True

@@ -23,7 +23,7 @@ from lightning_modules.config import ExperimentConfig
 from lightning_modules.errors import ConfigError
 from lightning_modules.finetune import FinetuneModule
 from sweeps import tracking
-from sweeps.runner import RunResult, tracked_run
+from sweeps.runner import RunResult, lightning_strategy, tracked_run
 from sweeps.weights import load_source
 
 
@@ -35,7 +35,7 @@ def build_finetune_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, s
     return pl.Trainer(
         max_steps=f.max_steps, val_check_interval=min(f.val_every, f.max_steps, steps_per_epoch),
         check_val_every_n_epoch=None, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,
-        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=lightning_strategy(t),
         logger=logger or False, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=t.progress,
         enable_model_summary=False, log_every_n_steps=t.log_every,
     )

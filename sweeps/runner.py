@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import signal
 import tempfile
 from dataclasses import dataclass, field
@@ -10,20 +11,23 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from torch.multiprocessing import ProcessRaisedException
 from optuna import TrialPruned
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from datamodules.pretrain import PretrainDataModule
 from lightning_modules.accounting import param_report
-from lightning_modules.config import ExperimentConfig
+from lightning_modules.config import ExperimentConfig, TrainerConfig
 from lightning_modules.heads import PretrainingModel
 from lightning_modules.distill import DistillModule
 from lightning_modules.pretrain import PretrainModule
 from lightning_modules.probe import intrinsic_eval
 from lightning_modules.interop import initial_model
 from lightning_modules.profiling import measure
-from sweeps import checkpoints, tracking
+from sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from sweeps.prune_run import prune_train
 from sweeps.weights import check_same_tokenizer, load_source, log_weights
 
@@ -57,6 +61,32 @@ class _ValidateAtEnd(Callback):
             trainer.validate_loop.run()
 
 
+def lightning_strategy(t: TrainerConfig) -> str | Strategy:
+    """The Lightning strategy for ``trainer.strategy`` and ``trainer.devices``.
+
+    Lightning's own ``ddp`` starts the other ranks by running the command line again, which
+    here would start a second MLflow run (or a second sweep worker). ablate's ``ddp`` (and
+    ``auto`` on several devices) instead forks the ranks at ``fit`` (spawns them once CUDA
+    is initialised, which cannot be forked): only training runs in the ranks, and the run,
+    the trial and the metrics stay in the one process that started them.
+    """
+    if t.devices == 1 or t.strategy not in ("auto", "ddp"):
+        return t.strategy
+    return DDPStrategy(start_method="spawn" if torch.cuda.is_initialized() else "fork")
+
+
+def rank_error(exc: ProcessRaisedException) -> Exception:
+    """The error a DDP rank raised, rebuilt in this process from the traceback torch passes on:
+    its own type when it is a builtin one (the NaN guard's ``FloatingPointError``), else a
+    RuntimeError carrying its last line."""
+    last = str(exc).strip().splitlines()[-1]
+    name, _, message = last.partition(": ")
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(message)
+    return RuntimeError(f"a DDP rank failed: {last}")
+
+
 def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks: list[Callback],
                   checkpointing: bool = False) -> pl.Trainer:
     """A Lightning Trainer from the config (checkpoints only when ``callbacks`` bring a ModelCheckpoint)."""
@@ -68,7 +98,7 @@ def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks:
     return pl.Trainer(
         max_steps=t.max_steps, val_check_interval=val_every, check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,
-        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=lightning_strategy(t),
         logger=logger or False, callbacks=[*extra, *callbacks], enable_checkpointing=checkpointing,
         enable_progress_bar=t.progress, enable_model_summary=False, log_every_n_steps=t.log_every,
         deterministic=False,
@@ -113,14 +143,22 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
         checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})"))
     trainer = build_trainer(cfg, logger, [_ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
     with tracking.scoped_tracking_uri():
-        trainer.fit(module, datamodule=data, ckpt_path=resume)
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=resume)
+        except ProcessRaisedException as exc:  # a forked DDP rank failed: its own error, not the wrapper
+            raise rank_error(exc) from None
     if trainer.interrupted:
         raise KeyboardInterrupt
+    for callback in callbacks:  # under DDP a rank's prune reaches this process through the trial
+        check_pruned = getattr(callback, "check_pruned", None)  # optuna-integration's documented call
+        if check_pruned is not None:
+            check_pruned()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.trainer.intrinsic:  # the same probes for every model, whatever its own objective
         scores = intrinsic_eval(module.model, cfg.data, cfg.model.vocab_size, seed=cfg.seed).as_metrics()
+        step = trainer.global_step or cfg.trainer.max_steps  # forked DDP ranks do not send their step back
         for key, value in scores.items():
-            client.log_metric(run_id, key, value, step=trainer.global_step)
+            client.log_metric(run_id, key, value, step=step)
         metrics.update(scores)
     log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
     return metrics

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from mlflow.exceptions import MlflowException
 from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
-from lightning_modules.config import ExperimentConfig, build_config, config_digest
+from lightning_modules.config import ExperimentConfig, build_config
 from lightning_modules.errors import ConfigError, StorageError
 from sweeps import checkpoints, tracking, workers
+from sweeps import teacher as teachers
 from sweeps.chain import chained_trial
 from sweeps.runner import run_name, train
 from datamodules.pretrain import PretrainDataModule
@@ -34,7 +34,6 @@ from sweeps.weights import RUNS
 
 DONE = workers.DONE
 FAIL_REASON = tracking.FAIL_REASON
-TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
 
@@ -131,18 +130,18 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     preflight(spec, base)
     root = base_cfg.tracking.root
     uri = tracking.resolve_tracking_uri(tracking_uri or base_cfg.tracking.tracking_uri, root)
-    killed: list[Callable[[FrozenTrial], None]] = []  # set once the MLflow experiment is known
-    on_stale = workers.retry_stale(lambda trial: killed[0](trial))
+    killed: list[Callable[[optuna.Study, FrozenTrial], None]] = []  # set once the MLflow experiment is known
+    on_stale = workers.retry_stale(lambda study, trial: killed[0](study, trial))
     # a given storage is checked first (an unreachable one writes nothing); the default SQLite
     # file is only created once the MLflow store and the teacher are known to be good
     rdb = connect_storage(storage, spec.heartbeat, on_stale) if storage else None
     client = tracking.connect(uri)
-    check_teacher_run(client, spec, uri)
+    teachers.check_teacher_run(client, spec, uri)
     url = storage or default_storage(root)
     tracking.sqlite_wal(url)
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
     exp_id = tracking.experiment_id(client, spec.name, uri)
-    killed.append(workers.mark_killed(client, exp_id, spec.name))
+    killed.append(teachers.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
     study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -160,7 +159,8 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     client.update_run(parent, status="RUNNING")
     try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
-            teacher = ensure_teacher(spec, base, client, exp_id, uri, parent)
+            teacher = teachers.ensure_teacher(spec, base, client, exp_id, uri, parent, rdb,
+                                              poll_s=min(5.0, spec.heartbeat))
             objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
             callbacks = [workers.stop_when_drained(spec)]
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
@@ -213,7 +213,7 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number),
                 tracking.WORKER: tracking.worker_id()}
         if teacher is not None:
-            tags[tracking.TEACHER] = _teacher_tag(teacher)
+            tags[tracking.TEACHER] = teachers.teacher_tag(teacher)
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
         ckpt = checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
@@ -241,66 +241,6 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         return result.metrics[spec.objective.metric]
 
     return objective
-
-
-def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
-    """A ``teacher.source: runs:/RUN_ID`` must be a finished run of this MLflow store (checked
-    before the study writes anything)."""
-    source = spec.teacher.source if spec.teacher is not None else None
-    if source is None or not source.startswith(RUNS):
-        return
-    try:
-        status = client.get_run(_teacher_tag(source)).info.status
-    except MlflowException:
-        raise ConfigError(f"teacher.source: {source}: no such run in {uri}") from None
-    if status != "FINISHED":
-        raise ConfigError(f"teacher.source: {source}: the run is {status}, not FINISHED")
-
-
-def ensure_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str,
-                   parent: str) -> str | None:
-    """The study's teacher as a ``distill.teacher`` string (None: the study has no teacher).
-
-    ``teacher.source`` is used as is. ``teacher.model`` is trained once for the study, as a
-    run nested under ``parent``, and reused by later invocations: a FINISHED run of the study
-    tagged with the sha256 of the teacher's resolved config. Tags ``parent`` with the teacher.
-    """
-    if spec.teacher is None:
-        return None
-    if spec.teacher.source is not None:
-        source = spec.teacher.source
-        _CONSOLE.print(f"teacher: {source} (teacher.source)", markup=False)
-    else:
-        source = RUNS + _trained_teacher(spec, base, client, exp_id, uri, parent)
-    client.set_tag(parent, tracking.TEACHER, _teacher_tag(source))
-    return source
-
-
-def _teacher_tag(source: str) -> str:
-    """The ``ablate.teacher_run`` tag of a teacher source: the run id of ``runs:/RUN_ID``, else the folder."""
-    return source.removeprefix(RUNS).strip("/") if source.startswith(RUNS) else source
-
-
-def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str) -> str:
-    """The run id of the study's teacher: the finished one with this config, or a new one trained now."""
-    cfg = teacher_config(base, spec)
-    digest = config_digest(cfg)
-    mine = f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{spec.name}'"
-    found = client.search_runs([exp_id], filter_string=(
-        f"{mine} and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"),
-        order_by=["attributes.start_time DESC"], max_results=1)
-    if found:
-        _CONSOLE.print(f"teacher: reusing run {found[0].info.run_id} (trained earlier for this study)", markup=False)
-        return found[0].info.run_id
-    for stale in client.search_runs([exp_id], filter_string=f"{mine} and attributes.status = 'RUNNING'"):
-        tracking.end_run(client, stale.info.run_id, "KILLED")  # left by a killed worker
-    what = spec.teacher.model.get("preset", "the teacher model")
-    _CONSOLE.print(f"teacher: training {what} once for the study (run 'teacher', {cfg.trainer.max_steps} steps)",
-                   markup=False)
-    tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
-    result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=tags, name="teacher")
-    _CONSOLE.print(f"teacher: trained run {result.run_id}", markup=False)
-    return result.run_id
 
 
 def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str,

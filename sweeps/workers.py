@@ -89,12 +89,12 @@ def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTr
     raise AssertionError("unreachable")
 
 
-def retry_stale(mark_killed: Callable[[FrozenTrial], None]) -> Callable[[optuna.Study, FrozenTrial], None]:
+def retry_stale(mark_killed: Callable[[optuna.Study, FrozenTrial], None]) -> Callable[[optuna.Study, FrozenTrial], None]:
     """The stale-trial callback: end the dead attempt's MLflow run KILLED, then enqueue a retry."""
     retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY, inherit_intermediate_values=True)
 
     def on_stale(study: optuna.Study, trial: FrozenTrial) -> None:
-        mark_killed(trial)
+        mark_killed(study, trial)
         retry(study, trial)
 
     return on_stale

@@ -20,6 +20,7 @@ from mlflow import MlflowClient
 from sweeps.runner import train
 from sweeps.spec import load_study, trial_config
 from tests.sweeps.conftest import write_study
+from tests.sweeps.test_study_teacher import TEACHER_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +84,41 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_val
     cfg = trial_config(base, spec, params, None)
     straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}", experiment="straight")
     assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, wiki_validation):
+    """The study's teacher is trained once: a worker killed while training it leaves a stale
+    teacher trial; the next worker ends the dead teacher run KILLED and trains the teacher
+    from its last checkpoint, then the students."""
+    study = write_study(tmp_path, wiki_validation, name="teach", trainer={"max_steps": 4, "measure": False},
+                        heartbeat=1,
+                        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 200,
+                                                                       "trainer.val_every": 20}})
+    runs_dir = tmp_path / "runs"
+    proc = _sweep(study, tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 400
+        while not list((runs_dir / "checkpoints").glob("teach/*/last.ckpt")):
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no teacher checkpoint written"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    second = _sweep(study, tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+
+    client = MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("teach").experiment_id
+    teachers = client.search_runs([exp], "tags.`ablate.role` = 'teacher'", order_by=["attributes.start_time"])
+    assert [r.info.status for r in teachers] == ["KILLED", "FINISHED"]
+    assert "heartbeat stale" in teachers[0].data.tags["ablate.fail_reason"]
+    assert "ablate.resumed_from" in teachers[1].data.tags  # went on from the dead attempt's checkpoint
+    trials = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert len(trials) == 2 and {r.info.status for r in trials} == {"FINISHED"}
+    assert {r.data.tags["ablate.teacher_run"] for r in trials} == {teachers[1].info.run_id}
+    storage = f"sqlite:///{runs_dir / 'optuna.db'}"
+    helper = optuna.load_study(study_name="teach:teacher", storage=storage).trials
+    assert sorted(t.state.name for t in helper) == ["COMPLETE", "FAIL"]

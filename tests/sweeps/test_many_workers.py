@@ -24,6 +24,7 @@ from mlflow import MlflowClient
 from sweeps import workers
 from tests.servers import mlflow_server, postgres_cluster
 from tests.sweeps.conftest import write_study
+from tests.sweeps.test_study_teacher import TEACHER_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,3 +108,31 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
     md = (tmp_path / "report" / "report.md").read_text()
     assert all(r.info.run_id in md for r in runs)
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {"report/report.md"}
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_validation):
+    storage, uri = servers
+    study = write_study(tmp_path, wiki_validation, name="two-teach", trainer={"max_steps": 4, "measure": False},
+                        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 150}})
+    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+    procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
+    try:
+        codes = [p.wait(timeout=800) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("two-teach").experiment_id
+    (teacher,) = client.search_runs([exp], "tags.`ablate.role` = 'teacher'")
+    assert teacher.info.status == "FINISHED"
+    runs = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert len(runs) == 2 and {r.data.tags["ablate.teacher_run"] for r in runs} == {teacher.info.run_id}
+    helper = optuna.load_study(study_name="two-teach:teacher", storage=storage).trials
+    assert [t.state.name for t in helper].count("COMPLETE") == 1  # a racing second attempt, if any, FAILed
+    said = [log.read_text() for log in logs]
+    assert sum("teacher: training" in s for s in said) == 1
+    assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited

@@ -1,0 +1,147 @@
+"""A study's teacher: a given one (``teacher.source``) or one trained once for the study.
+
+A trained teacher is a run nested under the study's parent, tagged with the sha256 of its
+resolved config, and reused while that config is unchanged. However many workers start
+together, it is trained once: its training is the one trial of a small Optuna study beside
+the study's own (``<study>:teacher``, same storage). Of two workers that start it at once
+the lower-numbered trial trains and the other waits for it; the trial has heartbeats, so if
+its worker dies it goes stale, its MLflow run ends KILLED and a waiting worker takes over,
+resuming from the teacher's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from mlflow.exceptions import MlflowException
+from optuna.trial import TrialState
+from rich.console import Console
+
+from lightning_modules.config import config_digest
+from lightning_modules.errors import ConfigError
+from sweeps import checkpoints, tracking, workers
+from sweeps.runner import train
+from sweeps.spec import StudySpec, teacher_config
+from sweeps.weights import RUNS
+
+TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
+SUFFIX = ":teacher"  # the Optuna study that hands the teacher's training to one worker
+_DIGEST = "teacher_config"  # user attr of a teacher trial: the config it trains
+_CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def teacher_tag(source: str) -> str:
+    """The ``ablate.teacher_run`` tag of a teacher source: the run id of ``runs:/RUN_ID``, else the folder."""
+    return source.removeprefix(RUNS).strip("/") if source.startswith(RUNS) else source
+
+
+def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
+    """A ``teacher.source: runs:/RUN_ID`` must be a finished run of this MLflow store (checked
+    before the study writes anything)."""
+    source = spec.teacher.source if spec.teacher is not None else None
+    if source is None or not source.startswith(RUNS):
+        return
+    try:
+        status = client.get_run(teacher_tag(source)).info.status
+    except MlflowException:
+        raise ConfigError(f"teacher.source: {source}: no such run in {uri}") from None
+    if status != "FINISHED":
+        raise ConfigError(f"teacher.source: {source}: the run is {status}, not FINISHED")
+
+
+def ensure_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
+                   storage: Any, poll_s: float = 5.0) -> str | None:
+    """The study's teacher as a ``distill.teacher`` string (None: the study has no teacher).
+
+    ``teacher.source`` is used as is; ``teacher.model`` is trained once for the study (or
+    found, trained earlier with the same config). Tags ``parent`` with the teacher.
+    """
+    if spec.teacher is None:
+        return None
+    if spec.teacher.source is not None:
+        source = spec.teacher.source
+        _CONSOLE.print(f"teacher: {source} (teacher.source)", markup=False)
+    else:
+        source = RUNS + _trained_teacher(spec, base, client, exp_id, uri, parent, storage, poll_s)
+    client.set_tag(parent, tracking.TEACHER, teacher_tag(source))
+    return source
+
+
+def mark_killed(client: Any, exp_id: str, study_name: str) -> None:
+    """End the RUNNING teacher run(s) of a study KILLED: their worker died."""
+    for run in client.search_runs([exp_id], filter_string=(
+            f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{study_name}' "
+            f"and attributes.status = 'RUNNING'")):
+        client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")
+        tracking.end_run(client, run.info.run_id, "KILLED")
+
+
+def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | None:
+    found = client.search_runs([exp_id], filter_string=(
+        f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{study_name}' "
+        f"and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
+                     storage: Any, poll_s: float) -> str:
+    """The run id of the study's teacher: the finished one with this config, or one trained now
+    by this worker or by another one (waited for)."""
+    cfg = teacher_config(base, spec)
+    digest = config_digest(cfg)
+    if (found := _finished(client, exp_id, spec.name, digest)) is not None:
+        _CONSOLE.print(f"teacher: reusing run {found} (trained earlier for this study)", markup=False)
+        return found
+    helper = optuna.create_study(study_name=spec.name + SUFFIX, storage=storage, load_if_exists=True)
+
+    def competing(trial: optuna.Trial) -> list[optuna.trial.FrozenTrial]:
+        """Other attempts at this teacher that come first: finished, or running with a smaller number
+        (one that has not said its config yet counts: it may be this one)."""
+        return [t for t in helper.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+                if t.number != trial.number and t.user_attrs.get(_DIGEST, digest) == digest
+                and (t.state == TrialState.COMPLETE or t.number < trial.number)]
+
+    def train_teacher(trial: optuna.Trial) -> float:
+        trial.set_user_attr(_DIGEST, digest)
+        if competing(trial):
+            raise workers.DuplicateTrial("another worker trains the teacher")
+        mark_killed(client, exp_id, spec.name)  # a RUNNING teacher run now is a dead attempt's
+        what = spec.teacher.model.get("preset", "the teacher model")
+        _CONSOLE.print(f"teacher: training {what} once for the study (run 'teacher', "
+                       f"{cfg.trainer.max_steps} steps)", markup=False)
+        tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
+        result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=tags,
+                       name="teacher", checkpoint_dir=checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg))
+        _CONSOLE.print(f"teacher: trained run {result.run_id}", markup=False)
+        return 0.0
+
+    told = False
+    while (found := _finished(client, exp_id, spec.name, digest)) is None:
+        optuna.storages.fail_stale_trials(helper)  # a dead worker's teacher: KILLED, retried below
+        running = [t for t in helper.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.user_attrs.get(_DIGEST, digest) == digest]
+        if not running:  # train it here (a failure is raised); a lost race means waiting instead
+            helper.optimize(train_teacher, n_trials=1, catch=(workers.DuplicateTrial,))
+            continue
+        if not told:
+            _CONSOLE.print("teacher: another worker is training it; waiting", markup=False)
+            told = True
+        time.sleep(poll_s)
+    return found
+
+
+def on_stale(client: Any, exp_id: str, study_name: str,
+             trial_killed: Callable[[optuna.trial.FrozenTrial], None]) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """What a stale trial of either study ends KILLED: the study's trial run, or the teacher run."""
+
+    def mark(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if study.study_name.endswith(SUFFIX):
+            mark_killed(client, exp_id, study_name)
+        else:
+            trial_killed(trial)
+
+    return mark
