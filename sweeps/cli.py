@@ -206,6 +206,11 @@ def parser() -> argparse.ArgumentParser:
                    help="auto (default): a transformers checkpoint when expressible, else ablate safetensors")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
     s.set_defaults(func=cmd_export)
+    s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")
+    from benchmarks.cli import add_arguments, run
+
+    add_arguments(s)
+    s.set_defaults(func=run)
     return p
 
 
@@ -214,14 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        args.func(args)
+        code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: runs were marked KILLED; run the same command again to resume", file=sys.stderr)
         return 130
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _explicit_is_faster(q: torch.Tensor) -> bool:
+    """bf16 on CPU: PyTorch's flash-attention kernel for CPU is 3x slower in bf16 than two
+    batched matmuls and a softmax (B=16, A=4, T=128, k=64: 18.8 ms against 6.1 ms forward
+    and backward on 2 AVX-512-BF16 cores; in fp32 the kernel is the faster, 11.1 against 14.9)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention over ``num_heads`` heads of query/key width ``qk_dim`` and value width ``v_dim``.
 
@@ -54,13 +61,14 @@ class MultiHeadAttention(nn.Module):
         key = key.view(B, T, A, k).transpose(1, 2)  # (B, A, T, k)
         val = val.view(B, T, A, v).transpose(1, 2)  # (B, A, T, v)
         p = self.dropout_p if self.training else 0.0
-        if keep is None:
+        if keep is None and not _explicit_is_faster(q):
             y = F.scaled_dot_product_attention(q, key, val, attn_mask=mask, dropout_p=p)  # (B, A, T, v)
         else:
             scores = q @ key.transpose(-2, -1) / math.sqrt(k)  # (B, A, T, T)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            keep.append(scores)
+            if keep is not None:
+                keep.append(scores)
             y = F.dropout(scores.softmax(dim=-1), p) @ val  # (B, A, T, v)
         return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
 

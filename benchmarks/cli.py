@@ -1,0 +1,65 @@
+"""``ablate bench [train|precision|data|pruning]``: run a benchmark, print its table, and
+optionally write it as markdown (``--out``)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+SUITES = ("train", "precision", "data", "pruning")
+TARGETS = {"albert-tiny": (1.6, 3.0), "bert-tiny": (1.6, None), "mobilebert-small": (1.3, None)}
+console = Console(highlight=False, soft_wrap=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("suite", nargs="?", choices=SUITES, default="train",
+                        help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
+                             "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
+                             "study with and without pruning")
+    parser.add_argument("--case", action="append", choices=["albert-tiny", "bert-tiny", "mobilebert-small"],
+                        help="configuration(s) for train/precision (default: all for train, albert-tiny else)")
+    parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (train: 20; precision: 300)")
+    parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables as markdown here")
+
+
+def machine(device: torch.device) -> str:
+    """The machine, as the tables state it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu}, {torch.get_num_threads()} threads"
+    return f"{where}; torch {torch.__version__}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
+    warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
+    warnings.filterwarnings("ignore", category=UserWarning)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    from benchmarks import data_speed, precision, sweep_pruning, train_table
+
+    suites = {"train": train_table.main, "precision": precision.main, "data": data_speed.main,
+              "pruning": sweep_pruning.main}
+    with Progress(console=console, transient=True) as progress:
+        lines, ok = suites[args.suite](args, device, progress)
+    text = "\n".join([f"Machine: {machine(device)}", "", *lines])
+    console.print(text, markup=False)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        console.print(f"written to {args.out}")
+    return 0 if ok else 1

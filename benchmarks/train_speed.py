@@ -1,0 +1,212 @@
+"""ablate's training step against Hugging Face transformers at the same model.
+
+For one :class:`~benchmarks.cases.Case`, every *side* (an implementation in one setting:
+ablate or transformers; fp32 or bf16 autocast; SDPA or eager attention on the transformers
+side; ``torch.compile`` optionally on ablate's) starts from the same weights (ablate's
+initialisation, copied through the transformers interop path) and trains on the same
+batches (ablate's data pipeline on a real corpus, built before timing) with the same AdamW
+and schedule. After a warm-up the sides take turns, one step each, in alternating order,
+in this one process; the median step time gives tokens/s. A side's loss after the same
+steps shows it did the same work.
+
+What a step is, on each side:
+
+- ablate: ``PretrainModule.training_step`` (MLM + sentence loss, the NaN guard), backward,
+  the module's own optimizer (AdamW, ``foreach``) and schedule.
+- transformers: ``model(**batch).loss`` of ``*ForPreTraining`` (MLM + SOP/NSP), backward,
+  ``torch.optim.AdamW`` with the same groups, learning rate and schedule and its default
+  implementation (what the transformers Trainer's ``adamw_torch`` uses).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from itertools import islice
+
+import torch
+
+from benchmarks.cases import Case
+from datamodules.stream import PretrainStream
+from datamodules.tokenizer import load_or_train_tokenizer
+from lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, OptimConfig, TrainerConfig
+from lightning_modules.heads import build_pretraining_model
+from lightning_modules.interop import to_transformers
+from lightning_modules.interop_maps import family
+from lightning_modules.pretrain import PretrainModule, param_groups, warmup_linear_decay
+
+HF_SENTENCE_LABEL = {"albert": "sentence_order_label", "bert": "next_sentence_label",
+                     "mobilebert": "next_sentence_label"}
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class Side:
+    """One implementation in one setting, ready to train.
+
+    Attributes:
+        name: e.g. ``ablate bf16`` or ``transformers sdpa fp32``.
+        library: ``ablate`` or ``transformers``.
+        precision: ``fp32`` or ``bf16`` (autocast).
+        step: one training step on a batch; returns the loss.
+        loss_only: the forward loss of a batch (for the activation memory).
+        params: the side's parameters and buffers (not activations).
+    """
+
+    name: str
+    library: str
+    precision: str
+    step: Callable[[Batch], float]
+    loss_only: Callable[[Batch], torch.Tensor]
+    params: list[torch.Tensor]
+    times: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    activation_mb: float = float("nan")
+
+
+def _autocast(precision: str, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
+def _optim() -> OptimConfig:
+    return OptimConfig(lr=1e-3, warmup_steps=10)
+
+
+def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compile: bool,
+                device: torch.device, max_steps: int) -> Side:
+    """ablate's PretrainModule at ``case``, from the weights ``init``."""
+    cfg = ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence),
+                           optim=_optim(), trainer=TrainerConfig(max_steps=max_steps, compile=compile))
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    model.load_state_dict(init)
+    module = PretrainModule(cfg, model)  # wraps the encoder in torch.compile when asked
+    module.to(device).train()
+    setup = module.configure_optimizers()
+    optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+
+    def step(batch: Batch) -> float:
+        with _autocast(precision, device):
+            loss = module.training_step(batch, 0)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def loss_only(batch: Batch) -> torch.Tensor:
+        with _autocast(precision, device):
+            return module.model(batch).loss
+
+    name = f"ablate {precision}" + (" compiled" if compile else "")
+    return Side(name, "ablate", precision, step, loss_only, [*module.parameters(), *module.buffers()])
+
+
+def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, device: torch.device,
+            max_steps: int) -> Side:
+    """transformers' ``*ForPreTraining`` at ``case``, weights copied from ``ours`` (interop path)."""
+    model = to_transformers(ours.model, case.model)
+    model.config._attn_implementation = attention  # "eager" or "sdpa"
+    for module in model.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = attention
+    model.to(device).train()
+    o = _optim()
+    optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, eps=o.eps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, max_steps))
+    label = HF_SENTENCE_LABEL[family(case.model)]
+
+    def loss_only(batch: Batch) -> torch.Tensor:
+        with _autocast(precision, device):
+            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
+                         **{label: batch["sentence_label"]}).loss
+
+    def step(batch: Batch) -> float:
+        loss = loss_only(batch)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return Side(f"transformers {attention} {precision}", "transformers", precision, step, loss_only,
+                [*model.parameters(), *model.buffers()])
+
+
+def batches(case: Case, corpus: str, count: int, device: torch.device, seed: int = 0) -> list[Batch]:
+    """``count`` training batches of ``case`` from ablate's data pipeline on ``corpus``."""
+    data = DataConfig(corpus=corpus, max_length=case.seq_len, batch_size=case.batch, num_workers=0,
+                      tokenizer_docs=5000)
+    objective = ObjectiveConfig(sentence=case.sentence, mask_prob=case.mask_prob)
+    tokenizer, _ = load_or_train_tokenizer(data, case.model.vocab_size)
+    stream: Iterator[Batch] = iter(PretrainStream(data, objective, tokenizer.to_str(), seed, "train"))
+    return [{k: v.to(device) for k, v in b.items()} for b in islice(stream, count)]
+
+
+def activation_mb(side: Side, batch: Batch, device: torch.device) -> float:
+    """Memory one training step keeps for backward, MiB: CUDA's peak allocation above the
+    parameters; on CPU the unique storages autograd saves (parameters and batch excluded)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        side.loss_only(batch).backward()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        held = {t.untyped_storage().data_ptr() for t in [*side.params, *batch.values()]}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in held:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = side.loss_only(batch)
+        loss.backward()
+        peak = sum(saved.values())
+    for p in side.params:
+        p.grad = None
+    return peak / 2**20
+
+
+def race(sides: list[Side], data: list[Batch], warmup: int, progress: Callable[[], None]) -> None:
+    """Warm every side up, then time one step of each side per batch, alternating the order."""
+    for i, batch in enumerate(data):
+        order = sides if i % 2 == 0 else sides[::-1]
+        for side in order:
+            start = time.perf_counter()
+            loss = side.step(batch)
+            elapsed = time.perf_counter() - start
+            side.losses.append(loss)
+            if i >= warmup:
+                side.times.append(elapsed)
+        progress()
+
+
+def tokens_per_s(side: Side, data: list[Batch], warmup: int) -> float:
+    tokens = statistics.mean(float(b["attention_mask"].sum()) for b in data[warmup:])
+    return tokens / statistics.median(side.times)
+
+
+def build_sides(case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0) -> list[Side]:
+    """The sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
+    ``transformers:sdpa:fp32``, ...), all from one initialisation."""
+    torch.manual_seed(seed)
+    reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
+    init = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    sides = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for setting in settings:
+            parts = setting.split(":")
+            if parts[0] == "ablate":
+                sides.append(ablate_side(case, init, parts[1], "compile" in parts[2:], device, max_steps))
+            else:
+                sides.append(hf_side(case, reference, parts[1], parts[2], device, max_steps))
+    return sides
