@@ -95,20 +95,28 @@ class Encoder(nn.Module):
         self.bottlenecks, self.plan = bottlenecks, plan
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, trace: Trace | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, trace: Trace | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: (B, T); attention_mask: (B, T) bool, True on real tokens -> (B, T, H).
 
         With a ``trace``, the embedding output, each layer's output and the attention scores
-        it asks for are recorded in it, and the stack stops after ``trace.until``."""
+        it asks for are recorded in it, and the stack stops after ``trace.until``.
+
+        With ``rows`` ((B, T) bool: the positions whose output is needed, e.g. the masked
+        ones and [CLS]), the last layer's attention still reads every position but its
+        feed-forward stack (and bottleneck exit) runs on those rows only, and the output is
+        ``(N, H)``, the rows in row-major order: the same values, without the work on rows
+        nobody reads."""
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask[:, None, None, :]  # (B, 1, 1, T): padding keys are not attended
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         if trace is not None:
             trace.embedding = x
+        last = len(self.plan) - 1
         for i, step in enumerate(self.plan):
             keep = [] if trace is not None and trace.wants_attention(i) else None
-            x = self.block(x, step, mask, keep)
+            x = self.block(x, step, mask, keep, rows if i == last else None)
             if trace is not None:
                 trace.hidden.append(x)
                 if keep:
@@ -124,8 +132,9 @@ class Encoder(nn.Module):
         return mods + ([self.bottlenecks[step.bottleneck]] if self.bottlenecks else [])
 
     def block(self, x: torch.Tensor, step: Step, mask: torch.Tensor | None,
-              keep: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """One layer: x (B, T, H) -> (B, T, H); attention scores go to ``keep`` when given."""
+              keep: list[torch.Tensor] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One layer: x (B, T, H) -> (B, T, H), or (N, H) at ``rows`` only; attention scores go
+        to ``keep`` when given."""
         if not self.bottlenecks:
             h = self.attentions[step.attention](x, x, mask, keep=keep)  # (B, T, H)
         else:
@@ -133,6 +142,8 @@ class Encoder(nn.Module):
             h = neck.enter(x)  # (B, T, I)
             qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
             h = self.attentions[step.attention](h, qk, mask, v, keep=keep)  # residual at I
+        if rows is not None:  # what follows is per position
+            h, x = h[rows], x[rows]  # (N, I), (N, H)
         for sublayer in self.ffn_stacks[step.ffn]:
             h = sublayer(h)  # (B, T, I)
         return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)

@@ -68,8 +68,16 @@ class PretrainOutput:
     mlm_loss: torch.Tensor
     mlm_logits: torch.Tensor  # (N, V) at masked positions
     mlm_targets: torch.Tensor  # (N,)
+    cls: torch.Tensor | None = None  # (B, H): the last layer's [CLS] vectors
     sentence_loss: torch.Tensor | None = None
     sentence_logits: torch.Tensor | None = None  # (B, 2)
+
+
+def _first_column(rows: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool, True in column 0 only ([CLS])."""
+    first = torch.zeros_like(rows)
+    first[:, 0] = True
+    return first
 
 
 class PretrainingModel(nn.Module):
@@ -83,17 +91,25 @@ class PretrainingModel(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor], trace: Trace | None = None) -> PretrainOutput:
         """The losses of one batch; ``trace`` records the encoder's internals (distillation)."""
-        hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
-                              trace)  # (B, T, H)
         labels = batch["mlm_labels"]  # (B, T), -100 where not selected
         selected = labels != -100
         targets = labels[selected]  # (N,)
-        logits = self.mlm_head(hidden[selected], self.encoder.embeddings.word.weight)  # (N, V): only masked rows
+        if trace is None:  # only the masked rows and [CLS] go through the last layer's FFN
+            rows = selected.clone()
+            rows[:, 0] = True
+            out_rows = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                                    rows=rows)  # (M, H), M = N + the [CLS] rows not selected
+            masked, cls = out_rows[selected[rows]], out_rows[_first_column(rows)[rows]]  # (N, H), (B, H)
+        else:  # distillation reads every position of every layer
+            hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                                  trace)  # (B, T, H)
+            masked, cls = hidden[selected], hidden[:, 0]
+        logits = self.mlm_head(masked, self.encoder.embeddings.word.weight)  # (N, V): only masked rows
         # a batch with nothing selected (possible for tiny batches) gives a zero loss, not NaN
         mlm_loss = F.cross_entropy(logits.float(), targets) if targets.numel() else logits.sum() * 0.0
-        out = PretrainOutput(loss=mlm_loss, mlm_loss=mlm_loss, mlm_logits=logits, mlm_targets=targets)
+        out = PretrainOutput(loss=mlm_loss, mlm_loss=mlm_loss, mlm_logits=logits, mlm_targets=targets, cls=cls)
         if self.sentence_head is not None:
-            out.sentence_logits = self.sentence_head(hidden[:, 0])  # (B, 2)
+            out.sentence_logits = self.sentence_head(cls)  # (B, 2)
             out.sentence_loss = F.cross_entropy(out.sentence_logits.float(), batch["sentence_label"], ignore_index=-100)
             out.loss = mlm_loss + self.sentence_weight * out.sentence_loss
         return out

@@ -78,22 +78,16 @@ class _FrozenEval:
 def _run(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]) -> _Pass:
     """One frozen forward per batch: [CLS] features, sentence labels and MLM counts."""
     device = next(model.parameters()).device
-    hidden: list[torch.Tensor] = []
-    hook = model.encoder.register_forward_hook(lambda _m, _i, out: hidden.append(out[:, 0]))  # (B, H)
     feats, labels, correct, total = [], [], 0, 0
-    try:
-        with _FrozenEval(model):
-            for batch in batches:
-                batch = {k: v.to(device) for k, v in batch.items()}
-                hidden.clear()
-                out = model(batch)
-                keep = batch["sentence_label"] != IGNORE_INDEX  # (B,)
-                feats.append(hidden[-1][keep].float().cpu())
-                labels.append(batch["sentence_label"][keep].cpu())
-                correct += int((out.mlm_logits.argmax(-1) == out.mlm_targets).sum())
-                total += out.mlm_targets.numel()
-    finally:
-        hook.remove()
+    with _FrozenEval(model):
+        for batch in batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(batch)
+            keep = batch["sentence_label"] != IGNORE_INDEX  # (B,)
+            feats.append(out.cls[keep].float().cpu())  # (B', H)
+            labels.append(batch["sentence_label"][keep].cpu())
+            correct += int((out.mlm_logits.argmax(-1) == out.mlm_targets).sum())
+            total += out.mlm_targets.numel()
     x = torch.cat(feats) if feats else torch.empty(0, 0)
     y = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long)
     return _Pass(x, y, correct, total)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_modules.config import build_config
-from lightning_modules.encoder import build_encoder, layer_plan
+from lightning_modules.encoder import Trace, build_encoder, layer_plan
 from lightning_modules.heads import build_pretraining_model
 
 
@@ -91,3 +91,27 @@ def test_mlm_logits_only_at_masked_positions_and_decoder_is_tied():
     assert "encoder.embeddings.word.weight" in names
     out.loss.backward()
     assert model.encoder.embeddings.word.weight.grad is not None
+
+
+@pytest.mark.parametrize("preset", ["albert-tiny", "bert-tiny", "mobilebert-mini"])
+def test_last_layer_on_the_needed_rows_only_gives_the_same_outputs_and_gradients(preset):
+    """The pre-training forward runs the last layer's FFN on masked rows and [CLS] only: its
+    losses and every gradient equal those of the full forward (which distillation uses)."""
+    torch.manual_seed(0)
+    cfg = build_config({"model": {"preset": preset, "dropout": 0.0}}).model
+    model = build_pretraining_model(cfg, build_config({}).objective)
+    batch = _batch(V=cfg.vocab_size)
+    batch["attention_mask"][0, -6:] = False  # with padding too
+    sparse = model(batch)
+    sparse.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    full = model(batch, Trace(attention=frozenset()))  # the full path: every position of every layer
+    full.loss.backward()
+    torch.testing.assert_close(sparse.loss, full.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sparse.cls, full.cls, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sparse.mlm_logits, full.mlm_logits, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
