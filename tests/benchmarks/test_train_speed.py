@@ -1,0 +1,39 @@
+"""The benchmark's sides do the same work: from the same weights on the same batches, ablate
+and transformers (every attention and precision setting) give the same losses. No timing here:
+speed is measured by ``ablate bench``, never by the test suite."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.cases import CASES, Case
+from benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
+from benchmarks.train_table import FP32, _block
+
+
+def _small(case: Case) -> Case:
+    """The case at a test's size (same architecture family, fewer layers and a shorter sequence)."""
+    return replace(case, model=replace(case.model, num_layers=2), seq_len=32, batch=4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sides_start_equal_and_stay_close(name, wiki_validation):
+    import torch
+
+    case = _small(CASES[name]())
+    data = batches(case, str(wiki_validation), 4, torch.device("cpu"))
+    sides = build_sides(case, [*FP32, "ablate:bf16", "transformers:eager:bf16"], torch.device("cpu"), max_steps=4)
+    race(sides, data, warmup=1, progress=lambda: None)
+    ours = sides[0]
+    assert ours.name == "ablate fp32" and len(ours.losses) == 4 and len(ours.times) == 3
+    for side in sides:
+        tol = 1e-4 if side.precision == "fp32" else 2e-2
+        assert side.losses[0] == pytest.approx(ours.losses[0], abs=tol), side.name
+        assert side.losses[-1] == pytest.approx(ours.losses[-1], rel=tol * 10), side.name
+        assert tokens_per_s(side, data, 1) > 0
+        side.activation_mb = activation_mb(side, data[0], torch.device("cpu"))
+        assert side.activation_mb > 0
+    lines, _ = _block(name, case, sides, {s.name: tokens_per_s(s, data, 1) for s in sides}, (1.0, None))
+    assert any("same work" in line and "ok at" in line for line in lines)
