@@ -36,8 +36,8 @@ def _config(corpus: str) -> tuple[DataConfig, ObjectiveConfig]:
             ObjectiveConfig(sentence="sop", masking="ngram"))
 
 
-def pipeline_tokens_per_s(corpus: str, batches: int = BATCHES) -> tuple[float, int]:
-    """Tokens (non-padding) per second of one reader, and how many it produced."""
+def pipeline_tokens_per_s(corpus: str, batches: int = BATCHES) -> tuple[float, int, str]:
+    """Tokens (non-padding) per second of one reader, how many it produced, and the tokenizer (JSON)."""
     data, objective = _config(corpus)
     tokenizer, _ = load_or_train_tokenizer(data, 8192)
     stream = iter(PretrainStream(data, objective, tokenizer.to_str(), 0, "train"))
@@ -45,7 +45,7 @@ def pipeline_tokens_per_s(corpus: str, batches: int = BATCHES) -> tuple[float, i
     start, tokens = time.perf_counter(), 0
     for batch in islice(stream, batches):
         tokens += int(batch["attention_mask"].sum())
-    return tokens / (time.perf_counter() - start), tokens
+    return tokens / (time.perf_counter() - start), tokens, tokenizer.to_str()
 
 
 def loader_wait(steps: int = 200) -> tuple[float, float]:
@@ -85,23 +85,26 @@ def _rss_mib(field: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _peak_rss(corpus: str, batches: int) -> dict[str, float]:
-    """In this process: read ``batches`` batches of ``corpus``; RSS before streaming, and the peak, MiB."""
+def _peak_rss(corpus: str, batches: int, tokenizer_file: str) -> dict[str, float]:
+    """In this process: read ``batches`` batches of ``corpus`` with the given tokenizer (nothing
+    trained here); RSS before streaming, and the peak, MiB."""
     data, objective = _config(corpus)
-    tokenizer, _ = load_or_train_tokenizer(data, 8192)
-    stream = iter(PretrainStream(data, objective, tokenizer.to_str(), 0, "train"))
+    stream = iter(PretrainStream(data, objective, Path(tokenizer_file).read_text(), 0, "train"))
     before = _rss_mib("VmRSS")
     for _ in islice(stream, batches):
         pass
     return {"before": before, "peak": _rss_mib("VmHWM")}
 
 
-def streaming_rss(one: str, every: str, batches: int = 5 * BATCHES) -> dict[str, dict[str, float]]:
-    """Peak RSS of reading ``batches`` batches from ``one`` shard and from ``every`` shard, each in a new process."""
+def streaming_rss(one: str, every: str, tokenizer_json: str, batches: int = 5 * BATCHES) -> dict[str, dict[str, float]]:
+    """Peak RSS of reading ``batches`` batches from ``one`` shard and from ``every`` shard, each in
+    a new process, both with the same tokenizer (so that neither trains one)."""
     out = {}
+    tokenizer_file = Path(tempfile.mkdtemp(prefix="ablate-bench-")) / "tokenizer.json"
+    tokenizer_file.write_text(tokenizer_json)
     for label, corpus in (("one shard", one), ("all shards", every)):
         code = ("import json, sys; from benchmarks.data_speed import _peak_rss; "
-                f"print(json.dumps(_peak_rss({corpus!r}, {batches})))")
+                f"print(json.dumps(_peak_rss({corpus!r}, {batches}, {str(tokenizer_file)!r})))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parents[1])
         out[label] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -119,7 +122,7 @@ def _shards(corpus: str) -> tuple[str, str] | None:
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     task = progress.add_task("pipeline tokens/s", total=None)
-    speed, tokens = pipeline_tokens_per_s(args.corpus)
+    speed, tokens, tokenizer_json = pipeline_tokens_per_s(args.corpus)
     progress.update(task, description="quickstart under SimpleProfiler")
     wait, steps_s = loader_wait(args.steps or 200)
     lines = [f"### Data pipeline ({args.corpus}; T=128, B=32, SOP, n-gram masking)", "",
@@ -132,7 +135,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     shards = _shards(args.corpus)
     if shards is not None:
         progress.update(task, description="streaming RSS: one shard, all shards")
-        rss = streaming_rss(*shards)
+        rss = streaming_rss(*shards, tokenizer_json)
         gap = rss["all shards"]["peak"] / rss["one shard"]["peak"] - 1
         lines += [f"| peak RSS, {5 * BATCHES} batches from {label} | {r['peak']:,.0f} MiB (+{r['peak'] - r['before']:,.0f} "
                   f"while streaming) | |" for label, r in rss.items()]

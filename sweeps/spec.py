@@ -97,17 +97,22 @@ class ParamSpace:
 
 @dataclass(frozen=True, config=_STRICT)
 class PrunerSpec:
-    """Optuna pruner on the validation loss: ``none``, ``median``, ``hyperband`` or ``threshold``."""
+    """Optuna pruner on the validation curve: ``none``, ``median``, ``percentile`` (prune a
+    trial worse than ``percentile`` % of the others at the same step; 50 = median),
+    ``hyperband`` or ``threshold`` (above ``upper``)."""
 
-    type: Literal["none", "median", "hyperband", "threshold"] = "median"
+    type: Literal["none", "median", "percentile", "hyperband", "threshold"] = "median"
     n_startup_trials: int = Field(default=2, ge=0)
     n_warmup_steps: int = Field(default=0, ge=0)
+    percentile: float = Field(default=50.0, gt=0.0, lt=100.0)
     upper: float | None = None
 
     def build(self, max_steps: int) -> optuna.pruners.BasePruner:
         factories = {
             "none": lambda: optuna.pruners.NopPruner(),
             "median": lambda: optuna.pruners.MedianPruner(self.n_startup_trials, self.n_warmup_steps),
+            "percentile": lambda: optuna.pruners.PercentilePruner(self.percentile, self.n_startup_trials,
+                                                                  self.n_warmup_steps),
             "hyperband": lambda: optuna.pruners.HyperbandPruner(min_resource=max(1, self.n_warmup_steps),
                                                                 max_resource=max_steps),
             "threshold": lambda: optuna.pruners.ThresholdPruner(upper=self.upper, n_warmup_steps=self.n_warmup_steps),

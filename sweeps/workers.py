@@ -124,6 +124,10 @@ def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: floa
     held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING, TrialState.WAITING)}
     failed = {key(params_of(t)) for t in trials if t.state == TrialState.FAIL}
     todo = [p for p in grid_points(spec) if key(p) not in held]
+    # in a seeded random order, as Optuna's own GridSampler draws its points: a pruner compares
+    # each trial with those before it, and grid order (all of one learning rate first) would
+    # hand it the worst trials first
+    random.Random(spec.name).shuffle(todo)
     todo.sort(key=lambda p: key(p) in failed)  # configurations never tried first
     for params in todo:
         study.enqueue_trial(params)

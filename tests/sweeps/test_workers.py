@@ -1,0 +1,59 @@
+"""The grid queue and the pruners a study can name (no training)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from pydantic import ValidationError
+
+from sweeps import workers
+from sweeps.spec import PrunerSpec, StudySpec
+
+SEARCH = {"optim.lr": {"choices": [1e-4, 1e-3, 3e-3]}, "model.embed_dim": {"choices": [32, 128]},
+          "model.sharing": {"choices": ["all", "none"]}}
+
+
+def _queued(name: str) -> list[dict]:
+    spec = StudySpec(name=name, base={}, search=SEARCH, sampler="grid")
+    study = optuna.create_study(study_name=name, storage=optuna.storages.InMemoryStorage())
+    assert workers.fill_queue(study, spec, created=True) == 12
+    return [t.system_attrs["fixed_params"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+
+
+def test_the_grid_is_queued_once_in_a_seeded_random_order():
+    order = _queued("s")
+    spec = StudySpec(name="s", base={}, search=SEARCH, sampler="grid")
+    assert sorted(map(workers.key, order)) == sorted(map(workers.key, workers.grid_points(spec)))
+    assert order == _queued("s")  # the same study name queues the same order
+    assert order != workers.grid_points(spec)  # not grid order: the first trials are not all one learning rate
+    assert len({p["optim.lr"] for p in order[:4]}) > 1
+
+
+@pytest.mark.parametrize(("raw", "kind"), [
+    ({"type": "none"}, optuna.pruners.NopPruner),
+    ({"type": "median", "n_startup_trials": 3}, optuna.pruners.MedianPruner),
+    ({"type": "percentile", "percentile": 25.0}, optuna.pruners.PercentilePruner),
+    ({"type": "hyperband", "n_warmup_steps": 10}, optuna.pruners.HyperbandPruner),
+    ({"type": "threshold", "upper": 9.0}, optuna.pruners.ThresholdPruner),
+])
+def test_pruners(raw, kind):
+    assert isinstance(PrunerSpec(**raw).build(max_steps=100), kind)
+
+
+def test_percentile_pruner_prunes_below_the_best_quarter():
+    pruner = PrunerSpec(type="percentile", percentile=25.0, n_startup_trials=4).build(max_steps=10)
+    study = optuna.create_study(pruner=pruner)
+    for value in (1.0, 2.0, 3.0, 4.0):  # finished trials; the 25th percentile at step 5 is 1.75
+        trial = study.ask()
+        trial.report(value, 5)
+        study.tell(trial, value)
+    better, worse = study.ask(), study.ask()
+    better.report(1.5, 5)
+    worse.report(2.5, 5)
+    assert not better.should_prune() and worse.should_prune()
+
+
+@pytest.mark.parametrize("percentile", [0.0, 100.0, 150.0])
+def test_percentile_out_of_range_is_refused(percentile):
+    with pytest.raises(ValidationError, match="percentile"):
+        PrunerSpec(type="percentile", percentile=percentile)
