@@ -38,6 +38,7 @@ from lightning_modules.heads import build_pretraining_model
 from lightning_modules.interop import to_transformers
 from lightning_modules.interop_maps import family
 from lightning_modules.pretrain import PretrainModule, param_groups, warmup_linear_decay
+from lightning_modules.profiling import saved_activation_bytes
 
 HF_SENTENCE_LABEL = {"albert": "sentence_order_label", "bert": "next_sentence_label",
                      "mobilebert": "next_sentence_label"}
@@ -158,18 +159,7 @@ def activation_mb(side: Side, batch: Batch, device: torch.device) -> float:
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
     else:
-        held = {t.untyped_storage().data_ptr() for t in [*side.params, *batch.values()]}
-        saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if t.untyped_storage().data_ptr() not in held:
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = side.loss_only(batch)
-        loss.backward()
-        peak = sum(saved.values())
+        peak = saved_activation_bytes(lambda: side.loss_only(batch), [*side.params, *batch.values()])
     for p in side.params:
         p.grad = None
     return peak / 2**20

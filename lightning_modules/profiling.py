@@ -10,7 +10,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -158,21 +158,28 @@ def peak_train_memory(model: PretrainingModel, vocab_size: int, batch: int, seq_
                     model(b).loss.backward()
                     _sync(dev)
                     return torch.cuda.max_memory_allocated(dev) - before
-                held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), *b.values()]}
-                saved: dict[int, int] = {}
-
-                def pack(t: torch.Tensor) -> torch.Tensor:
-                    storage = t.untyped_storage()
-                    if storage.data_ptr() not in held:
-                        saved[storage.data_ptr()] = storage.nbytes()
-                    return t
-
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    loss = model(b).loss
-                loss.backward()
-                return sum(saved.values())
+                return saved_activation_bytes(lambda: model(b).loss,
+                                              [*model.parameters(), *model.buffers(), *b.values()])
         finally:
             model.zero_grad(set_to_none=True)
+
+
+def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torch.Tensor]) -> int:
+    """Bytes of the unique storages autograd saves for backward while ``loss()`` runs (storages
+    of ``held`` — parameters, buffers, the batch — excluded), then runs backward."""
+    exclude = {t.untyped_storage().data_ptr() for t in held}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        value = loss()
+    value.backward()
+    return sum(saved.values())
 
 
 def measure(model: PretrainingModel, vocab_size: int, seq_len: int = 128, device: torch.device | None = None,

@@ -32,22 +32,28 @@ def _sweep(study: Path, log: Path) -> subprocess.Popen:
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _kill_at_first_checkpoint(study: Path, checkpoints: Path, name: str) -> None:
+    """Start a worker on ``study``; SIGKILL it as soon as its first ``last.ckpt`` is written."""
+    log = study.parent / "first.log"
+    proc = _sweep(study, log)
+    try:
+        deadline = time.monotonic() + 400
+        while not list(checkpoints.glob(f"{name}/*/last.ckpt")):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.mark.timeout(900)
 def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_validation):
     study = write_study(tmp_path, wiki_validation, name="killed",
                         search={"model.sharing": {"choices": ["all", "none"]}},
                         trainer={"max_steps": 120, "val_every": 20, "measure": False}, heartbeat=1)
     runs_dir = tmp_path / "runs"
-    proc = _sweep(study, tmp_path / "first.log")
-    try:  # wait for the first checkpoint of a trial, then kill the worker mid-trial
-        deadline = time.monotonic() + 400
-        while not list((runs_dir / "checkpoints").glob("killed/*/last.ckpt")):
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint written"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "killed")  # mid-trial
     storage = f"sqlite:///{runs_dir / 'optuna.db'}"
     uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
     trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
@@ -96,16 +102,7 @@ def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, w
                         teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 200,
                                                                        "trainer.val_every": 20}})
     runs_dir = tmp_path / "runs"
-    proc = _sweep(study, tmp_path / "first.log")
-    try:
-        deadline = time.monotonic() + 400
-        while not list((runs_dir / "checkpoints").glob("teach/*/last.ckpt")):
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no teacher checkpoint written"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "teach")  # mid-teacher
 
     second = _sweep(study, tmp_path / "second.log")
     assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]

@@ -68,13 +68,8 @@ def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subpro
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.timeout(900)
-def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
-    storage, uri = servers
-    study = write_study(tmp_path, wiki_validation, name="two-workers",
-                        search={"model.sharing": {"choices": ["all", "none", "attn"]},
-                                "model.embed_dim": {"choices": [16, 32]}},
-                        trainer={"max_steps": 4, "val_every": 2, "measure": False})
+def _two_workers(study: Path, storage: str, uri: str, tmp_path: Path) -> list[Path]:
+    """Run two workers on ``study`` at once; both must exit 0 (their logs are returned)."""
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
     try:
@@ -84,6 +79,17 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
             if p.poll() is None:
                 os.killpg(p.pid, 9)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    return logs
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
+    storage, uri = servers
+    study = write_study(tmp_path, wiki_validation, name="two-workers",
+                        search={"model.sharing": {"choices": ["all", "none", "attn"]},
+                                "model.embed_dim": {"choices": [16, 32]}},
+                        trainer={"max_steps": 4, "val_every": 2, "measure": False})
+    _two_workers(study, storage, uri, tmp_path)
 
     trials = optuna.load_study(study_name="two-workers", storage=storage).get_trials()
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -115,15 +121,7 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     storage, uri = servers
     study = write_study(tmp_path, wiki_validation, name="two-teach", trainer={"max_steps": 4, "measure": False},
                         teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 150}})
-    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
-    try:
-        codes = [p.wait(timeout=800) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    logs = _two_workers(study, storage, uri, tmp_path)
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("two-teach").experiment_id
