@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from torch.utils.data import DataLoader
 
-from datamodules.corpus import check_corpus, is_validation, iter_documents, num_shards, resolve_corpus
+from datamodules.corpus import DOC_SHUFFLE_BUFFER, check_corpus, is_validation, iter_documents, num_shards, resolve_corpus
 from datamodules.stream import DocumentStream
 from lightning_modules.config import DataConfig
 from lightning_modules.errors import DataError
@@ -150,3 +150,24 @@ def test_ddp_ranks_read_disjoint_documents(wiki_data: Callable[..., DataConfig])
     shares = [set(iter_documents(data, "train", rank=r, world_size=2, shuffle_seed=1, epoch=2)) for r in (0, 1)]
     assert not shares[0] & shares[1]
     assert shares[0] | shares[1] == set(iter_documents(data, "train"))
+
+
+def test_shuffled_stream_reads_one_shard_at_a_time(tmp_path: Path) -> None:
+    """Memory stays flat in the number of shards: the shuffle buffer is fed by one shard at a
+    time (``datasets`` would otherwise open up to 10 readers at once), in a seeded shard order."""
+    for k in range(4):
+        (tmp_path / f"part{k}.txt").write_text("\n\n".join(f"Doc {k}-{i}." for i in range(600)), encoding="utf-8")
+    data = _cfg(tmp_path)
+
+    def firsts(seed: int, epoch: int) -> dict[str, int]:
+        """Stream position of each shard's first document, in stream order."""
+        shards = [doc.split("-")[0] for doc in iter_documents(data, None, shuffle_seed=seed, epoch=epoch)]
+        assert len(shards) == 2400
+        return dict(sorted(((s, shards.index(s)) for s in set(shards)), key=lambda item: item[1]))
+
+    # A shard is opened only when the one before is used up: its first document cannot come out
+    # before the earlier shards' documents, less what the buffer still holds.
+    for k, first in enumerate(firsts(0, 0).values()):
+        assert first >= 600 * k - DOC_SHUFFLE_BUFFER, firsts(0, 0)
+    orders = {tuple(firsts(seed, epoch)) for seed in range(3) for epoch in range(2)}
+    assert len(orders) > 1  # the shard order itself is shuffled by seed and epoch
