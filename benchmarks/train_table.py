@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 from rich.progress import Progress
 
 from benchmarks.cases import CASES
+from benchmarks.ceiling import Ceiling, matmul_peak, step_flops
 from benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
 
 FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]
@@ -29,6 +31,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
              f"same weights and batches ({args.corpus}); {WARMUP} warm-up steps, then the median of {steps} "
              f"alternating steps.", ""]
     all_ok = True
+    peaks: dict[str, float] = {}  # matmul peak per precision, measured once
     for name in names:
         case = CASES[name]()
         settings = FP32 + BF16 + (["ablate:fp32:compile", "ablate:bf16:compile"] if args.compile else [])
@@ -42,7 +45,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         for s in sides:
             s.activation_mb = activation_mb(s, data[0], device)
         block, ok = _block(name, case, sides, speed, TARGETS[name])
-        lines += block
+        lines += block[:-1] + _ceiling(sides, speed, data[WARMUP], device, peaks)  # block ends in a blank line
         all_ok &= ok
     return lines, all_ok
 
@@ -75,3 +78,25 @@ def _block(name: str, case, sides: list[Side], speed: dict[str, float],
     lines += [best_line, f"- same work: fp32 losses at step 1 differ by at most {first_gap:.1e} "
                          f"({_mark(first_gap <= SAME_START)} at {SAME_START:.0e}); last-step losses above", ""]
     return lines, ok
+
+
+def _ceiling(sides: list[Side], speed: dict[str, float], batch: dict[str, torch.Tensor], device: torch.device,
+             peaks: dict[str, float]) -> list[str]:
+    """The work of each side's best step and how fast ablate's could go at the machine's peak."""
+    ours = max((s for s in sides if s.library == "ablate"), key=lambda s: speed[s.name])
+    theirs = max((s for s in sides if s.library == "transformers"), key=lambda s: speed[s.name])
+    # a compiled side does the eager side's arithmetic; count FLOPs on the eager one
+    eager = next(s for s in sides if s.name == f"ablate {ours.precision}")
+    if ours.precision not in peaks:
+        peaks[ours.precision] = matmul_peak(ours.precision, device)
+    ceiling = Ceiling(step_flops(eager, batch), peaks[ours.precision])
+    their_flops = step_flops(theirs, batch)
+    ours_s, theirs_s = statistics.median(ours.times), statistics.median(theirs.times)
+    return [f"- work per step (forward + backward, torch's FlopCounterMode): ablate {ceiling.flops / 1e9:.1f} GFLOP, "
+            f"transformers {their_flops / 1e9:.1f} GFLOP",
+            f"- {ours.name} runs at {ceiling.flops / ours_s / 1e9:.0f} GFLOP/s, "
+            f"{ceiling.flops / ours_s / ceiling.peak:.0%} of this machine's {ours.precision} matmul peak "
+            f"({ceiling.peak / 1e9:.0f} GFLOP/s, 2048^3); {theirs.name} at {their_flops / theirs_s / 1e9:.0f} GFLOP/s",
+            f"- ceiling: with all of its work at that peak and nothing else costing time, ablate's step would take "
+            f"{ceiling.min_step_s * 1e3:.0f} ms against {ours_s * 1e3:.0f} ms now: best against best could reach at "
+            f"most **{theirs_s / ceiling.min_step_s:.2f}x**", ""]
