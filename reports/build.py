@@ -11,6 +11,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table as RichTable
 
 from lightning_modules.errors import StorageError
@@ -145,8 +146,10 @@ def build_report(
 
 
 def render_console(result: ReportResult, console: Console | None = None) -> None:
-    """Print the table, missing cells and output paths to the terminal with rich."""
-    console = console or Console()
+    """Print the table, missing cells and output paths to the terminal with rich.
+
+    Piped or logged (not a terminal), the console is as wide as the table, so that no
+    header is cut to an ellipsis at rich's default 80 columns."""
     table = result.table
     headers, text, bold = cells(table)
     rt = RichTable(title=table.spec.title, header_style="bold")
@@ -155,6 +158,11 @@ def render_console(result: ReportResult, console: Console | None = None) -> None
         rt.add_column(h, justify="left" if i < n_keys else "right")
     for t, b in zip(text, bold, strict=True):
         rt.add_row(*(f"[bold green]{escape(s)}[/]" if bb else escape(s) for s, bb in zip(t, b, strict=True)))
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            natural = Measurement.get(console, console.options.update_width(10_000), rt).maximum
+            console = Console(width=max(console.width, natural))
     console.print(rt)
     for m in result.missing:
         console.print(f"[yellow]missing[/] {m}", highlight=False)

@@ -69,3 +69,14 @@ def test_unreachable_store(spec, tmp_path):
     with pytest.raises(StorageError, match=r"^http://127\.0\.0\.1:9"):
         build_report(spec, STUDY, "http://127.0.0.1:9", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_piped_console_output_keeps_every_header_whole(store, spec, tmp_path, monkeypatch, capsys):
+    """Logged or piped (not a terminal), the table is not squeezed to the default width."""
+    res = build_report(spec, STUDY, store.uri, tmp_path / "out", log_to_parent=False)
+    monkeypatch.setenv("COLUMNS", "40")  # a console narrower than the table
+    render_console(res)
+    out = capsys.readouterr().out
+    headers, _, _ = build_mod.cells(res.table)
+    assert "…" not in out
+    assert all(h in out for h in headers), headers
