@@ -3,7 +3,15 @@
 - :mod:`benchmarks.train_speed`: ablate's training step against Hugging Face transformers'
   ``*ForPreTraining`` at the same configuration, same weights and same batches, alternated
   in one process.
+- :mod:`benchmarks.ceiling`: a step's FLOPs and the machine's matmul peak, the bound on any
+  speed-up for the same arithmetic.
+- :mod:`benchmarks.precision`: bf16 and ``torch.compile`` against fp32 over 300 steps.
 - :mod:`benchmarks.data_speed`: the data pipeline's tokens/s per worker and the memory of
   streaming one shard against many.
 - :mod:`benchmarks.sweep_pruning`: the wall time Optuna pruning saves on a 12-trial study.
 """
+
+
+def mark(ok: bool) -> str:
+    """How a table states a target: met or missed."""
+    return "ok" if ok else "MISSED"

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
+from benchmarks import mark
 from datamodules.stream import PretrainStream
 from datamodules.tokenizer import load_or_train_tokenizer
 from lightning_modules.config import DataConfig, ObjectiveConfig
@@ -125,13 +126,14 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     speed, tokens, tokenizer_json = pipeline_tokens_per_s(args.corpus)
     progress.update(task, description="quickstart under SimpleProfiler")
     wait, steps_s = loader_wait(args.steps or 200)
+    speed_ok, wait_ok = speed >= TARGET_TOKENS_S, wait < TARGET_WAIT
     lines = [f"### Data pipeline ({args.corpus}; T=128, B=32, SOP, n-gram masking)", "",
              "| measure | value | target |", "|---|---:|---|",
              f"| tokens/s, one worker ({tokens:,} tokens) | {speed:,.0f} | >= {TARGET_TOKENS_S:,} "
-             f"({'ok' if speed >= TARGET_TOKENS_S else 'MISSED'}) |",
+             f"({mark(speed_ok)}) |",
              f"| quickstart: loop waiting for data ({steps_s:.1f} steps/s) | {wait:.1%} | < {TARGET_WAIT:.0%} "
-             f"({'ok' if wait < TARGET_WAIT else 'MISSED'}) |"]
-    ok = speed >= TARGET_TOKENS_S and wait < TARGET_WAIT
+             f"({mark(wait_ok)}) |"]
+    ok = speed_ok and wait_ok
     shards = _shards(args.corpus)
     if shards is not None:
         progress.update(task, description="streaming RSS: one shard, all shards")
@@ -139,7 +141,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         gap = rss["all shards"]["peak"] / rss["one shard"]["peak"] - 1
         lines += [f"| peak RSS, {5 * BATCHES} batches from {label} | {r['peak']:,.0f} MiB (+{r['peak'] - r['before']:,.0f} "
                   f"while streaming) | |" for label, r in rss.items()]
-        lines.append(f"| all shards vs one | {gap:+.1%} | < {TARGET_RSS:.0%} ({'ok' if abs(gap) < TARGET_RSS else 'MISSED'}) |")
+        lines.append(f"| all shards vs one | {gap:+.1%} | < {TARGET_RSS:.0%} ({mark(abs(gap) < TARGET_RSS)}) |")
         ok &= abs(gap) < TARGET_RSS
     else:
         lines.append("| streaming RSS | not measured: --corpus is not a folder or glob of several train-* shards | |")

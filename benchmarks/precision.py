@@ -9,6 +9,7 @@ import statistics
 import torch
 from rich.progress import Progress
 
+from benchmarks import mark
 from benchmarks.cases import CASES
 from benchmarks.train_speed import batches, build_sides, race, tokens_per_s
 
@@ -41,5 +42,5 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
                          f"{reached[s.name]:.4f} | {gap:+.2%} |")
             all_ok &= abs(gap) <= TOLERANCE
         lines += ["", f"- every setting within {TOLERANCE:.0%} of fp32's loss: "
-                      f"{'ok' if all_ok else 'MISSED'}", ""]
+                      f"{mark(all_ok)}", ""]
     return lines, all_ok

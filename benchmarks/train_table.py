@@ -8,6 +8,7 @@ import statistics
 import torch
 from rich.progress import Progress
 
+from benchmarks import mark
 from benchmarks.cases import CASES
 from benchmarks.ceiling import Ceiling, matmul_peak, step_flops
 from benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
@@ -16,10 +17,6 @@ FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]
 BF16 = ["ablate:bf16", "transformers:sdpa:bf16", "transformers:eager:bf16"]
 WARMUP = 3
 SAME_START = 1e-4  # first-step losses from the same weights on the same batch agree this closely
-
-
-def _mark(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
 
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
@@ -70,13 +67,13 @@ def _block(name: str, case, sides: list[Side], speed: dict[str, float],
     fp32_target, best_target = targets
     ok = ours_fp32 / hf_fp32 >= fp32_target and first_gap <= SAME_START
     lines += ["", f"- fp32 against fp32 (transformers' faster attention): **{ours_fp32 / hf_fp32:.2f}x** "
-                  f"(target {fp32_target}x: {_mark(ours_fp32 / hf_fp32 >= fp32_target)})"]
+                  f"(target {fp32_target}x: {mark(ours_fp32 / hf_fp32 >= fp32_target)})"]
     best_line = f"- best against best: **{ours_best / hf_best:.2f}x**"
     if best_target is not None:
-        best_line += f" (target {best_target}x: {_mark(ours_best / hf_best >= best_target)})"
+        best_line += f" (target {best_target}x: {mark(ours_best / hf_best >= best_target)})"
         ok &= ours_best / hf_best >= best_target
     lines += [best_line, f"- same work: fp32 losses at step 1 differ by at most {first_gap:.1e} "
-                         f"({_mark(first_gap <= SAME_START)} at {SAME_START:.0e}); last-step losses above", ""]
+                         f"({mark(first_gap <= SAME_START)} at {SAME_START:.0e}); last-step losses above", ""]
     return lines, ok
 
 
