@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from lightning_modules.config import prediction_slots
+
 Strategy = Literal["token", "whole_word", "ngram"]
 IGNORE_INDEX = -100
 NUM_SPECIAL = 5  # [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4
@@ -116,6 +118,17 @@ def select_positions(
     return chosen_words.gather(1, _word_index(starts)) & candidates
 
 
+def cap_selection(selected: torch.Tensor, limit: int, generator: torch.Generator) -> torch.Tensor:
+    """``selected`` (B, T) with at most ``limit`` True positions in all: when there are more,
+    a random ``limit`` of them are kept (the generator is not used otherwise)."""
+    if int(selected.sum()) <= limit:
+        return selected
+    score = torch.rand(selected.shape, generator=generator, device=selected.device).masked_fill_(~selected, -1.0)
+    keep = torch.zeros(selected.numel(), dtype=torch.bool, device=selected.device)
+    keep[score.flatten().topk(limit).indices] = True
+    return keep.view_as(selected)
+
+
 def mask_tokens(
     input_ids: torch.Tensor,
     special_mask: torch.Tensor,
@@ -146,9 +159,11 @@ def mask_tokens(
 
     Returns:
         ``(masked_ids, labels)``: the corrupted ids, and labels equal to the original id
-        at selected positions and -100 elsewhere.
+        at selected positions and -100 elsewhere. At most
+        :func:`~lightning_modules.config.prediction_slots` positions are selected in the batch.
     """
     selected = select_positions(special_mask, prob, strategy, max_ngram, generator, word_starts)
+    selected = cap_selection(selected, prediction_slots(selected.numel(), prob), generator)
     labels = torch.where(selected, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     action = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
     random_ids = torch.randint(

@@ -107,21 +107,26 @@ def collate(
     vocab_size: int,
     continuation: torch.Tensor,
     generator: torch.Generator,
+    width: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Pad instances into a batch and mask it.
+
+    With ``width`` (``data.max_length``), every batch is padded to it: one shape for every
+    step, so a compiled model runs one graph (and CUDA graphs can replay it). Instances are
+    packed up to that length, so little is padding.
 
     Returns:
         ``input_ids`` (B, T) long ``[CLS] A [SEP] B [SEP]`` then ``[PAD]``;
         ``token_type_ids`` (B, T) long, 1 on ``B [SEP]``; ``attention_mask`` (B, T) bool;
         ``mlm_labels`` (B, T) long, -100 except at selected positions; ``sentence_label``
-        (B,) long. T is the longest sequence in the batch.
+        (B,) long. T is ``width``, or the longest sequence in the batch without it.
     """
     rows, types = [], []
     for a, b, _ in instances:
         first = [ids.cls, *a, ids.sep]
         rows.append(first + [*b, ids.sep] if b else first)
         types.append((len(first), len(b) + 1 if b else 0))
-    width = max(len(r) for r in rows)
+    width = max(width or 0, *(len(r) for r in rows))
     input_ids = torch.tensor([r + [ids.pad] * (width - len(r)) for r in rows], dtype=torch.long)
     positions = torch.arange(width)
     len_a = torch.tensor([t[0] for t in types]).unsqueeze(1)
@@ -249,6 +254,7 @@ class PretrainStream(torch.utils.data.IterableDataset):
             batches = itertools.islice(batches, len(range(worker, self.max_batches, num_workers)))
         skip = len(range(worker, self.skip, num_workers))  # worker w yielded global batches w, w + k, ...
         for i, chunk in enumerate(batches):
-            batch = collate(chunk, ids, self.objective, vocab_size, continuation, generator)  # advances the masks
+            batch = collate(chunk, ids, self.objective, vocab_size, continuation, generator,  # advances the masks
+                            self.data.max_length)
             if i >= skip:
                 yield batch

@@ -159,6 +159,18 @@ class ModelConfig:
         return (uniform,) * self.num_layers
 
 
+def prediction_slots(tokens: int, mask_prob: float) -> int:
+    """How many MLM predictions a batch of ``tokens`` positions has room for: 1.25x the
+    expected count, a multiple of 8, at most ``tokens``.
+
+    The number is fixed for a batch shape, so the model's MLM head runs on a tensor of static
+    shape (one compiled graph, CUDA graphs possible, no host sync to learn a count); the
+    masking caps its selection to it (:func:`datamodules.masking.cap_selection`), which
+    binds only in rare batches far above the expected count."""
+    slots = -(-int(1.25 * tokens * mask_prob) // 8) * 8
+    return min(tokens, slots)
+
+
 @dataclass(frozen=True, config=_STRICT)
 class ObjectiveConfig:
     """Pre-training objective.

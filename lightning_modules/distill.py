@@ -71,6 +71,7 @@ class DistillModule(PretrainModule):
             raise ConfigError(f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
                               f"student's model.vocab_size is {student_cfg.vocab_size}")
         self.teacher = teacher.eval().requires_grad_(False)
+        self.teacher.mask_prob = self.model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         self.stages = schedule(d, student_cfg.num_layers, cfg.trainer.max_steps)
         self.layer_map = list(d.layer_map) if d.layer_map is not None else layer_map(
             student_cfg.num_layers, teacher_cfg.num_layers)
@@ -157,7 +158,8 @@ class DistillModule(PretrainModule):
             losses["embed"] = feature_map_loss(self._project(s_trace.embedding, -1), t_trace.embedding, mask)
         if pd:
             losses["mlm"] = out.mlm_loss
-            losses["kd"] = kd_loss(out.mlm_logits, teacher_out.mlm_logits, self.cfg.distill.temperature)
+            losses["kd"] = kd_loss(out.mlm_logits, teacher_out.mlm_logits, self.cfg.distill.temperature,
+                                   out.mlm_valid)
             if out.sentence_loss is not None:
                 losses["sentence"] = out.sentence_loss
         return losses

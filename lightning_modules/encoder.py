@@ -102,14 +102,13 @@ class Encoder(nn.Module):
         With a ``trace``, the embedding output, each layer's output and the attention scores
         it asks for are recorded in it, and the stack stops after ``trace.until``.
 
-        With ``rows`` ((B, T) bool: the positions whose output is needed, e.g. the masked
-        ones and [CLS]), the last layer's attention still reads every position but its
-        feed-forward stack (and bottleneck exit) runs on those rows only, and the output is
-        ``(N, H)``, the rows in row-major order: the same values, without the work on rows
-        nobody reads."""
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask[:, None, None, :]  # (B, 1, 1, T): padding keys are not attended
+        With ``rows`` ((R,) long: indices into the flattened (B*T) positions whose output is
+        needed, e.g. the masked ones and [CLS]), the last layer's attention still reads every
+        position but its feed-forward stack (and bottleneck exit) runs on those rows only, and
+        the output is ``(R, H)`` in that order: the same values, without the work on rows
+        nobody reads. Nothing here depends on the values of the inputs (no host sync), so the
+        forward compiles to one graph."""
+        mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T), True = attend
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         if trace is not None:
             trace.embedding = x
@@ -143,7 +142,7 @@ class Encoder(nn.Module):
             qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
             h = self.attentions[step.attention](h, qk, mask, v, keep=keep)  # residual at I
         if rows is not None:  # what follows is per position
-            h, x = h[rows], x[rows]  # (N, I), (N, H)
+            h, x = h.flatten(0, 1)[rows], x.flatten(0, 1)[rows]  # (R, I), (R, H)
         for sublayer in self.ffn_stacks[step.ffn]:
             h = sublayer(h)  # (B, T, I)
         return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)

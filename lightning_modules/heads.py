@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules.components.norms import ACT2FN, NORM2FN
-from lightning_modules.config import ModelConfig, ObjectiveConfig
+from lightning_modules.config import ModelConfig, ObjectiveConfig, prediction_slots
 from lightning_modules.encoder import Encoder, Trace, build_encoder, init_weights
 
 
@@ -62,55 +62,81 @@ class SentenceHead(nn.Module):
 
 @dataclass
 class PretrainOutput:
-    """Losses and the logits the metrics need."""
+    """Losses and the logits the metrics need.
+
+    The MLM tensors have one row per prediction slot (:func:`prediction_slots`): the masked
+    positions in row-major order, then padding slots whose target is -100 (``IGNORE``).
+    """
 
     loss: torch.Tensor
     mlm_loss: torch.Tensor
-    mlm_logits: torch.Tensor  # (N, V) at masked positions
-    mlm_targets: torch.Tensor  # (N,)
+    mlm_logits: torch.Tensor  # (K, V) at the K prediction slots
+    mlm_targets: torch.Tensor  # (K,), -100 on padding slots
     cls: torch.Tensor | None = None  # (B, H): the last layer's [CLS] vectors
     sentence_loss: torch.Tensor | None = None
     sentence_logits: torch.Tensor | None = None  # (B, 2)
 
+    @property
+    def mlm_valid(self) -> torch.Tensor:
+        """(K,) bool: the slots that hold a masked position."""
+        return self.mlm_targets != IGNORE
 
-def _first_column(rows: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool, True in column 0 only ([CLS])."""
-    first = torch.zeros_like(rows)
-    first[:, 0] = True
-    return first
+
+IGNORE = -100
+
+
+def masked_positions(labels: torch.Tensor, mask_prob: float) -> torch.Tensor:
+    """labels (B, T), -100 where not selected -> (K,) indices into the flattened (B*T) positions:
+    the selected ones in row-major order, then unselected ones as padding (K =
+    :func:`prediction_slots`). A static shape for a given batch shape: no host sync, one graph."""
+    slots = prediction_slots(labels.numel(), mask_prob)
+    unselected = (labels.flatten() == IGNORE).to(torch.uint8)  # 0 first: the selected positions
+    return torch.sort(unselected, stable=True).indices[:slots]
+
+
+def mean_over_valid(losses: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean of ``losses`` where ``valid``; 0 (not NaN) when nothing is valid."""
+    return (losses * valid).sum() / valid.sum().clamp_min(1)
 
 
 class PretrainingModel(nn.Module):
-    """Encoder + MLM head + optional sentence head; the loss of one batch."""
+    """Encoder + MLM head + optional sentence head; the loss of one batch.
+
+    Args:
+        mask_prob: ``objective.mask_prob``, which sets the number of prediction slots.
+    """
 
     def __init__(self, encoder: Encoder, mlm_head: MLMHead, sentence_head: SentenceHead | None,
-                 sentence_weight: float = 1.0) -> None:
+                 sentence_weight: float = 1.0, mask_prob: float = 0.15) -> None:
         super().__init__()
         self.encoder, self.mlm_head, self.sentence_head = encoder, mlm_head, sentence_head
-        self.sentence_weight = sentence_weight
+        self.sentence_weight, self.mask_prob = sentence_weight, mask_prob
 
     def forward(self, batch: dict[str, torch.Tensor], trace: Trace | None = None) -> PretrainOutput:
-        """The losses of one batch; ``trace`` records the encoder's internals (distillation)."""
+        """The losses of one batch; ``trace`` records the encoder's internals (distillation).
+
+        Every shape is fixed by the batch shape (no boolean indexing): compiled, the forward and
+        backward are one graph."""
         labels = batch["mlm_labels"]  # (B, T), -100 where not selected
-        selected = labels != -100
-        targets = labels[selected]  # (N,)
-        if trace is None:  # only the masked rows and [CLS] go through the last layer's FFN
-            rows = selected.clone()
-            rows[:, 0] = True
-            out_rows = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
-                                    rows=rows)  # (M, H), M = N + the [CLS] rows not selected
-            masked, cls = out_rows[selected[rows]], out_rows[_first_column(rows)[rows]]  # (N, H), (B, H)
+        B, T = labels.shape
+        positions = masked_positions(labels, self.mask_prob)  # (K,)
+        targets = labels.flatten()[positions]  # (K,), -100 on padding slots
+        inputs = batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask")
+        if trace is None:  # only the prediction slots and [CLS] go through the last layer's FFN
+            first = torch.arange(B, device=labels.device) * T  # (B,) [CLS] of each row
+            out_rows = self.encoder(*inputs, rows=torch.cat([positions, first]))  # (K + B, H)
+            masked, cls = out_rows[: positions.numel()], out_rows[positions.numel():]  # (K, H), (B, H)
         else:  # distillation reads every position of every layer
-            hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
-                                  trace)  # (B, T, H)
-            masked, cls = hidden[selected], hidden[:, 0]
-        logits = self.mlm_head(masked, self.encoder.embeddings.word.weight)  # (N, V): only masked rows
-        # a batch with nothing selected (possible for tiny batches) gives a zero loss, not NaN
-        mlm_loss = F.cross_entropy(logits.float(), targets) if targets.numel() else logits.sum() * 0.0
+            hidden = self.encoder(*inputs, trace)  # (B, T, H)
+            masked, cls = hidden.flatten(0, 1)[positions], hidden[:, 0]
+        logits = self.mlm_head(masked, self.encoder.embeddings.word.weight)  # (K, V)
+        per_slot = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE, reduction="none")  # (K,)
+        mlm_loss = mean_over_valid(per_slot, targets != IGNORE)
         out = PretrainOutput(loss=mlm_loss, mlm_loss=mlm_loss, mlm_logits=logits, mlm_targets=targets, cls=cls)
         if self.sentence_head is not None:
             out.sentence_logits = self.sentence_head(cls)  # (B, 2)
-            out.sentence_loss = F.cross_entropy(out.sentence_logits.float(), batch["sentence_label"], ignore_index=-100)
+            out.sentence_loss = F.cross_entropy(out.sentence_logits.float(), batch["sentence_label"],
+                                                ignore_index=IGNORE)
             out.loss = mlm_loss + self.sentence_weight * out.sentence_loss
         return out
 
@@ -122,4 +148,4 @@ def build_pretraining_model(model: ModelConfig, objective: ObjectiveConfig) -> P
     sentence_head = SentenceHead(model) if objective.sentence != "none" else None
     heads = nn.ModuleList([mlm_head] + ([sentence_head] if sentence_head else []))
     heads.apply(lambda m: init_weights(m, model.init_std))
-    return PretrainingModel(encoder, mlm_head, sentence_head, objective.sentence_weight)
+    return PretrainingModel(encoder, mlm_head, sentence_head, objective.sentence_weight, objective.mask_prob)

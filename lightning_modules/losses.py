@@ -73,11 +73,13 @@ def attention_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor, h
     return (kl.mean(dim=1) * w).sum() / w.sum().clamp_min(1.0)
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
+            valid: torch.Tensor | None = None) -> torch.Tensor:
     """KD: KL(teacher || student) of the temperature-softened (N, V) MLM distributions, times T^2,
-    averaged over the N masked positions (0 when there are none)."""
-    if student_logits.shape[0] == 0:
-        return student_logits.sum() * 0.0
+    averaged over the rows where ``valid`` ((N,) bool; None = every row), 0 when there are none."""
     s_log = F.log_softmax(student_logits.float() / temperature, dim=-1)
     t_log = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    return F.kl_div(s_log, t_log, reduction="batchmean", log_target=True) * temperature**2
+    per_row = F.kl_div(s_log, t_log, reduction="none", log_target=True).sum(dim=-1)  # (N,)
+    if valid is None:
+        valid = torch.ones_like(per_row, dtype=torch.bool)
+    return (per_row * valid).sum() / valid.sum().clamp_min(1) * temperature**2

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datamodules.masking import mask_tokens, ngram_probs, ngram_start_rate
+from datamodules.masking import cap_selection, mask_tokens, ngram_probs, ngram_start_rate
+from lightning_modules.config import prediction_slots
 
 VOCAB, MASK, PAD, CLS, SEP = 1000, 4, 0, 2, 3
 
@@ -122,3 +123,16 @@ def test_same_generator_seed_same_masks() -> None:
     assert torch.equal(a[3], b[3]) and torch.equal(a[4], b[4])
     c = _mask("ngram", seed=8)
     assert not torch.equal(a[4], c[4])
+
+
+def test_cap_keeps_a_random_subset_of_the_selection():
+    """The model's MLM head has a static number of rows (prediction_slots); a batch that selects
+    more keeps a random subset of that size."""
+    assert prediction_slots(16 * 128, 0.15) == 384 and prediction_slots(32, 0.5) == 24
+    g = torch.Generator().manual_seed(0)
+    selected = torch.rand(8, 64, generator=g) < 0.5
+    capped = cap_selection(selected, 40, g)
+    assert int(capped.sum()) == 40 and not (capped & ~selected).any()
+    assert cap_selection(selected, 1000, g) is selected  # under the cap: untouched, no draw
+    again = cap_selection(selected, 40, torch.Generator().manual_seed(1))
+    assert not torch.equal(again, capped)  # which ones are dropped is random, not the first ones

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.config import build_config
+from lightning_modules.config import build_config, prediction_slots
 from lightning_modules.encoder import Trace, build_encoder, layer_plan
 from lightning_modules.heads import build_pretraining_model
 
@@ -79,11 +79,16 @@ def test_stacked_ffn_and_padding_mask():
 
 
 def test_mlm_logits_only_at_masked_positions_and_decoder_is_tied():
-    model = build_pretraining_model(_cfg(embed_dim=32), build_config({}).objective)
+    objective = build_config({"objective": {"mask_prob": 0.2}}).objective  # the batch masks 1 in 5
+    model = build_pretraining_model(_cfg(embed_dim=32), objective)
     batch = _batch()
     out = model(batch)
-    n = int((batch["mlm_labels"] != -100).sum())
-    assert out.mlm_logits.shape == (n, 8192)
+    labels = batch["mlm_labels"]
+    selected = labels[labels != -100]  # row-major
+    slots = prediction_slots(labels.numel(), 0.2)  # a static number of rows, not the whole sequence
+    assert out.mlm_logits.shape == (slots, 8192) and slots < labels.numel()
+    assert torch.equal(out.mlm_targets[: selected.numel()], selected)  # the masked positions first, in order
+    assert (out.mlm_targets[selected.numel():] == -100).all() and out.mlm_valid.sum() == selected.numel()
     assert out.sentence_logits.shape == (4, 2)
     names = [n for n, _ in model.named_parameters()]
     assert not any(n.startswith("mlm_head") and "weight" in n and p.shape == (8192, 32)
