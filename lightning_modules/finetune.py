@@ -21,7 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, M
 from lightning_modules.config import ExperimentConfig
 from lightning_modules.encoder import Encoder
 from lightning_modules.heads import PretrainingModel
-from lightning_modules.pretrain import param_groups, warmup_linear_decay
+from lightning_modules.pretrain import adamw, param_groups, use_tensor_cores, warmup_linear_decay
 
 
 class ClassificationHead(nn.Module):
@@ -117,10 +117,12 @@ class FinetuneModule(pl.LightningModule):
         for metric in (*self.metrics.values(), self.val_loss):
             metric.reset()
 
+    def on_fit_start(self) -> None:
+        use_tensor_cores(self.device)
+
     def configure_optimizers(self):
         f = self.cfg.finetune
-        optimizer = torch.optim.AdamW(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr,
-                                      eps=self.cfg.optim.eps, foreach=True)
+        optimizer = adamw(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr, eps=self.cfg.optim.eps)
         schedule = warmup_linear_decay(type(self.cfg.optim)(warmup_steps=max(1, f.max_steps // 10)), f.max_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -10,7 +10,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from lightning_modules.config import ExperimentConfig, OptimConfig
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
+from lightning_modules.heads import IGNORE, PretrainingModel, build_pretraining_model
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -18,6 +18,21 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(groups: list[dict], lr: float, eps: float = 1e-8) -> torch.optim.AdamW:
+    """AdamW over ``groups``, fused (one kernel for every parameter) where PyTorch has the fused
+    kernel for their device (CUDA, CPU), else the multi-tensor implementation."""
+    params = [p for group in groups for p in group["params"]]
+    fused = bool(params) and all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
+
+
+def use_tensor_cores(device: torch.device) -> None:
+    """fp32 matmuls on TF32 tensor cores on a CUDA device (Ampere and later; bf16 autocast is
+    unaffected); nothing elsewhere."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
 
 
 def warmup_linear_decay(optim: OptimConfig, max_steps: int):
@@ -44,13 +59,13 @@ class PretrainModule(pl.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
-        if cfg.trainer.compile:
-            self.model.encoder = torch.compile(self.model.encoder)
+        if cfg.trainer.compile:  # the whole forward and loss: one graph (tests/lightning_modules/test_compile.py)
+            self.model.compile()
         V = cfg.model.vocab_size
         self.val_loss = MeanMetric()
         self.val_mlm_loss = MeanMetric()
-        self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro")
-        self.val_mlm_ppl = Perplexity()
+        self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro", ignore_index=IGNORE)
+        self.val_mlm_ppl = Perplexity(ignore_index=IGNORE)
         self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
 
     def forward(self, batch: dict[str, torch.Tensor]):
@@ -71,10 +86,9 @@ class PretrainModule(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         out = self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
-        if out.mlm_targets.numel():
-            self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_targets.numel())
-            self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)
-            self.val_mlm_ppl.update(out.mlm_logits.float()[None], out.mlm_targets[None])  # (1, N, V)
+        self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_valid.sum().float())
+        self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)  # padding slots (-100) are ignored
+        self.val_mlm_ppl.update(out.mlm_logits.float()[None], out.mlm_targets[None])  # (1, K, V)
         if out.sentence_logits is not None:
             self.val_sentence_acc.update(out.sentence_logits, batch["sentence_label"])
 
@@ -88,13 +102,15 @@ class PretrainModule(pl.LightningModule):
                 self.log(name, metric.compute(), prog_bar=name in ("val/loss", "val/mlm_acc"), sync_dist=True)
             metric.reset()
 
+    def on_fit_start(self) -> None:
+        use_tensor_cores(self.device)
+
     def trainable_modules(self) -> nn.Module:
         """What the optimizer trains (the model; a distillation adds its projections)."""
         return self.model
 
     def configure_optimizers(self):
         o, steps = self.cfg.optim, self.cfg.trainer.max_steps
-        optimizer = torch.optim.AdamW(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps,
-                                      foreach=True)
+        optimizer = adamw(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
