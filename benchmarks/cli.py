@@ -12,8 +12,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from benchmarks.cases import CASES
+
 SUITES = ("train", "precision", "data", "pruning")
-TARGETS = {"albert-tiny": (1.6, 3.0), "bert-tiny": (1.6, None), "mobilebert-small": (1.3, None)}
 console = Console(highlight=False, soft_wrap=True)
 
 
@@ -22,11 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
                              "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
                              "study with and without pruning")
-    parser.add_argument("--case", action="append", choices=["albert-tiny", "bert-tiny", "mobilebert-small"],
-                        help="configuration(s) for train/precision (default: all for train, albert-tiny else)")
+    parser.add_argument("--case", action="append", choices=list(CASES),
+                        help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
+                             "on a CPU and the GPU-sized ones on CUDA; one small case for the others)")
     parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (train: 20; precision: 300)")
-    parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile")
+    parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile (always on CUDA)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables as markdown here")
 

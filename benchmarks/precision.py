@@ -21,7 +21,7 @@ TOLERANCE = 0.02
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 300
     lines, all_ok = [], True
-    for name in args.case or ["albert-tiny"]:
+    for name in args.case or ["bert-small" if device.type == "cuda" else "albert-tiny"]:
         case = CASES[name]()
         settings = ["ablate:fp32", "ablate:bf16"] + (["ablate:fp32:compile", "ablate:bf16:compile"]
                                                      if args.compile else [])

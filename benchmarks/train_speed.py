@@ -12,10 +12,13 @@ steps shows it did the same work.
 What a step is, on each side:
 
 - ablate: ``PretrainModule.training_step`` (MLM + sentence loss, the NaN guard), backward,
-  the module's own optimizer (AdamW, ``foreach``) and schedule.
+  the module's own optimizer (fused AdamW) and schedule; compiled, the whole forward and loss
+  are one graph.
 - transformers: ``model(**batch).loss`` of ``*ForPreTraining`` (MLM + SOP/NSP), backward,
-  ``torch.optim.AdamW`` with the same groups, learning rate and schedule and its default
-  implementation (what the transformers Trainer's ``adamw_torch`` uses).
+  fused ``torch.optim.AdamW`` (what the transformers Trainer's default ``adamw_torch_fused``
+  uses) with the same groups, learning rate and schedule.
+
+On CUDA both sides run fp32 matmuls on TF32 (:func:`use_tensor_cores`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConf
 from lightning_modules.heads import build_pretraining_model
 from lightning_modules.interop import to_transformers
 from lightning_modules.interop_maps import family
-from lightning_modules.pretrain import PretrainModule, param_groups, warmup_linear_decay
+from lightning_modules.pretrain import PretrainModule, adamw, param_groups, use_tensor_cores, warmup_linear_decay
 from lightning_modules.profiling import saved_activation_bytes
 
 HF_SENTENCE_LABEL = {"albert": "sentence_order_label", "bert": "next_sentence_label",
@@ -66,7 +69,9 @@ class Side:
     params: list[torch.Tensor]
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    first_s: float = float("nan")  # the first step, compilation included
     activation_mb: float = float("nan")
+    flops: float = float("nan")  # one forward + backward (FlopCounterMode)
 
 
 def _autocast(precision: str, device: torch.device):
@@ -116,7 +121,7 @@ def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, de
             module.config._attn_implementation = attention
     model.to(device).train()
     o = _optim()
-    optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, eps=o.eps)
+    optimizer = adamw(param_groups(model, o.weight_decay), lr=o.lr, eps=o.eps)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, max_steps))
     label = HF_SENTENCE_LABEL[family(case.model)]
 
@@ -171,9 +176,11 @@ def race(sides: list[Side], data: list[Batch], warmup: int, progress: Callable[[
         order = sides if i % 2 == 0 else sides[::-1]
         for side in order:
             start = time.perf_counter()
-            loss = side.step(batch)
+            loss = side.step(batch)  # ends with .item(): the device has finished the step
             elapsed = time.perf_counter() - start
             side.losses.append(loss)
+            if i == 0:
+                side.first_s = elapsed
             if i >= warmup:
                 side.times.append(elapsed)
         progress()
@@ -187,6 +194,7 @@ def tokens_per_s(side: Side, data: list[Batch], warmup: int) -> float:
 def build_sides(case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0) -> list[Side]:
     """The sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
     ``transformers:sdpa:fp32``, ...), all from one initialisation."""
+    use_tensor_cores(device)
     torch.manual_seed(seed)
     reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
     init = {k: v.clone() for k, v in reference.model.state_dict().items()}

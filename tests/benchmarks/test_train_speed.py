@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.cases import CASES, Case
 from benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
+from benchmarks.ceiling import step_flops
 from benchmarks.train_table import FP32, _block
 
 
@@ -35,5 +36,8 @@ def test_sides_start_equal_and_stay_close(name, wiki_validation):
         assert tokens_per_s(side, data, 1) > 0
         side.activation_mb = activation_mb(side, data[0], torch.device("cpu"))
         assert side.activation_mb > 0
-    lines, _ = _block(name, case, sides, {s.name: tokens_per_s(s, data, 1) for s in sides}, (1.0, None))
+        side.flops = step_flops(side, data[1])
+        assert side.flops > 0
+    lines, _ = _block(name, case, sides, {s.name: tokens_per_s(s, data, 1) for s in sides}, 1e12, torch.device("cpu"))
     assert any("same work" in line and "ok at" in line for line in lines)
+    assert any(line.startswith("| ablate fp32 |") and "%" in line for line in lines)  # MFU column
