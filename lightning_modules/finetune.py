@@ -21,7 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, M
 from lightning_modules.config import ExperimentConfig
 from lightning_modules.encoder import Encoder
 from lightning_modules.heads import PretrainingModel
-from lightning_modules.pretrain import adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from lightning_modules.pretrain import adamw, clip_gradients, param_groups, use_tensor_cores, warmup_linear_decay
 
 
 class ClassificationHead(nn.Module):
@@ -79,6 +79,8 @@ class FinetuneModule(pl.LightningModule):
         pretrained: the pre-trained model; its encoder is copied, so it stays unchanged.
     """
 
+    loss_name = "fine-tuning loss"
+
     def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel) -> None:
         super().__init__()
         self.cfg, f = cfg, cfg.finetune
@@ -94,9 +96,7 @@ class FinetuneModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = F.cross_entropy(self.model(batch).float(), batch["labels"])
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"fine-tuning loss became {loss.item()} at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        self.log("train/loss", loss, batch_size=batch["labels"].shape[0])
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -120,9 +120,13 @@ class FinetuneModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         use_tensor_cores(self.device)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         f = self.cfg.finetune
-        optimizer = adamw(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr, eps=self.cfg.optim.eps)
+        optimizer = adamw(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr, eps=self.cfg.optim.eps,
+                          precision=self.cfg.trainer.precision)
         schedule = warmup_linear_decay(type(self.cfg.optim)(warmup_steps=max(1, f.max_steps // 10)), f.max_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -20,12 +20,27 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def adamw(groups: list[dict], lr: float, eps: float = 1e-8) -> torch.optim.AdamW:
+def adamw(groups: list[dict], lr: float, eps: float = 1e-8, precision: str = "32-true") -> torch.optim.AdamW:
     """AdamW over ``groups``, fused (one kernel for every parameter) where PyTorch has the fused
-    kernel for their device (CUDA, CPU), else the multi-tensor implementation."""
+    kernel for their device (CUDA, CPU), else the multi-tensor implementation. Not fused under
+    ``16-mixed``: its gradient scaler must unscale before clipping (see :func:`clip_gradients`)."""
     params = [p for group in groups for p in group["params"]]
-    fused = bool(params) and all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
+    fused = precision != "16-mixed" and bool(params) and all(
+        p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
     return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
+
+
+def clip_gradients(module: pl.LightningModule, optimizer: torch.optim.Optimizer, value: float | None,
+                   algorithm: str | None) -> None:
+    """Gradient clipping by norm, done here rather than by Lightning's mixed-precision plugin,
+    which refuses a fused optimizer even in bf16, where there is no scaler to unscale first."""
+    if not value:
+        return
+    if module.trainer.precision == "16-mixed":  # the scaler unscales first: Lightning's own path
+        pl.LightningModule.configure_gradient_clipping(module, optimizer, value, algorithm)
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, value, foreach=True)
 
 
 def use_tensor_cores(device: torch.device) -> None:
@@ -60,7 +75,7 @@ class PretrainModule(pl.LightningModule):
         self.cfg = cfg
         self.model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
         if cfg.trainer.compile:  # the whole forward and loss: one graph (tests/lightning_modules/test_compile.py)
-            self.model.compile()
+            self.model.compile(mode=cfg.trainer.compile_mode)
         V = cfg.model.vocab_size
         self.val_loss = MeanMetric()
         self.val_mlm_loss = MeanMetric()
@@ -71,19 +86,27 @@ class PretrainModule(pl.LightningModule):
     def forward(self, batch: dict[str, torch.Tensor]):
         return self.model(batch)
 
+    def new_step(self) -> None:
+        """Compiled with CUDA graphs, a step's graph outputs are overwritten by the next replay:
+        say where a step begins (nothing from an earlier step is read after this)."""
+        if self.cfg.trainer.compile and self.cfg.trainer.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """One step's loss; logged as device tensors (no host sync: the NaN guard is
+        :class:`~lightning_modules.loop.FiniteLoss`)."""
+        self.new_step()
         out = self.model(batch)
-        if not torch.isfinite(out.loss):
-            raise FloatingPointError(f"training loss became {out.loss.item()} at step {self.global_step}")
         bs = batch["input_ids"].shape[0]
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=bs)
-        self.log("train/mlm_loss", out.mlm_loss, batch_size=bs)
+        self.log("train/loss", out.loss.detach().clone(), batch_size=bs)
+        self.log("train/mlm_loss", out.mlm_loss.detach().clone(), batch_size=bs)
         if out.sentence_loss is not None:
-            self.log("train/sentence_loss", out.sentence_loss, batch_size=bs)
-        self.log("train/tokens", float(batch["attention_mask"].sum()), reduce_fx="sum", batch_size=bs)
+            self.log("train/sentence_loss", out.sentence_loss.detach().clone(), batch_size=bs)
+        self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
         return out.loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.new_step()
         out = self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
         self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_valid.sum().float())
@@ -105,12 +128,16 @@ class PretrainModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         use_tensor_cores(self.device)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def trainable_modules(self) -> nn.Module:
         """What the optimizer trains (the model; a distillation adds its projections)."""
         return self.model
 
     def configure_optimizers(self):
         o, steps = self.cfg.optim, self.cfg.trainer.max_steps
-        optimizer = adamw(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps)
+        optimizer = adamw(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps,
+                          precision=self.cfg.trainer.precision)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -30,6 +30,8 @@ class PruneModule(PretrainModule):
         dims: the dimensions that get gates (``VARIANTS[prune.method]``).
     """
 
+    loss_name = "gate loss"
+
     def __init__(self, cfg: ExperimentConfig, model: PretrainingModel, dims: tuple[str, ...]) -> None:
         super().__init__(cfg, model)
         model.requires_grad_(False)
@@ -53,10 +55,8 @@ class PruneModule(PretrainModule):
         out = self.model(batch)
         sparsity = self.sparsity()
         loss = out.loss + self.cfg.prune.gamma * sparsity
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"gate loss became {loss.item()} at step {self.global_step}")
         bs = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/loss", loss, batch_size=bs)
         self.log("prune/sparsity", sparsity, batch_size=bs)
         self.log("train/mlm_loss", out.mlm_loss, batch_size=bs)
         return loss

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import EarlyStopping, TQDMProgressBar
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import MLFlowLogger
 
 from datamodules.classification import ClassificationDataModule
 from lightning_modules.config import ExperimentConfig
 from lightning_modules.errors import ConfigError
 from lightning_modules.finetune import FinetuneModule
+from lightning_modules.loop import loop_callbacks
 from sweeps import tracking
 from sweeps.runner import RunResult, lightning_strategy, tracked_run
 from sweeps.weights import load_source
@@ -31,7 +32,7 @@ def build_finetune_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, s
     """Validation every ``finetune.val_every`` steps (across epochs), early stopping on the dev metric."""
     f, t = cfg.finetune, cfg.trainer
     stop = EarlyStopping(monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True)
-    callbacks: list[pl.Callback] = [stop] + ([TQDMProgressBar(leave=False)] if t.progress else [])
+    callbacks: list[pl.Callback] = [stop, *loop_callbacks(t)]
     return pl.Trainer(
         max_steps=f.max_steps, val_check_interval=min(f.val_every, f.max_steps, steps_per_epoch),
         check_val_every_n_epoch=None, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,

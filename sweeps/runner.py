@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import torch
 from torch.multiprocessing import ProcessRaisedException
 from optuna import TrialPruned
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 
@@ -26,7 +26,8 @@ from lightning_modules.distill import DistillModule
 from lightning_modules.pretrain import PretrainModule
 from lightning_modules.probe import intrinsic_eval
 from lightning_modules.interop import initial_model
-from lightning_modules.profiling import measure
+from lightning_modules.loop import loop_callbacks
+from lightning_modules.profiling import measure, training_device
 from sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from sweeps.prune_run import prune_train
 from sweeps.weights import check_same_tokenizer, load_source, log_weights
@@ -93,8 +94,7 @@ def build_trainer(cfg: ExperimentConfig, logger: MLFlowLogger | None, callbacks:
     t = cfg.trainer
     val_every = min(t.val_every, t.max_steps)
     extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
-    if t.progress:
-        extra.append(TQDMProgressBar(leave=False))
+    extra += loop_callbacks(t)
     return pl.Trainer(
         max_steps=t.max_steps, val_check_interval=val_every, check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches, num_sanity_val_steps=0, gradient_clip_val=cfg.optim.grad_clip or None,
@@ -119,18 +119,31 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
-def _metric_counts(model: PretrainingModel, cfg: ExperimentConfig) -> dict[str, float]:
-    """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and memory."""
+MEASURED_ON = "measure.device"  # param: where latency and activation memory were measured
+
+
+def _metric_counts(model: PretrainingModel, cfg: ExperimentConfig) -> tuple[dict[str, float], dict[str, str]]:
+    """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and
+    memory; and the params saying where they were measured (``measure.device``).
+
+    Latency (batch 1 and 32, T = ``data.max_length``) and one training step's activation memory
+    (at ``data.batch_size``) are measured on the device the run trains on, resolved from
+    ``trainer.accelerator`` as Lightning resolves it (``auto`` = CUDA when available: ``cuda:0``,
+    rank 0's), under the run's precision (``bf16-mixed``: the same autocast), eager, before the
+    Trainer places the model (it is moved back, and the CPU and CUDA random streams are forked:
+    a measured run trains exactly as an unmeasured one). On CUDA this initialises CUDA in this
+    process, so a multi-GPU run then starts its DDP ranks by spawn (:func:`lightning_strategy`).
+    """
     counts = param_report(model, cfg.model, cfg.data.max_length)
     out = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
     out["flops_per_token"] = counts.flops_per_token
-    if cfg.trainer.measure:
-        # latency (batch 1, 32) and activation memory of one training step at this run's batch size, in fp32
-        # where the model is now (CPU; the Trainer moves it later); reports show them beside quality
-        measured = measure(model, cfg.model.vocab_size, cfg.data.max_length, repeats=5, warmup=1,
-                           memory_batch=cfg.data.batch_size)
-        out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
-    return out
+    if not cfg.trainer.measure:
+        return out, {}
+    device = training_device(cfg.trainer.accelerator)
+    measured = measure(model, cfg.model.vocab_size, cfg.data.max_length, device=device, repeats=5, warmup=1,
+                       memory_batch=cfg.data.batch_size, precision=cfg.trainer.precision)
+    out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
+    return out, {MEASURED_ON: measured.device}
 
 
 def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataModule, uri: str, client: Any,
@@ -191,7 +204,8 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
     tokenizer = Path(data.tokenizer_path)
     if cfg.prune.source is None:
         module, module_tags = build_module(cfg, uri, tokenizer)
-        inputs = _metric_counts(module.model, cfg)
+        inputs, measured_on = _metric_counts(module.model, cfg)
+        extra_params = {**measured_on, **(extra_params or {})}
 
         def work(client: Any, run_id: str) -> dict[str, float]:
             return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [], checkpoint_dir)

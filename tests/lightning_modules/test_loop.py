@@ -1,0 +1,53 @@
+"""What every training loop gets: the NaN guard reads the device only at its checks and names
+the first bad step; bf16 with gradient clipping trains with the fused AdamW."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_modules.config import build_config, to_dict
+from lightning_modules.loop import FiniteLoss
+from sweeps.runner import train
+
+
+def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():
+    guard = FiniteLoss(every=10)
+    for step, loss in enumerate([2.0, 1.5, float("nan"), float("inf"), 1.0]):
+        guard.update(torch.tensor(loss), step)
+    assert guard._first is not None and guard._first.shape == ()  # folded on the device, nothing read yet
+    with pytest.raises(FloatingPointError, match=r"training loss became nan at step 2$"):
+        guard.check()
+    fine = FiniteLoss(every=10)
+    for step in range(5):
+        fine.update(torch.tensor(1.0), step)
+    fine.check()  # finite throughout: no error
+
+
+def _cfg(tmp_path: Path, corpus: Path, **trainer: object):
+    return build_config({
+        "model": {"preset": "albert-tiny", "vocab_size": 2048},
+        "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 8, "num_workers": 0},
+        "trainer": {"max_steps": 12, "val_every": 6, "val_batches": 2, "progress": False, "measure": False,
+                    **trainer},
+        "tracking": {"root": str(tmp_path / "runs")}})
+
+
+def test_bf16_with_gradient_clipping_trains_with_the_fused_optimizer(tmp_path, wiki_validation):
+    """Lightning's mixed-precision plugin refuses to clip for a fused optimizer; the modules clip
+    themselves where no scaler is involved (bf16), so bf16 runs keep ``optim.grad_clip``."""
+    cfg = _cfg(tmp_path, wiki_validation, precision="bf16-mixed")
+    assert cfg.optim.grad_clip > 0
+    result = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert torch.isfinite(torch.tensor(result.metrics["val/loss"]))
+
+
+def test_a_loss_that_turns_nan_fails_the_run_at_that_step(tmp_path, wiki_validation):
+    cfg = _cfg(tmp_path, wiki_validation, log_every=5)
+    cfg = build_config({**to_dict(cfg), "optim": {"lr": 1.0e9, "warmup_steps": 1, "grad_clip": 0.0}})
+    with pytest.raises(FloatingPointError, match=r"training loss became .* at step (\d+)") as err:
+        train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert int(err.value.args[0].rsplit("step ", 1)[1]) < 12
+
