@@ -102,7 +102,9 @@ class PretrainDataModule(pl.LightningDataModule):
             max_batches=max_batches,
             skip=self.skip_train_batches if split == "train" else 0,
         )
-        workers = self.data.num_workers
+        trainer = self.trainer
+        workers = self.data.workers(trainer.world_size if trainer is not None else 1)
+        on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
         if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return DataLoader(
@@ -111,6 +113,7 @@ class PretrainDataModule(pl.LightningDataModule):
             num_workers=workers,
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
+            pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
         )
 
     def state_dict(self) -> dict[str, int]:

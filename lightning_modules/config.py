@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import hashlib
 import re
 from pathlib import Path
@@ -210,7 +211,11 @@ class DataConfig:
         val_fraction: fraction of documents held out for validation (by hash).
         short_seq_prob: probability of a shorter target length (BERT's trick).
         batch_size: sequences per batch.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes per device, or ``auto`` (default): one per
+            core the device's share of the machine has, less one for the training process,
+            at least 1 (:meth:`workers`); the number used is tagged on the run
+            (``ablate.num_workers``). The data stream depends on it: set a number to get the
+            same batches on another machine.
         shuffle_buffer: examples in the streaming shuffle buffer (0 = no shuffle).
         cache_dir: where trained tokenizers are cached; None = ``~/.cache/ablate``.
     """
@@ -224,9 +229,16 @@ class DataConfig:
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.02
     short_seq_prob: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     batch_size: PosInt = 32
-    num_workers: NonNegInt = 1
+    num_workers: NonNegInt | Literal["auto"] = "auto"
     shuffle_buffer: NonNegInt = 1000
     cache_dir: str | None = None
+
+    def workers(self, devices: int = 1) -> int:
+        """``num_workers`` resolved for a run on ``devices`` devices of this machine."""
+        if self.num_workers != "auto":
+            return self.num_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+        return max(1, cores // max(1, devices) - 1)
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -254,7 +266,10 @@ class TrainerConfig:
         strategy: how a run uses several devices: ``ddp`` (the ranks are forked at ``fit``;
             spawned once CUDA is initialised), ``ddp_spawn`` or ``ddp_fork``; ``auto`` = ``ddp``
             when ``devices`` > 1.
-        compile: wrap the encoder in ``torch.compile``.
+        compile: compile the model's forward and loss with ``torch.compile`` (one graph).
+        compile_mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs:
+            the step replays as one launch; for small models on a GPU) or
+            ``max-autotune-no-cudagraphs`` (searches matmul kernels; long compile).
         log_every: log training metrics every this many steps.
         progress: show a progress bar.
         measure: measure forward latency (batch 1 and 32) and training activation memory
@@ -272,6 +287,7 @@ class TrainerConfig:
     devices: PosInt = 1
     strategy: Literal["auto", "ddp", "ddp_fork", "ddp_spawn"] = "auto"
     compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     log_every: PosInt = 10
     progress: bool = True
     measure: bool = True

@@ -160,6 +160,7 @@ def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, cou
     params = [Param(k, str(v)) for k, v in flatten(cfg).items()]
     metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
     tags = [RunTag(k, v) for k, v in package_tags().items()]
+    tags.append(RunTag("ablate.num_workers", str(cfg.data.workers(cfg.trainer.devices))))  # what `auto` became
     for i in range(0, len(params), 100):
         client.log_batch(run_id, params=params[i : i + 100])
     client.log_batch(run_id, metrics=metrics, tags=tags)

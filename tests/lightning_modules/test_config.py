@@ -59,3 +59,17 @@ def test_load_config_errors_name_the_file(tmp_path):
     good.write_text("model: {preset: albert-tiny}\nseed: 3\n")
     cfg = load_config(good, ["model.embed_dim=32", "objective.sentence=nsp"])
     assert (cfg.seed, cfg.model.embed_dim, cfg.objective.sentence) == (3, 32, "nsp")
+
+
+def test_num_workers_auto_fits_the_machine_and_a_number_is_kept():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    auto = build_config({}).data
+    assert auto.num_workers == "auto"
+    assert auto.workers() == max(1, cores - 1)  # a core is left to the training process
+    assert auto.workers(devices=cores) == 1  # shared between the devices' loaders, at least one each
+    assert build_config({"data": {"num_workers": 3}}).data.workers() == 3
+    assert build_config({"data": {"num_workers": 0}}).data.workers() == 0
+    with pytest.raises(ConfigError, match="data.num_workers"):
+        build_config({"data": {"num_workers": "many"}})
