@@ -27,8 +27,10 @@ LAST = "last.ckpt"
 
 
 class RngState(Callback):
-    """Save and restore the Python, NumPy and torch generators with each checkpoint (dropout);
-    on restore, also tell ``on_resume`` the checkpoint's step."""
+    """Save and restore the Python, NumPy, torch CPU and CUDA generators with each checkpoint
+    (dropout; on a GPU dropout draws from the CUDA generator); on restore, also tell
+    ``on_resume`` the checkpoint's step. A checkpoint's CUDA state is restored when this process
+    has as many CUDA devices as the one that wrote it (else the CUDA generators start afresh)."""
 
     def __init__(self, on_resume: Callable[[int], None] | None = None) -> None:
         self.on_resume = on_resume
@@ -37,7 +39,8 @@ class RngState(Callback):
                            checkpoint: dict[str, Any]) -> None:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         checkpoint["ablate_rng"] = {"python": random.getstate(), "torch": torch.get_rng_state(),  # weights_only-safe
-                                    "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+                                    "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+                                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -49,6 +52,9 @@ class RngState(Callback):
             kind, keys, pos, has_gauss, cached = state["numpy"]
             np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
             torch.set_rng_state(state["torch"])
+            cuda = state.get("cuda") or []
+            if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
 
 
 def trial_dir(root: str | Path, study: str, cfg: ExperimentConfig) -> Path:
