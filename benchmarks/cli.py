@@ -14,7 +14,7 @@ from rich.progress import Progress
 
 from benchmarks.cases import CASES
 
-SUITES = ("train", "precision", "data", "pruning")
+SUITES = ("train", "precision", "data", "pruning", "loop")
 console = Console(highlight=False, soft_wrap=True)
 
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("suite", nargs="?", choices=SUITES, default="train",
                         help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
                              "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
-                             "study with and without pruning")
+                             "study with and without pruning; loop: a real `ablate train` against its isolated step")
     parser.add_argument("--case", action="append", choices=list(CASES),
                         help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
                              "on a CPU and the GPU-sized ones on CUDA; one small case for the others)")
@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    from benchmarks import data_speed, precision, sweep_pruning, train_table
+    from benchmarks import data_speed, loop, precision, sweep_pruning, train_table
 
     suites = {"train": train_table.main, "precision": precision.main, "data": data_speed.main,
-              "pruning": sweep_pruning.main}
+              "pruning": sweep_pruning.main, "loop": loop.main}
     with Progress(console=console, transient=True) as progress:
         lines, ok = suites[args.suite](args, device, progress)
     text = "\n".join([f"Machine: {machine(device)}", "", *lines])

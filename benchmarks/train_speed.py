@@ -56,7 +56,8 @@ class Side:
         name: e.g. ``ablate bf16`` or ``transformers sdpa fp32``.
         library: ``ablate`` or ``transformers``.
         precision: ``fp32`` or ``bf16`` (autocast).
-        step: one training step on a batch; returns the loss.
+        step: one training step on a batch; returns the loss (a device tensor: reading it waits
+            for the step).
         loss_only: the forward loss of a batch (for the activation memory).
         params: the side's parameters and buffers (not activations).
     """
@@ -64,7 +65,7 @@ class Side:
     name: str
     library: str
     precision: str
-    step: Callable[[Batch], float]
+    step: Callable[[Batch], torch.Tensor]
     loss_only: Callable[[Batch], torch.Tensor]
     params: list[torch.Tensor]
     times: list[float] = field(default_factory=list)
@@ -83,10 +84,11 @@ def _optim() -> OptimConfig:
 
 
 def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compile: bool,
-                device: torch.device, max_steps: int) -> Side:
-    """ablate's PretrainModule at ``case``, from the weights ``init``."""
+                device: torch.device, max_steps: int, mode: str = "default") -> Side:
+    """ablate's PretrainModule at ``case``, from the weights ``init`` (compiled in ``mode``)."""
     cfg = ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence),
-                           optim=_optim(), trainer=TrainerConfig(max_steps=max_steps, compile=compile))
+                           optim=_optim(), trainer=TrainerConfig(max_steps=max_steps, compile=compile,
+                                                                 compile_mode=mode))
     model = build_pretraining_model(cfg.model, cfg.objective)
     model.load_state_dict(init)
     module = PretrainModule(cfg, model)  # wraps the encoder in torch.compile when asked
@@ -94,20 +96,24 @@ def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compi
     setup = module.configure_optimizers()
     optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
 
-    def step(batch: Batch) -> float:
+    def step(batch: Batch) -> torch.Tensor:
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are not read again
         with _autocast(precision, device):
             loss = module.training_step(batch, 0)
         loss.backward()
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach().clone()
 
     def loss_only(batch: Batch) -> torch.Tensor:
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
         with _autocast(precision, device):
             return module.model(batch).loss
 
-    name = f"ablate {precision}" + (" compiled" if compile else "")
+    name = f"ablate {precision}" + (" compiled" if compile else "") + (" cudagraphs" if mode == "reduce-overhead" else "")
     return Side(name, "ablate", precision, step, loss_only, [*module.parameters(), *module.buffers()])
 
 
@@ -131,13 +137,13 @@ def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, de
                          token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
                          **{label: batch["sentence_label"]}).loss
 
-    def step(batch: Batch) -> float:
+    def step(batch: Batch) -> torch.Tensor:
         loss = loss_only(batch)
         loss.backward()
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach().clone()
 
     return Side(f"transformers {attention} {precision}", "transformers", precision, step, loss_only,
                 [*model.parameters(), *model.buffers()])
@@ -176,7 +182,7 @@ def race(sides: list[Side], data: list[Batch], warmup: int, progress: Callable[[
         order = sides if i % 2 == 0 else sides[::-1]
         for side in order:
             start = time.perf_counter()
-            loss = side.step(batch)  # ends with .item(): the device has finished the step
+            loss = float(side.step(batch))  # reading the loss waits until the device has finished the step
             elapsed = time.perf_counter() - start
             side.losses.append(loss)
             if i == 0:
@@ -193,7 +199,7 @@ def tokens_per_s(side: Side, data: list[Batch], warmup: int) -> float:
 
 def build_sides(case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0) -> list[Side]:
     """The sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
-    ``transformers:sdpa:fp32``, ...), all from one initialisation."""
+    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation."""
     use_tensor_cores(device)
     torch.manual_seed(seed)
     reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
@@ -204,7 +210,8 @@ def build_sides(case: Case, settings: list[str], device: torch.device, max_steps
         for setting in settings:
             parts = setting.split(":")
             if parts[0] == "ablate":
-                sides.append(ablate_side(case, init, parts[1], "compile" in parts[2:], device, max_steps))
+                mode = "reduce-overhead" if "cudagraphs" in parts[2:] else "default"
+                sides.append(ablate_side(case, init, parts[1], "compile" in parts[2:], device, max_steps, mode))
             else:
                 sides.append(hf_side(case, reference, parts[1], parts[2], device, max_steps))
     return sides
