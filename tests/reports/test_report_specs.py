@@ -40,8 +40,9 @@ def test_the_paper_tables_are_shipped():
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_a_study_naming_a_shipped_report_is_its_study(path):
     spec, _ = load_study(path)
-    if isinstance(spec.report, str):
-        assert ReportSpec.from_yaml(catalog.shipped(spec.report)).study == spec.name
+    if isinstance(spec.report, str):  # or a profile of it for other hardware (albert-table5-gpu)
+        study = ReportSpec.from_yaml(catalog.shipped(spec.report)).study
+        assert spec.name == study or spec.name.startswith(f"{study}-"), (spec.name, study)
 
 
 @pytest.mark.parametrize("name", NAMES)
