@@ -92,17 +92,24 @@ class PretrainModule(pl.LightningModule):
         if self.cfg.trainer.compile and self.cfg.trainer.compile_mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
 
+    def logs_this_step(self) -> bool:
+        """Whether the logger writes this step's training metrics (every ``trainer.log_every``
+        steps): only then are they handed to Lightning, whose bookkeeping costs host time."""
+        trainer = self._trainer
+        return trainer is None or (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One step's loss; logged as device tensors (no host sync: the NaN guard is
         :class:`~lightning_modules.loop.FiniteLoss`)."""
         self.new_step()
         out = self.model(batch)
-        bs = batch["input_ids"].shape[0]
-        self.log("train/loss", out.loss.detach().clone(), batch_size=bs)
-        self.log("train/mlm_loss", out.mlm_loss.detach().clone(), batch_size=bs)
-        if out.sentence_loss is not None:
-            self.log("train/sentence_loss", out.sentence_loss.detach().clone(), batch_size=bs)
-        self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
+        if self.logs_this_step():
+            bs = batch["input_ids"].shape[0]
+            self.log("train/loss", out.loss.detach().clone(), batch_size=bs)
+            self.log("train/mlm_loss", out.mlm_loss.detach().clone(), batch_size=bs)
+            if out.sentence_loss is not None:
+                self.log("train/sentence_loss", out.sentence_loss.detach().clone(), batch_size=bs)
+            self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
         return out.loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

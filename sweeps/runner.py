@@ -150,7 +150,7 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
              run_id: str, callbacks: list[Callback], checkpoint_dir: Path | None = None) -> dict[str, float]:
     """Fit ``module`` inside run ``run_id`` (resuming from ``checkpoint_dir/last.ckpt`` when an
     earlier attempt left one), then log its weights; the final metrics."""
-    logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=False)  # no wait on the store
     resume = checkpoints.resume_path(checkpoint_dir)
     saving = [] if checkpoint_dir is None else checkpoints.callbacks(
         checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})"))
