@@ -6,11 +6,26 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# GPU-only tests: ``@requires_cuda`` (or ``pytestmark = requires_cuda``) marks a test ``cuda``; a
+# ``cuda`` test is skipped where CUDA is not available (CI has no GPU). On a GPU machine:
+# ``pytest -m cuda``.
+requires_cuda = pytest.mark.cuda
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m cuda on a GPU machine)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

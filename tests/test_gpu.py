@@ -68,14 +68,14 @@ def test_measuring_runs_on_the_gpu_under_the_runs_autocast_and_leaves_the_stream
     assert 0 < bf16.train_activation_mb < 0.8 * fp32.train_activation_mb
 
 
-@pytest.mark.parametrize("compile_mode", ["eager", "reduce-overhead"])
+@pytest.mark.parametrize(("precision", "compile_mode"), [("32-true", "eager"), ("bf16-mixed", "reduce-overhead")])
 def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(tmp_path: Path, wiki_validation: Path,
-                                                                 compile_mode: str) -> None:
+                                                                 precision: str, compile_mode: str) -> None:
     compiled = {} if compile_mode == "eager" else {"compile": True, "compile_mode": compile_mode}
-    cfg = _config(tmp_path, wiki_validation, precision="bf16-mixed", **compiled)
+    cfg = _config(tmp_path, wiki_validation, precision=precision, **compiled)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # measured (on the GPU, before training): measuring must not shift the run's random streams
-    measured = _config(tmp_path, wiki_validation, precision="bf16-mixed", measure=True, **compiled)
+    measured = _config(tmp_path, wiki_validation, precision=precision, measure=True, **compiled)
     straight = train(measured, tracking_uri=uri, experiment="straight")
     on = MlflowClient(uri).get_run(straight.run_id).data.params[MEASURED_ON]
     assert on == f"cuda:0 ({torch.cuda.get_device_name(0)})"

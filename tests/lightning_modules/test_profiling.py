@@ -12,7 +12,8 @@ import torch
 
 from lightning_modules.config import build_config
 from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.profiling import Measured, measure, measure_latency, peak_train_memory
+from lightning_modules.profiling import (Measured, autocast_for, describe_device, measure, measure_latency,
+                                         peak_train_memory, training_device)
 
 ROOT = Path(__file__).resolve().parents[2]
 V = 8192  # albert-tiny's vocabulary
@@ -61,7 +62,7 @@ def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
     before = {k: v.clone() for k, v in m.state_dict().items()}
     rng = torch.get_rng_state()
     got = measure(m, V, seq_len=16, repeats=1, warmup=0, memory_batch=2)
-    assert isinstance(got, Measured) and got.device == "cpu"
+    assert isinstance(got, Measured) and got.device == f"cpu ({torch.get_num_threads()} threads)"
     assert got.latency_ms_b1 > 0 and got.latency_ms_b32 > 0 and got.train_activation_mb > 0
     assert m.training and not m.mlm_head.training and m.encoder.training
     assert all(p.grad is None for p in m.parameters())
@@ -76,7 +77,7 @@ def test_params_measure_json_has_measured_keys() -> None:
     data = json.loads(out.stdout)
     assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(data)
     # the CLI's plumbing; their order is test_latency_positive_and_grows_with_batch's (robust to a busy machine)
-    assert data["device"] in ("cpu", "cuda") and data["latency_ms_b1"] > 0 and data["latency_ms_b32"] > 0
+    assert data["device"].startswith(("cpu (", "cuda:")) and data["latency_ms_b1"] > 0 and data["latency_ms_b32"] > 0
     assert data["train_activation_mb"] > 0
 
 
@@ -90,3 +91,40 @@ def test_params_measure_table(capsys: pytest.CaptureFixture[str], monkeypatch: p
     assert "1.25" in table and "31.50" in table and "42.0" in table
     assert cli.main(["params", "albert-tiny", "--json"]) == 0  # without --measure: as before, no model built
     assert "latency_ms_b1" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_training_device_is_resolved_as_lightning_resolves_the_accelerator() -> None:
+    cuda = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    assert training_device("cpu") == torch.device("cpu")
+    assert training_device("auto") == cuda and training_device("gpu") == cuda and training_device("cuda") == cuda
+    assert describe_device("cpu") == f"cpu ({torch.get_num_threads()} threads)"
+    if torch.cuda.is_available():
+        assert describe_device(cuda) == f"cuda:0 ({torch.cuda.get_device_name(0)})"
+
+
+def test_bf16_runs_measure_under_the_runs_autocast() -> None:
+    cpu = torch.device("cpu")
+    with autocast_for("bf16-mixed", cpu):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with autocast_for("32-true", cpu):
+        assert not torch.is_autocast_enabled("cpu")
+    torch.manual_seed(0)
+    m = tiny(dropout=0.0)
+    fp32 = peak_train_memory(m, V, batch=32, seq_len=64)
+    bf16 = peak_train_memory(m, V, batch=32, seq_len=64, precision="bf16-mixed")
+    # matmul activations in bf16 (norms, softmax and the loss stay fp32; autocast's bf16 weight
+    # copies count too, so a tiny batch would not show it): ~0.7x here
+    assert 0 < bf16 < 0.8 * fp32
+    assert measure_latency(m, V, batch=2, seq_len=16, repeats=1, warmup=0, precision="bf16-mixed") > 0
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+
+
+def test_a_compiled_model_is_measured_uncompiled_and_stays_compiled() -> None:
+    torch.manual_seed(0)
+    m = tiny(dropout=0.0)
+    m.compile()
+    compiled = m._compiled_call_impl
+    frames = torch._dynamo.utils.counters["frames"]["total"]
+    got = measure(m, V, seq_len=16, repeats=1, warmup=0, memory_batch=2)
+    assert torch._dynamo.utils.counters["frames"]["total"] == frames  # dynamo saw no frame: nothing compiled
+    assert got.train_activation_mb > 0 and m._compiled_call_impl is compiled

@@ -9,6 +9,7 @@ import sys
 import time
 
 import optuna
+import torch
 from mlflow.tracking import MlflowClient
 
 from lightning_modules.config import build_config
@@ -46,6 +47,7 @@ def test_two_trial_sweep_report_and_resume(study_file, tmp_path, capsys):
         assert run.data.params["model.embed_dim"] == "16" and run.data.params["seed"] == "0"
         assert {"val/loss", "val/mlm_acc", "val/sentence_acc", "params.backbone", "flops_per_token",
                 "latency_ms_b1", "latency_ms_b32", "train_activation_mb"} <= set(run.data.metrics)
+        assert run.data.params["measure.device"] == f"cpu ({torch.get_num_threads()} threads)"  # where it trained
         assert "ablate.git_commit" in run.data.tags or "ablate.version" in run.data.tags
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"config.yaml", "tokenizer"} <= artifacts
