@@ -90,7 +90,7 @@ def _forked_rng(device: torch.device) -> AbstractContextManager:
 
 
 @contextmanager
-def _placed(model: torch.nn.Module, device: torch.device | None, train: bool) -> Iterator[torch.device]:
+def placed(model: torch.nn.Module, device: torch.device | None, train: bool) -> Iterator[torch.device]:
     """Run with ``model`` on ``device`` in train or eval mode, uncompiled (a module's
     :meth:`~torch.nn.Module.compile` is bypassed: measuring compiles nothing); restore device,
     per-module modes and compiled calls after."""
@@ -158,7 +158,7 @@ def measure_latency(model: PretrainingModel, vocab_size: int, batch: int, seq_le
     Returns:
         The median wall time of one forward, ms. Model device and training modes are restored.
     """
-    with _placed(model, device, train=False) as dev, _forked_rng(dev), torch.inference_mode(), \
+    with placed(model, device, train=False) as dev, _forked_rng(dev), torch.inference_mode(), \
             autocast_for(precision, dev):
         b = random_batch(vocab_size, batch, seq_len, dev)
         args = (b["input_ids"], b["token_type_ids"], b["attention_mask"])
@@ -207,7 +207,7 @@ def peak_train_memory(model: PretrainingModel, vocab_size: int, batch: int, seq_
     Returns:
         Activation bytes.
     """
-    with _placed(model, device, train=True) as dev:
+    with placed(model, device, train=True) as dev:
         b = random_batch(vocab_size, batch, seq_len, dev, mask_prob)
         try:
             with _forked_rng(dev):

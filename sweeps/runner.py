@@ -27,7 +27,7 @@ from lightning_modules.pretrain import PretrainModule
 from lightning_modules.probe import intrinsic_eval
 from lightning_modules.interop import initial_model
 from lightning_modules.loop import loop_callbacks
-from lightning_modules.profiling import measure, training_device
+from lightning_modules.profiling import measure, placed, training_device
 from sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from sweeps.prune_run import prune_train
 from sweeps.weights import check_same_tokenizer, load_source, log_weights
@@ -168,7 +168,9 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
             check_pruned()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.trainer.intrinsic:  # the same probes for every model, whatever its own objective
-        scores = intrinsic_eval(module.model, cfg.data, cfg.model.vocab_size, seed=cfg.seed).as_metrics()
+        # eager, on the training device (Lightning hands the model back on the CPU after fit)
+        with placed(module.model, training_device(cfg.trainer.accelerator), train=False):
+            scores = intrinsic_eval(module.model, cfg.data, cfg.model.vocab_size, seed=cfg.seed).as_metrics()
         step = trainer.global_step or cfg.trainer.max_steps  # forked DDP ranks do not send their step back
         for key, value in scores.items():
             client.log_metric(run_id, key, value, step=step)
