@@ -94,9 +94,13 @@ class PretrainModule(pl.LightningModule):
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this step's training metrics (every ``trainer.log_every``
-        steps): only then are they handed to Lightning, whose bookkeeping costs host time."""
+        steps, and the last step, whose values are the run's final ones): only then are they
+        handed to Lightning, whose bookkeeping costs host time."""
         trainer = self._trainer
-        return trainer is None or (trainer.global_step + 1) % trainer.log_every_n_steps == 0
+        if trainer is None:
+            return True
+        step = trainer.global_step + 1
+        return step % trainer.log_every_n_steps == 0 or 0 < trainer.max_steps <= step
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One step's loss; logged as device tensors (no host sync: the NaN guard is
