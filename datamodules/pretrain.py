@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.fabric.utilities.seed import pl_worker_init_function
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
@@ -24,14 +23,6 @@ from datamodules.corpus import Split, check_corpus, resolve_corpus
 from datamodules.stream import PretrainStream
 from datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
 from lightning_modules.config import DataConfig, ObjectiveConfig
-
-
-def _yield_to_training(worker_id: int) -> None:
-    """A DataLoader worker runs at a lower priority than the training process: when both want
-    a core (a machine with few of them), the step's threads get it and the worker uses the
-    rest (it only has to stay a few batches ahead). Lightning's own worker seeding runs too."""
-    os.nice(5)
-    pl_worker_init_function(worker_id)
 
 
 class PretrainDataModule(pl.LightningDataModule):
@@ -123,7 +114,6 @@ class PretrainDataModule(pl.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
             pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
-            worker_init_fn=_yield_to_training if workers > 0 else None,
         )
 
     def state_dict(self) -> dict[str, int]:
