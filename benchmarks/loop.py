@@ -4,24 +4,40 @@ Two measurements of one configuration, in one process:
 
 - the loop: a real ``ablate train`` (:func:`sweeps.runner.train`: the Lightning loop, the
   streamed corpus through ``PretrainDataModule`` and its DataLoader workers, MLflow logging
-  into a temporary store, the NaN guard, the progress bar, validation at the end). A callback
-  stamps the wall clock at the end of every training batch; the steady state is the steps
-  after a warm-up (compilation, the loader's start), bounded by two device syncs.
-- the step: the same model and settings (:func:`benchmarks.train_speed.ablate_side`) on
-  batches from the same pipeline already on the device, the same number of steps, one sync at
-  the end.
+  into a temporary store, latency and memory probes before training, the NaN guard, the
+  progress bar, validation at the end). A callback stamps the wall clock at the end of every
+  training batch; the steady state is the steps after a warm-up (compilation, the loader's
+  start), timed between device syncs, validation excluded.
+- the step: the same model and settings (:func:`benchmarks.train_speed.ablate_side`:
+  ``PretrainModule.training_step``, backward, gradient clipping as ``optim.grad_clip`` asks,
+  fused AdamW and schedule) on batches from the same pipeline already on the device, as many
+  steps as the loop's steady state.
+
+On a CPU the two take turns, one step each, inside the run (the callback runs a step of the
+step alone after each step of the loop), and each side's speed is its real tokens per step
+over its median step time: a shared machine's load changes from second to second, and a
+step timed minutes after the loop would measure the neighbours, not the loop. On a GPU the
+step alone runs after the run, both timed as one block each between syncs (a dedicated
+device; a sync per step, or two compiled models' CUDA graphs alternating, would measure
+something else than the loop's steady state).
 
 Both count real (non-padding) tokens. The last line printed is ``loop efficiency: X.XX``,
-loop tokens/s over step tokens/s. The wall time of the run is split into start-up (until the
-first step ends: data and tokenizer, model, measurement, MLflow, compilation), training,
-validation and teardown (final validation aside: probes, logging the weights, closing).
+loop tokens/s over step tokens/s. The wall time of the run is split into start-up (data and
+tokenizer; the parameter, latency and memory measurement; the MLflow run and the Trainer; the
+loader's start and the first step), training, validation and teardown (after validation:
+Lightning's end of fit, the loader's workers stopping, logging the weights, closing the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -30,40 +46,130 @@ from rich.progress import Progress
 
 from benchmarks import mark
 from benchmarks.cases import CASES, Case
-from benchmarks.train_speed import ablate_side, batches
+from benchmarks.train_speed import Batch, ablate_side, batches
 from lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
 from lightning_modules.heads import build_pretraining_model
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
 STEPS = {"cpu": 40, "cuda": 300}
+BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after the run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """Timed blocks of steps (seconds, steps) and the real tokens they trained on."""
+
+    blocks: list[tuple[float, int]] = field(default_factory=list)
+    tokens: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return sum(n for _, n in self.blocks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for s, _ in self.blocks)
+
+    @property
+    def median_step_s(self) -> float:
+        """The median block's seconds per step (one block: its mean)."""
+        return statistics.median(s / n for s, n in self.blocks)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real tokens per step over the median step time."""
+        return self.tokens / self.steps / self.median_step_s
+
+
+@dataclass
+class Alone:
+    """The isolated step on pre-built batches, run ``n`` steps at a time; what it did so far."""
+
+    step: Callable[[Batch], torch.Tensor]
+    data: list[Batch]
+    device: torch.device
+    tokens_per_batch: list[float] = field(default_factory=list)
+    timing: Timing = field(default_factory=Timing)
+    _next: int = 0
+
+    def __post_init__(self) -> None:
+        self.tokens_per_batch = [float(b["attention_mask"].sum()) for b in self.data]
+
+    def warm_up(self, n: int) -> None:
+        for i in range(n):
+            loss = self.step(self.data[i % len(self.data)])
+        if n:
+            float(loss)  # wait for the warm-up
+
+    def run(self, n: int) -> None:
+        """``n`` timed steps, from a synced device to the last step's loss read back."""
+        if n <= 0:
+            return
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(n):
+            i = self._next % len(self.data)
+            loss = self.step(self.data[i])
+            self.timing.tokens += self.tokens_per_batch[i]
+            self._next += 1
+        float(loss)  # reading the loss waits for the last step
+        self.timing.blocks.append((time.perf_counter() - start, n))
 
 
 class StepClock(pl.Callback):
-    """Wall-clock stamps of every training batch end, validation time, and the tokens counted
-    on the device between two synchronised stamps (``start`` and ``stop`` steps)."""
+    """Wall-clock stamps of every training batch end; the loop's steady state (steps
+    ``warmup + 1`` to ``warmup + steps - 1``) timed in blocks of ``block`` steps between device
+    syncs, with its real tokens counted on the device; after each block but the last, a block of
+    as many steps of ``alone`` (when given), whose time the run's phases leave out."""
 
-    def __init__(self, start: int, stop: int) -> None:
-        self.start, self.stop = start, stop
+    def __init__(self, warmup: int, steps: int, device: torch.device, block: int | None = None,
+                 alone: Alone | None = None) -> None:
+        if steps < 2:
+            raise ValueError("the steady state needs at least 2 steps")
+        last = warmup + steps - 1
+        self.boundaries = sorted({*range(warmup, last, block or steps), last})
+        self.warmup, self.last, self.device, self.alone = warmup, last, device, alone
         self.ends: list[float] = []
+        self.fit_start = 0.0
         self.validation_s = 0.0
-        self.tokens: torch.Tensor | None = None
-        self.window: tuple[float, float] = (0.0, 0.0)
+        self.timing = Timing()  # the loop's steady state
+        self.in_run_alone_s = 0.0  # the step alone's blocks, inside the run
+        self._tokens: torch.Tensor | None = None
+        self._block_start = 0.0
+        self._previous = warmup
         self._val_start = 0.0
 
-    def _sync(self, pl_module: pl.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.fit_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step = len(self.ends)
-        if self.start < step <= self.stop:
+        if self.warmup < step <= self.last:
             count = batch["attention_mask"].sum()
-            self.tokens = count if self.tokens is None else self.tokens + count
-        if step in (self.start, self.stop):
-            self._sync(pl_module)
-        self.ends.append(time.perf_counter())
+            self._tokens = count if self._tokens is None else self._tokens + count
+        if step not in self.boundaries:
+            self.ends.append(time.perf_counter())
+            return
+        _sync(self.device)
+        now = time.perf_counter()
+        self.ends.append(now)
+        if step > self.warmup:
+            self.timing.blocks.append((now - self._block_start, step - self._previous))
+        self._previous = step
+        if step < self.last and self.alone is not None:
+            following = self.boundaries[self.boundaries.index(step) + 1] - step
+            self.alone.run(following)
+            self._block_start = time.perf_counter()
+            self.in_run_alone_s += self._block_start - now
+        else:
+            self._block_start = now
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_start = time.perf_counter()
@@ -71,10 +177,31 @@ class StepClock(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.validation_s += time.perf_counter() - self._val_start
 
-    @property
-    def tokens_per_s(self) -> float:
-        assert self.tokens is not None
-        return float(self.tokens) / (self.ends[self.stop] - self.ends[self.start])
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._tokens is not None:
+            self.timing.tokens = float(self._tokens)
+
+
+@contextlib.contextmanager
+def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
+    """Stamp the start and end of the run's parameter, latency and memory measurement
+    (:func:`sweeps.runner._metric_counts`, called by name from :func:`sweeps.runner.train`)."""
+    from sweeps import runner
+
+    measure = runner._metric_counts
+
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        stamps["measure_start"] = time.perf_counter()
+        try:
+            return measure(*args, **kwargs)
+        finally:
+            stamps["measure_end"] = time.perf_counter()
+
+    runner._metric_counts = stamped
+    try:
+        yield
+    finally:
+        runner._metric_counts = measure
 
 
 def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: str) -> ExperimentConfig:
@@ -91,57 +218,119 @@ def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: 
         tracking=TrackingConfig(root=root, experiment="bench-loop"))
 
 
-def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, warmup: int,
-                  steps: int) -> float:
-    """Tokens/s of the step alone: ``steps`` steps after ``warmup``, on batches already on the device."""
+def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device) -> Alone:
+    """The step alone at ``cfg``'s model, precision, compilation and clipping, on batches from
+    the same pipeline already on ``device``, not yet warmed up."""
     init = build_pretraining_model(cfg.model, cfg.objective).state_dict()
     precision = "bf16" if cfg.trainer.precision.startswith("bf16") else "fp32"
-    side = ablate_side(case, init, precision, cfg.trainer.compile, device, warmup + steps, cfg.trainer.compile_mode)
-    data = batches(case, corpus, min(steps, 50), device)
-    for i in range(warmup):
-        side.step(data[i % len(data)])
-    float(side.step(data[0]))  # wait for the warm-up
-    tokens = sum(float(data[i % len(data)]["attention_mask"].sum()) for i in range(steps))
-    start = time.perf_counter()
-    for i in range(steps):
-        loss = side.step(data[i % len(data)])
-    float(loss)
-    return tokens / (time.perf_counter() - start)
+    side = ablate_side(case, init, precision, cfg.trainer.compile, device, 10 * cfg.trainer.max_steps,
+                       cfg.trainer.compile_mode, grad_clip=cfg.optim.grad_clip)
+    return Alone(side.step, batches(case, corpus, min(cfg.trainer.max_steps, 50), device), device)
+
+
+@dataclass
+class LoopResult:
+    """One ``ablate bench loop`` measurement: the two speeds and the run's wall-time phases (s)."""
+
+    case: Case
+    cfg: ExperimentConfig
+    warmup: int
+    steps: int
+    block: int | None
+    loop: Timing
+    step: Timing
+    phases: dict[str, float]
+    load: tuple[float, float]  # 1-minute load average before and after
+
+    @property
+    def efficiency(self) -> float:
+        return self.loop.tokens_per_s / self.step.tokens_per_s
+
+
+def measure(case: Case, corpus: str, device: torch.device, warmup: int, steps: int, block: int | None,
+            progress: Callable[[str], None] = lambda _: None) -> LoopResult:
+    """Run ``ablate train`` for ``warmup + steps`` steps and the step alone for the same
+    steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
+    from sweeps.runner import train
+
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:
+        cfg = run_config(case, corpus, device, warmup + steps, root)
+        alone = None
+        if block is not None:
+            progress("the step alone: batches and warm-up")
+            alone = isolated_step(case, cfg, corpus, device)
+            alone.warm_up(warmup)
+        progress(f"ablate train, {warmup + steps} steps" + (f", the step alone in turns of {block}" if block else ""))
+        clock = StepClock(warmup, steps, device, block, alone)
+        stamps: dict[str, float] = {}
+        begin = time.perf_counter()
+        with timed_measurement(stamps):
+            train(cfg, callbacks=[clock])
+        end = time.perf_counter()
+    if alone is None:
+        progress("the step alone")
+        alone = isolated_step(case, cfg, corpus, device)
+        alone.warm_up(warmup)
+        alone.run(clock.timing.steps)
+    first, last = clock.ends[0], clock.ends[-1]
+    measure_start, measure_end = stamps.get("measure_start", begin), stamps.get("measure_end", begin)
+    phases = {
+        "data, tokenizer, model": measure_start - begin,
+        "measurement": measure_end - measure_start,
+        "run and Trainer": clock.fit_start - measure_end,
+        "first step": first - clock.fit_start,
+        "training": last - first - clock.in_run_alone_s,
+        "validation": clock.validation_s,
+        "teardown": end - last - clock.validation_s,
+        "total": end - begin - clock.in_run_alone_s,
+        "step alone in the run": clock.in_run_alone_s,
+    }
+    if not clock.timing.blocks or not clock.timing.tokens:
+        raise RuntimeError("the run ended before its steady state")
+    return LoopResult(case, cfg, warmup, steps, block, clock.timing, alone.timing, phases,
+                      (load_before, os.getloadavg()[0]))
+
+
+def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
+    """The tables and the last line, ``loop efficiency: X.XX``; whether the target holds."""
+    t, d, p = r.cfg.trainer, r.cfg.data, r.phases
+    how = (f"in turns of {r.block} step{'s' if r.block > 1 else ''} inside the run" if r.block else "after the run")
+    lines = [
+        f"### {r.case.name}: ablate train ({t.precision}{', compiled ' + t.compile_mode if t.compile else ''}, "
+        f"data.num_workers {d.workers()}, T={r.case.seq_len} B={r.case.batch}, {corpus}) against its isolated step "
+        f"({how}); steady state = steps {r.warmup + 2} to {r.warmup + r.steps}",
+        "",
+        "| | tokens/s | ms/step (median) | ms/step (mean) | steps timed |", "|---|---:|---:|---:|---:|",
+        *(f"| {what} | {x.tokens_per_s:,.0f} | {1e3 * x.median_step_s:.1f} | {1e3 * x.seconds / x.steps:.1f} | "
+          f"{x.steps} |" for what, x in (("the loop (ablate train)", r.loop), ("the step alone", r.step))),
+        "",
+        "| wall time of the run | s |", "|---|---:|",
+        f"| start-up: corpus check, tokenizer, model | {p['data, tokenizer, model']:.1f} |",
+        f"| start-up: measurement (parameters, FLOPs, latency and memory probes) | {p['measurement']:.1f} |",
+        f"| start-up: MLflow run, Trainer | {p['run and Trainer']:.1f} |",
+        f"| start-up: loader workers, first batch, first step{' (compilation)' if t.compile else ''} | "
+        f"{p['first step']:.1f} |",
+        f"| training ({t.max_steps - 1} steps after the first) | {p['training']:.1f} |",
+        f"| validation ({t.val_batches} batches) | {p['validation']:.1f} |",
+        f"| teardown (end of fit, workers stopping, logging the weights, closing the run) | {p['teardown']:.1f} |",
+        f"| total | {p['total']:.1f} |",
+    ]
+    if r.block:
+        lines.append(f"| (not in the run: the step alone's turns, {p['step alone in the run']:.1f} s) | |")
+    lines += ["", f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
+              f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})", "",
+              f"loop efficiency: {r.efficiency:.2f}"]
+    return lines, r.efficiency >= TARGET
 
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
-    from sweeps.runner import train
-
+    # bert-small is the GPU case (benchmarks/cases.py GPU_CASES); albert-tiny the CPU one
     name = (args.case or ["bert-small" if device.type == "cuda" else "albert-tiny"])[0]
     case = CASES[name]()
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
-    task = progress.add_task(f"{name}: ablate train, {warmup + steps} steps", total=None)
-    with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:
-        cfg = run_config(case, args.corpus, device, warmup + steps, root)
-        clock = StepClock(start=warmup, stop=warmup + steps - 1)
-        begin = time.perf_counter()
-        train(cfg, callbacks=[clock])
-        end = time.perf_counter()
-    progress.update(task, description=f"{name}: the step alone")
-    step_rate = isolated_step(case, cfg, args.corpus, device, warmup, steps)
+    task = progress.add_task(name, total=None)
+    result = measure(case, args.corpus, device, warmup, steps, BLOCK[device.type],
+                     lambda what: progress.update(task, description=f"{name}: {what}"))
     progress.remove_task(task)
-    loop_rate = clock.tokens_per_s
-    efficiency = loop_rate / step_rate
-    startup = clock.ends[0] - begin
-    training = clock.ends[-1] - clock.ends[0]  # the one validation runs after the last step
-    teardown = end - clock.ends[-1] - clock.validation_s
-    t = cfg.trainer
-    lines = [f"### {name}: ablate train ({t.precision}{', compiled ' + t.compile_mode if t.compile else ''}, "
-             f"data.num_workers {cfg.data.workers()}, T={case.seq_len} B={case.batch}, {args.corpus}) against "
-             f"its isolated step; steady state = steps {warmup + 1} to {warmup + steps - 1}", "",
-             "| | tokens/s |", "|---|---:|",
-             f"| the loop (ablate train) | {loop_rate:,.0f} |", f"| the step alone | {step_rate:,.0f} |", "",
-             "| wall time of the run | s |", "|---|---:|",
-             f"| start-up (data, tokenizer, model, measurement, MLflow, compilation, first step) | {startup:.1f} |",
-             f"| training ({len(clock.ends)} steps) | {training:.1f} |",
-             f"| validation | {clock.validation_s:.1f} |",
-             f"| teardown (logging the weights, closing the run) | {teardown:.1f} |",
-             f"| total | {end - begin:.1f} |", "",
-             f"- target: loop efficiency >= {TARGET} ({mark(efficiency >= TARGET)})", "",
-             f"loop efficiency: {efficiency:.2f}"]
-    return lines, efficiency >= TARGET
+    return report(result, args.corpus)

@@ -84,8 +84,9 @@ def _optim() -> OptimConfig:
 
 
 def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compile: bool,
-                device: torch.device, max_steps: int, mode: str = "default") -> Side:
-    """ablate's PretrainModule at ``case``, from the weights ``init`` (compiled in ``mode``)."""
+                device: torch.device, max_steps: int, mode: str = "default", grad_clip: float = 0.0) -> Side:
+    """ablate's PretrainModule at ``case``, from the weights ``init`` (compiled in ``mode``); with
+    ``grad_clip``, gradients clipped to that norm as a run with ``optim.grad_clip`` does."""
     cfg = ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence),
                            optim=_optim(), trainer=TrainerConfig(max_steps=max_steps, compile=compile,
                                                                  compile_mode=mode))
@@ -95,6 +96,7 @@ def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compi
     module.to(device).train()
     setup = module.configure_optimizers()
     optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
 
     def step(batch: Batch) -> torch.Tensor:
         if mode == "reduce-overhead":
@@ -102,6 +104,8 @@ def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compi
         with _autocast(precision, device):
             loss = module.training_step(batch, 0)
         loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(trained, grad_clip, foreach=True)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)

@@ -115,3 +115,19 @@ def test_corpus_errors_before_training(tmp_path: Path) -> None:
     dm = PretrainDataModule(DataConfig(corpus=str(empty), cache_dir=str(tmp_path)), ObjectiveConfig(), VOCAB, 0)
     with pytest.raises(DataError, match="corpus is empty"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize(("device", "pinned"), [("cpu", False), ("cuda", True)])
+def test_loader_workers_and_pinned_memory_follow_the_trainer(wiki_data: Callable[..., DataConfig], device: str,
+                                                             pinned: bool) -> None:
+    """Batches are page-locked when the trainer trains on CUDA (Lightning then copies them with
+    non_blocking=True), not on a CPU; the loader uses ``data.num_workers`` resolved for the
+    trainer's devices. The trainer stands in for one that placed the run (no GPU needed)."""
+    from types import SimpleNamespace
+
+    dm = _dm(wiki_data(num_workers="auto"))
+    dm.trainer = SimpleNamespace(global_rank=0, world_size=1,  # type: ignore[assignment]
+                                 strategy=SimpleNamespace(root_device=torch.device(device)))
+    loader = dm.train_dataloader()
+    assert loader.pin_memory is pinned
+    assert loader.num_workers == dm.data.workers(1) >= 1 and loader.persistent_workers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -51,3 +52,37 @@ def test_a_loss_that_turns_nan_fails_the_run_at_that_step(tmp_path, wiki_validat
         train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert int(err.value.args[0].rsplit("step ", 1)[1]) < 12
 
+
+
+class _PoisonAt(pl.Callback):
+    """From step ``step`` on, the model's weights are NaN: every loss from that step is NaN."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                for p in pl_module.parameters():
+                    p.fill_(float("nan"))
+
+
+def test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step(tmp_path, wiki_validation):
+    """NaN from step 7 on, read at step 10 (trainer.log_every = 5): the error names step 7, not the
+    step at which it was read, and the run ends FAILED."""
+    import mlflow
+
+    cfg = _cfg(tmp_path, wiki_validation, log_every=5, max_steps=12, val_every=12)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    seen: list[int] = []
+
+    class Steps(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            seen.append(trainer.global_step)
+
+    with pytest.raises(FloatingPointError, match=r"training loss became nan at step 7$"):
+        train(cfg, tracking_uri=uri, callbacks=[_PoisonAt(7), Steps()])
+    assert seen[-1] == 9  # trained on past the bad step until the guard's read after 10 steps
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED"

@@ -1,0 +1,47 @@
+"""``ablate bench loop`` on a tiny real run: a real ``ablate train`` (streamed data, MLflow,
+validation) and the step alone in turns; the efficiency is the ratio of the two rates, the
+phases add up, the last line states it. No timed assertion: speed is the benchmark's job."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from benchmarks.cases import CASES
+from benchmarks.loop import StepClock, measure, report
+
+
+def test_turns_split_the_steady_state_into_equal_blocks():
+    clock = StepClock(warmup=3, steps=8, device=torch.device("cpu"), block=3)
+    assert clock.boundaries == [3, 6, 9, 10]  # steps 4-6, 7-9 and 10 timed: 7 steps, as many alone
+    assert StepClock(warmup=3, steps=8, device=torch.device("cpu")).boundaries == [3, 10]
+    with pytest.raises(ValueError):
+        StepClock(warmup=3, steps=1, device=torch.device("cpu"))
+
+
+def test_a_tiny_run_reports_loop_over_step(wiki_validation):
+    tiny = CASES["albert-tiny"]()
+    case = replace(tiny, model=replace(tiny.model, vocab_size=2048, num_layers=1, max_position=32), seq_len=32,
+                   batch=4)
+    r = measure(case, str(wiki_validation), torch.device("cpu"), warmup=2, steps=6, block=2)
+    # steps 4 to 8 (1-based) in turns of 2, 2 and 1, and as many of the step alone
+    assert [n for _, n in r.loop.blocks] == [n for _, n in r.step.blocks] == [2, 2, 1]
+    for side in (r.loop, r.step):
+        assert side.steps == 5 and side.tokens > 0 and all(s > 0 for s, _ in side.blocks)
+        assert side.tokens <= 5 * case.batch * case.seq_len  # real tokens, padding not counted
+        assert side.median_step_s == sorted(s / n for s, n in side.blocks)[1]
+        assert side.tokens_per_s == pytest.approx(side.tokens / 5 / side.median_step_s)
+    assert r.efficiency == pytest.approx(r.loop.tokens_per_s / r.step.tokens_per_s)
+    p = r.phases
+    parts = ["data, tokenizer, model", "measurement", "run and Trainer", "first step", "training", "validation",
+             "teardown"]
+    assert all(p[k] >= 0 for k in parts)
+    assert sum(p[k] for k in parts) == pytest.approx(p["total"], rel=1e-6)
+    assert p["measurement"] > 0 and p["validation"] > 0  # the run measured latency and validated
+    assert p["step alone in the run"] > 0  # its turns are not counted in the run's phases
+    lines, ok = report(r, "wiki")
+    assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}"
+    assert ok == (r.efficiency >= 0.9)
+    assert any(line.startswith("| the loop (ablate train) |") for line in lines)
