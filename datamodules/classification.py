@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.tokenizer import special_ids
+from datamodules.transfer import packed, unpack
 from lightning_modules.errors import ConfigError, DataError
 from lightning_modules.finetune_config import FinetuneConfig
 
@@ -289,12 +290,16 @@ class ClassificationDataModule(pl.LightningDataModule):
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         generator = torch.Generator().manual_seed(self.seed) if shuffle else None
         return DataLoader(split, self.cfg.batch_size, shuffle=shuffle, generator=generator, drop_last=False,
-                          collate_fn=partial(collate, pad_id=special_ids(self.tokenizer).pad),
+                          collate_fn=packed(partial(collate, pad_id=special_ids(self.tokenizer).pad), self.num_workers),
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         """Training batches, shuffled by a generator seeded with ``seed``."""
         return self._loader(self._ready()[0], shuffle=True)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
+        return unpack(batch)
 
     def val_dataloader(self) -> DataLoader:
         """Dev batches in file order."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from tokenizers import Tokenizer
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader
 from datamodules.corpus import Split, check_corpus, resolve_corpus
 from datamodules.stream import PretrainStream
 from datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
+from datamodules.transfer import packed, unpack
 from lightning_modules.config import DataConfig, ObjectiveConfig
 
 
@@ -110,11 +112,16 @@ class PretrainDataModule(pl.LightningDataModule):
         return DataLoader(
             stream,
             batch_size=None,
+            collate_fn=packed(None, workers),
             num_workers=workers,
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
             pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
         )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
+        return unpack(batch)
 
     def state_dict(self) -> dict[str, int]:
         """Saved in Lightning checkpoints: training batches consumed so far (one per step)."""

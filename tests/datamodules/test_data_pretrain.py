@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from datamodules.pretrain import PretrainDataModule
+from datamodules.transfer import PackedBatch, unpack
 from lightning_modules.config import DataConfig, ObjectiveConfig
 from lightning_modules.errors import DataError
 
@@ -24,7 +25,8 @@ def _dm(data: DataConfig, seed: int = 0, val_batches: int | None = 3, **objectiv
 
 
 def _take(loader, n: int) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
-    return list(itertools.islice(iter(loader), n))
+    """The first ``n`` batches as the module sees them (from workers they arrive packed)."""
+    return [unpack(b) for b in itertools.islice(iter(loader), n)]
 
 
 def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
@@ -98,6 +100,7 @@ def test_train_stream_is_endless(tmp_path: Path) -> None:
 def test_two_workers(wiki_data: Callable[..., DataConfig]) -> None:
     data = wiki_data(num_workers=2)
     dm = _dm(data, val_batches=3)
+    assert isinstance(next(iter(dm.train_dataloader())), PackedBatch)  # one buffer per batch from a worker
     batches = _take(dm.train_dataloader(), 6)
     assert len(batches) == 6 and not _same(batches[:1], batches[1:2])
     assert len(list(dm.val_dataloader())) == 3
