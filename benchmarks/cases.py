@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from lightning_modules.config import ModelConfig
-from lightning_modules.presets import albert_base as albert_base_preset
-from lightning_modules.presets import albert_small
-from lightning_modules.presets import bert_base as bert_base_preset
-from lightning_modules.presets import mobilebert as mobilebert_preset
+from ablate.lightning_modules.config import ModelConfig
+from ablate.lightning_modules.presets import albert_base as albert_base_preset
+from ablate.lightning_modules.presets import albert_small
+from ablate.lightning_modules.presets import bert_base as bert_base_preset
+from ablate.lightning_modules.presets import mobilebert as mobilebert_preset
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.train_speed import Batch, Side
+from ablate.benchmarks.train_speed import Batch, Side
 
 
 @dataclass(frozen=True)

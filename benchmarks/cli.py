@@ -8,11 +8,15 @@ import platform
 import warnings
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.progress import Progress
 
-from benchmarks.cases import CASES
+from ablate.benchmarks.cases import CASES
+
+if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
+    import torch
 
 SUITES = ("train", "precision", "data", "pruning", "loop")
 console = Console(highlight=False, soft_wrap=True)
@@ -35,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def machine(device: torch.device) -> str:
     """The machine, as the tables state it."""
+    import torch
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -51,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
+    import torch
+
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    from benchmarks import data_speed, loop, precision, sweep_pruning, train_table
+    from ablate.benchmarks import data_speed, loop, precision, sweep_pruning, train_table
 
     suites = {"train": train_table.main, "precision": precision.main, "data": data_speed.main,
               "pruning": sweep_pruning.main, "loop": loop.main}

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from benchmarks import mark
-from datamodules.stream import PretrainStream
-from datamodules.tokenizer import load_or_train_tokenizer
-from lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.benchmarks import mark
+from ablate.datamodules.stream import PretrainStream
+from ablate.datamodules.tokenizer import load_or_train_tokenizer
+from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
 
 TARGET_TOKENS_S, TARGET_WAIT, TARGET_RSS = 100_000, 0.05, 0.10
 BATCHES = 200
@@ -55,9 +55,9 @@ def loader_wait(steps: int = 200) -> tuple[float, float]:
     import lightning.pytorch as pl
     from lightning.pytorch.profilers import SimpleProfiler
 
-    from datamodules.pretrain import PretrainDataModule
-    from lightning_modules.pretrain import PretrainModule
-    from sweeps.spec import load_study, trial_config
+    from ablate.datamodules.pretrain import PretrainDataModule
+    from ablate.lightning_modules.pretrain import PretrainModule
+    from ablate.sweeps.spec import load_study, trial_config
 
     study = Path(__file__).resolve().parents[1] / "sweeps" / "studies" / "quickstart.yaml"
     spec, base = load_study(study)
@@ -104,7 +104,7 @@ def streaming_rss(one: str, every: str, tokenizer_json: str, batches: int = 5 * 
     tokenizer_file = Path(tempfile.mkdtemp(prefix="ablate-bench-")) / "tokenizer.json"
     tokenizer_file.write_text(tokenizer_json)
     for label, corpus in (("one shard", one), ("all shards", every)):
-        code = ("import json, sys; from benchmarks.data_speed import _peak_rss; "
+        code = ("import json, sys; from ablate.benchmarks.data_speed import _peak_rss; "
                 f"print(json.dumps(_peak_rss({corpus!r}, {batches}, {str(tokenizer_file)!r})))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parents[1])

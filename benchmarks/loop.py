@@ -44,11 +44,11 @@ import lightning.pytorch as pl
 import torch
 from rich.progress import Progress
 
-from benchmarks import mark
-from benchmarks.cases import CASES, Case
-from benchmarks.train_speed import Batch, ablate_side, batches
-from lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
-from lightning_modules.heads import build_pretraining_model
+from ablate.benchmarks import mark
+from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.train_speed import Batch, ablate_side, batches
+from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
+from ablate.lightning_modules.heads import build_pretraining_model
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
@@ -185,10 +185,10 @@ class StepClock(pl.Callback):
 @contextlib.contextmanager
 def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
     """Stamp the start and end of the run's parameter, latency and memory measurement
-    (:func:`sweeps.runner._metric_counts`, called by name from :func:`sweeps.runner.train`)."""
-    from sweeps import runner
+    (:func:`ablate.lightning_modules.accounting.metric_counts`, called by name from :func:`ablate.sweeps.runner.train`)."""
+    from ablate.sweeps import runner
 
-    measure = runner._metric_counts
+    measure = runner.metric_counts
 
     def stamped(*args: Any, **kwargs: Any) -> Any:
         stamps["measure_start"] = time.perf_counter()
@@ -197,11 +197,11 @@ def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
         finally:
             stamps["measure_end"] = time.perf_counter()
 
-    runner._metric_counts = stamped
+    runner.metric_counts = stamped
     try:
         yield
     finally:
-        runner._metric_counts = measure
+        runner.metric_counts = measure
 
 
 def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: str) -> ExperimentConfig:
@@ -251,7 +251,7 @@ def measure(case: Case, corpus: str, device: torch.device, warmup: int, steps: i
             progress: Callable[[str], None] = lambda _: None) -> LoopResult:
     """Run ``ablate train`` for ``warmup + steps`` steps and the step alone for the same
     steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
-    from sweeps.runner import train
+    from ablate.sweeps.runner import train
 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:

@@ -9,9 +9,9 @@ import statistics
 import torch
 from rich.progress import Progress
 
-from benchmarks import mark
-from benchmarks.cases import CASES
-from benchmarks.train_speed import batches, build_sides, race, tokens_per_s
+from ablate.benchmarks import mark
+from ablate.benchmarks.cases import CASES
+from ablate.benchmarks.train_speed import batches, build_sides, race, tokens_per_s
 
 WARMUP = 3
 TAIL = 20  # the loss reached = mean of the last 20 steps' losses

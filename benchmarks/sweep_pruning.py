@@ -23,7 +23,7 @@ import torch
 import yaml
 from rich.progress import Progress
 
-from benchmarks import mark
+from ablate.benchmarks import mark
 
 TARGET_SAVED = 0.40
 
@@ -52,8 +52,8 @@ def study(corpus: str, root: Path, name: str, pruner: dict[str, Any], steps: int
 
 def timed_study(raw: dict[str, Any], folder: Path) -> tuple[float, optuna.Study]:
     """Run a study; its wall time and the finished study."""
-    from sweeps.spec import load_study
-    from sweeps.study import run_study
+    from ablate.sweeps.spec import load_study
+    from ablate.sweeps.study import run_study
 
     path = folder / f"{raw['name']}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -129,7 +129,7 @@ def _params(study: optuna.Study) -> str:
 
 def _robustness(plain: optuna.Study, pruner: dict[str, Any], steps: int, orders: int = 50) -> list[str]:
     """Replays of the unpruned curves in other grid orders and from other start steps."""
-    from sweeps.spec import PrunerSpec
+    from ablate.sweeps.spec import PrunerSpec
 
     complete = plain.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     curves = optuna.create_study(direction=plain.direction)  # in memory: the replays read it 150 times

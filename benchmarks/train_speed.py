@@ -33,15 +33,15 @@ from itertools import islice
 
 import torch
 
-from benchmarks.cases import Case
-from datamodules.stream import PretrainStream
-from datamodules.tokenizer import load_or_train_tokenizer
-from lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, OptimConfig, TrainerConfig
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.interop import to_transformers
-from lightning_modules.interop_maps import family
-from lightning_modules.pretrain import PretrainModule, adamw, param_groups, use_tensor_cores, warmup_linear_decay
-from lightning_modules.profiling import saved_activation_bytes
+from ablate.benchmarks.cases import Case
+from ablate.datamodules.stream import PretrainStream
+from ablate.datamodules.tokenizer import load_or_train_tokenizer
+from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, OptimConfig, TrainerConfig
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.interop import to_transformers
+from ablate.lightning_modules.interop_maps import family
+from ablate.lightning_modules.pretrain import PretrainModule, adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.profiling import saved_activation_bytes
 
 HF_SENTENCE_LABEL = {"albert": "sentence_order_label", "bert": "next_sentence_label",
                      "mobilebert": "next_sentence_label"}

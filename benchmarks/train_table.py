@@ -15,10 +15,10 @@ import statistics
 import torch
 from rich.progress import Progress
 
-from benchmarks import mark
-from benchmarks.cases import CASES, Case, default_cases
-from benchmarks.ceiling import Ceiling, matmul_peak, step_flops
-from benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
+from ablate.benchmarks import mark
+from ablate.benchmarks.cases import CASES, Case, default_cases
+from ablate.benchmarks.ceiling import Ceiling, matmul_peak, step_flops
+from ablate.benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
 
 FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]
 BF16 = ["ablate:bf16", "transformers:sdpa:bf16", "transformers:eager:bf16"]

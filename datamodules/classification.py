@@ -24,10 +24,10 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.tokenizer import special_ids
-from datamodules.transfer import packed, unpack
-from lightning_modules.errors import ConfigError, DataError
-from lightning_modules.finetune_config import FinetuneConfig
+from ablate.datamodules.tokenizer import special_ids
+from ablate.datamodules.transfer import packed, unpack
+from ablate.lightning_modules.errors import ConfigError, DataError
+from ablate.lightning_modules.finetune_config import FinetuneConfig
 
 _BUILDERS = {".tsv": "csv", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 _PATH_SUFFIXES = {*_BUILDERS, ".gz", ".txt", ".parquet", ".tar", ".zip"}

@@ -25,9 +25,9 @@ from typing import Any, Literal
 import datasets
 from datasets.distributed import split_dataset_by_node
 
-from datamodules.sources import CorpusSpec, error, resolve_corpus
-from lightning_modules.config import DataConfig
-from lightning_modules.errors import DataError
+from ablate.datamodules.sources import CorpusSpec, error, resolve_corpus
+from ablate.lightning_modules.config import DataConfig
+from ablate.lightning_modules.errors import DataError
 
 __all__ = [
     "CorpusSpec",

@@ -12,7 +12,10 @@ Batches are dicts of tensors (see :func:`datamodules.stream.collate`): ``input_i
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +23,11 @@ import lightning.pytorch as pl
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.corpus import Split, check_corpus, resolve_corpus
-from datamodules.stream import PretrainStream
-from datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
-from datamodules.transfer import packed, unpack
-from lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.datamodules.corpus import Split, check_corpus, resolve_corpus
+from ablate.datamodules.stream import PretrainStream
+from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
+from ablate.datamodules.transfer import packed, unpack
+from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
 
 
 class PretrainDataModule(pl.LightningDataModule):
@@ -139,3 +142,24 @@ class PretrainDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         """Finite, deterministic validation batches: the same pairs and masks every time."""
         return self._loader("validation", self.val_batches)
+
+
+Batches = Iterable[dict[str, Any]]
+
+
+def probe_streams(data: DataConfig, vocab_size: int, seed: int = 0, train_batches: int = 40,
+                  test_batches: int = 10) -> dict[str, tuple[Batches, Batches]]:
+    """The intrinsic probes' data (:func:`ablate.lightning_modules.probe.intrinsic_eval`): for each
+    sentence task, ``nsp`` and ``sop``, the first ``train_batches`` batches of the training stream
+    and the first ``test_batches`` of the validation stream.
+
+    The run's data config with its tokenizer (found by fingerprint), default masking (token,
+    15%) for every model, and loaders in this process (no workers).
+    """
+    data = dataclasses.replace(data, num_workers=0)  # no worker processes; same tokenizer fingerprint
+    streams: dict[str, tuple[Batches, Batches]] = {}
+    for task in ("nsp", "sop"):
+        dm = PretrainDataModule(data, ObjectiveConfig(sentence=task), vocab_size, seed, val_batches=test_batches)
+        dm.prepare_data()
+        streams[task] = (itertools.islice(dm.train_dataloader(), train_batches), dm.val_dataloader())
+    return streams

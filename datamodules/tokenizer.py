@@ -22,9 +22,9 @@ from typing import NamedTuple
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
-from lightning_modules.config import DataConfig
-from lightning_modules.errors import ConfigError, DataError
+from ablate.datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
+from ablate.lightning_modules.config import DataConfig
+from ablate.lightning_modules.errors import ConfigError, DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Special tokens, at ids 0..4 in this order."""

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
-from lightning_modules.config import ModelConfig, ObjectiveConfig
-from lightning_modules.encoder import Encoder
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.encoder import Encoder
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.profiling import measure, training_device
 
 
 def count(module: nn.Module | None) -> int:
@@ -94,3 +95,31 @@ def report_for(cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_l
     with torch.device("meta"):
         model = build_pretraining_model(cfg, objective or ObjectiveConfig())
     return param_report(model, cfg, seq_len)
+
+
+MEASURED_ON = "measure.device"  # param: where latency and activation memory were measured
+
+
+def metric_counts(model: PretrainingModel, model_cfg: ModelConfig, cfg: ExperimentConfig
+                  ) -> tuple[dict[str, float], dict[str, str]]:
+    """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and
+    memory; and the params saying where they were measured (``measure.device``).
+
+    Latency (batch 1 and 32, T = ``data.max_length``) and one training step's activation memory
+    (at ``data.batch_size``) are measured on the device the run trains on, resolved from
+    ``trainer.accelerator`` as Lightning resolves it (``auto`` = CUDA when available: ``cuda:0``,
+    rank 0's), under the run's precision (``bf16-mixed``: the same autocast), eager, before the
+    Trainer places the model (it is moved back, and the CPU and CUDA random streams are forked:
+    a measured run trains exactly as an unmeasured one). On CUDA this initialises CUDA in this
+    process, so a multi-GPU run then starts its DDP ranks by spawn (:func:`ablate.sweeps.trainer.lightning_strategy`).
+    """
+    counts = param_report(model, model_cfg, cfg.data.max_length)
+    out = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
+    out["flops_per_token"] = counts.flops_per_token
+    if not cfg.trainer.measure:
+        return out, {}
+    device = training_device(cfg.trainer.accelerator)
+    measured = measure(model, model_cfg.vocab_size, cfg.data.max_length, device=device, repeats=5, warmup=1,
+                       memory_batch=cfg.data.batch_size, precision=cfg.trainer.precision)
+    out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
+    return out, {MEASURED_ON: measured.device}

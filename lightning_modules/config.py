@@ -10,24 +10,19 @@ impossible shapes raise :class:`ConfigError` naming the dotted key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import hashlib
-import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from lightning_modules.distill_config import DistillConfig, schedule
-from lightning_modules.errors import ConfigError
-from lightning_modules.finetune_config import FinetuneConfig
-from lightning_modules.pruning.config import PruneConfig
-
-_STRICT = ConfigDict(extra="forbid")
+from ablate.lightning_modules.distill_config import DistillConfig, schedule
+from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.pruning.config import PruneConfig
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -43,7 +38,7 @@ Norm = Literal["layer_norm", "no_norm"]
 Activation = Literal["gelu", "relu"]
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class LayerSpec:
     """One layer's dimensions (schuBERT): heads a_i, per-head query/key width k_i, per-head
     value width v_i and feed-forward width f_i. k_i != v_i is allowed."""
@@ -54,7 +49,7 @@ class LayerSpec:
     ffn_dim: PosInt
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ModelConfig:
     """Encoder architecture (BERT/ALBERT family).
 
@@ -172,7 +167,7 @@ def prediction_slots(tokens: int, mask_prob: float) -> int:
     return min(tokens, slots)
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ObjectiveConfig:
     """Pre-training objective.
 
@@ -192,7 +187,7 @@ class ObjectiveConfig:
     sentence_weight: NonNegFloat = 1.0
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class DataConfig:
     """Corpus, tokenizer and batching.
 
@@ -241,7 +236,7 @@ class DataConfig:
         return max(1, cores // max(1, devices) - 1)
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class OptimConfig:
     """AdamW with linear warmup and linear decay to zero at ``trainer.max_steps``."""
 
@@ -252,7 +247,7 @@ class OptimConfig:
     grad_clip: NonNegFloat = 1.0
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class TrainerConfig:
     """Lightning Trainer settings.
 
@@ -294,7 +289,7 @@ class TrainerConfig:
     intrinsic: bool = False
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class TrackingConfig:
     """Where runs are recorded.
 
@@ -312,7 +307,7 @@ class TrackingConfig:
     root: str = "ablate-runs"
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ExperimentConfig:
     """Everything one training run needs.
 
@@ -355,108 +350,6 @@ class ExperimentConfig:
         except ValueError as exc:
             raise ValueError(f"distill.{exc}") from None
         return self
-
-
-# ---------------------------------------------------------------------------------------
-# Building configs from YAML, presets and overrides
-# ---------------------------------------------------------------------------------------
-
-
-def _format_error(err: ValidationError) -> str:
-    """One line naming the dotted key of the first error."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        return f"{loc}: unknown key"
-    if first["type"] == "missing":
-        return f"{loc}: required key is missing"
-    named = re.match(r"^(\w+): (.*)$", msg)  # validator messages start with their field
-    if named:
-        loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
-        msg = named.group(2)
-    return f"{loc}: {msg}" if loc else msg
-
-
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = tree
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key=value``; the value is read as YAML (``64``, ``true``, ``null``, ``all``)."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
-        raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, raising ConfigError naming the file on any problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    if data is None:
-        raise ConfigError(f"{path}: empty file; expected a mapping of config sections")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of config sections")
-    return data
-
-
-def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Validate a raw config tree (plus dotted overrides) into an ExperimentConfig.
-
-    ``model.preset`` names a preset from :mod:`lightning_modules.presets`; the other
-    ``model`` keys override it.
-    """
-    from lightning_modules.presets import preset_fields  # presets import this module
-
-    tree = copy.deepcopy(raw)
-    for key, value in (overrides or {}).items():
-        _set_dotted(tree, key, value)
-    model = tree.get("model")
-    if isinstance(model, dict) and "preset" in model:
-        model = dict(model)
-        base = preset_fields(model.pop("preset"))
-        tree["model"] = {**base, **model}
-    try:
-        return ExperimentConfig(**tree)
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
-    except TypeError as exc:  # positional/unknown top-level arguments
-        match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        raise ConfigError(f"{match.group(1)}: unknown key" if match else str(exc)) from None
-
-
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load a config YAML (or defaults when None) with ``key=value`` overrides."""
-    raw = read_yaml(path) if path is not None else {}
-    return build_config(raw, dict(parse_override(o) for o in overrides or []))
-
-
-def replace(cfg: ExperimentConfig, updates: dict[str, Any]) -> ExperimentConfig:
-    """A copy of ``cfg`` with dotted-key updates applied and validated."""
-    return build_config(to_dict(cfg), updates)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

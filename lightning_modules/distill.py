@@ -23,14 +23,14 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
-from lightning_modules.components.embeddings import Embeddings
-from lightning_modules.config import ExperimentConfig, ModelConfig
-from lightning_modules.distill_config import Stage, schedule
-from lightning_modules.encoder import Trace
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import PretrainingModel
-from lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
-from lightning_modules.pretrain import PretrainModule
+from ablate.lightning_modules.components.embeddings import Embeddings
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig
+from ablate.lightning_modules.distill_config import Stage, schedule
+from ablate.lightning_modules.encoder import Trace
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
+from ablate.lightning_modules.pretrain import PretrainModule
 
 
 def copy_embeddings(student: Embeddings, teacher: Embeddings, mode: str) -> list[str]:

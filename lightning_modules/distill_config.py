@@ -7,19 +7,20 @@ The losses (each with its own weight, 0 = off) and strategies are described in
 
 from __future__ import annotations
 
+from ablate.lightning_modules.errors import STRICT
+
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-_STRICT = ConfigDict(extra="forbid")
 _Weight = Annotated[float, Field(ge=0.0)]
 
 Strategy = Literal["auxiliary", "joint", "progressive"]
 TRANSFER = ("fmt", "at", "embed")  # the layer-wise transfer losses; "pd" is the pre-training distillation
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class DistillConfig:
     """Source, losses and strategy of a distillation run.
 

@@ -17,12 +17,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from lightning_modules.components.attention import attention
-from lightning_modules.components.bottleneck import Bottleneck, Projection
-from lightning_modules.components.embeddings import Embeddings, Trigram
-from lightning_modules.components.ffn import feed_forward
-from lightning_modules.components.norms import NORM2FN, dropout
-from lightning_modules.config import SHARES, LayerSpec, ModelConfig
+from ablate.lightning_modules.components.attention import attention
+from ablate.lightning_modules.components.bottleneck import Bottleneck, Projection
+from ablate.lightning_modules.components.embeddings import Embeddings, Trigram
+from ablate.lightning_modules.components.ffn import feed_forward
+from ablate.lightning_modules.components.norms import NORM2FN, dropout
+from ablate.lightning_modules.config import SHARES, LayerSpec, ModelConfig
 
 
 class Step(NamedTuple):

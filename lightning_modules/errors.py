@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from pydantic import ConfigDict, ValidationError
+
 
 class AblateError(Exception):
     """Base class for every error caused by user input (config, corpus, storage, ...).
@@ -20,3 +24,40 @@ class DataError(AblateError):
 
 class StorageError(AblateError):
     """A tracking or study storage cannot be reached or used."""
+
+
+STRICT = ConfigDict(extra="forbid")
+"""The pydantic config of every config and spec dataclass: an unknown key is an error."""
+
+
+def _dotted(where: str, loc: tuple[int | str, ...]) -> str:
+    key = where
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
+def format_error(exc: ValidationError, where: str = "") -> str:
+    """One line naming the dotted key of each problem, e.g. ``report.metrics[2].name: Field required``.
+
+    ``where`` prefixes the keys (``report`` for a study's report section). A validator's message
+    that starts with its field (``num_heads: must divide ...``) names that field.
+    """
+    errors = exc.errors(include_url=False)
+    locs = [tuple(e["loc"]) for e in errors]
+    parts = []
+    for err, loc in zip(errors, locs, strict=True):
+        if err["type"] == "too_short" and any(o[: len(loc)] == loc and len(o) > len(loc) for o in locs):
+            continue  # pydantic's echo of an invalid item, already reported
+        key, msg = _dotted(where, loc), err["msg"].removeprefix("Value error, ")
+        if err["type"] == "keyed":
+            ctx = err.get("ctx") or {}
+            key, msg = _dotted(key, (ctx["key"],)), ctx["msg"]
+        elif err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        elif named := re.match(r"^(\w+): (.*)$", msg):
+            key, msg = _dotted(key, (named.group(1),)), named.group(2)
+        parts.append(f"{key}: {msg}" if key else msg)
+    return "; ".join(dict.fromkeys(parts))

@@ -18,10 +18,10 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
 
-from lightning_modules.config import ExperimentConfig
-from lightning_modules.encoder import Encoder
-from lightning_modules.heads import PretrainingModel
-from lightning_modules.pretrain import adamw, clip_gradients, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.encoder import Encoder
+from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.pretrain import adamw, clip_gradients, param_groups, use_tensor_cores, warmup_linear_decay
 
 
 class ClassificationHead(nn.Module):

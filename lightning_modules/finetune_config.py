@@ -6,15 +6,17 @@ is inert.
 
 from __future__ import annotations
 
+from ablate.lightning_modules.errors import STRICT
+
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 Metric = Literal["accuracy", "f1", "mcc"]
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclass(frozen=True, config=STRICT)
 class FinetuneConfig:
     """Task, data and schedule of a fine-tuning run.
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_modules.components.norms import ACT2FN, NORM2FN
-from lightning_modules.config import ModelConfig, ObjectiveConfig, prediction_slots
-from lightning_modules.encoder import Encoder, Trace, build_encoder, init_weights
+from ablate.lightning_modules.components.norms import ACT2FN, NORM2FN
+from ablate.lightning_modules.config import ModelConfig, ObjectiveConfig, prediction_slots
+from ablate.lightning_modules.encoder import Encoder, Trace, build_encoder, init_weights
 
 
 class MLMHead(nn.Module):

@@ -26,10 +26,11 @@ from typing import Any, Literal
 import torch
 import yaml
 
-from lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, load_config, to_dict, to_yaml
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.interop_maps import CLASSES, Pair, family, hf_config, model_config, pairs
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
+from ablate.lightning_modules.configio import load_config
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.interop_maps import CLASSES, Pair, family, hf_config, model_config, pairs
 
 SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
 WEIGHTS, EXPORT_YAML = "model.safetensors", "ablate.yaml"

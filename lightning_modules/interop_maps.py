@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lightning_modules.config import LayerSpec, ModelConfig
-from lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config import LayerSpec, ModelConfig
+from ablate.lightning_modules.errors import ConfigError
 
 # (HF parameter name, our parameter name, rows (start, stop) of ours or None for all of it)
 Pair = tuple[str, str, tuple[int, int] | None]

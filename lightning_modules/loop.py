@@ -24,7 +24,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
-from lightning_modules.config import TrainerConfig
+from ablate.lightning_modules.config import TrainerConfig
 
 
 class FiniteLoss(Callback):

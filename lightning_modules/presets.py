@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning_modules.config import ModelConfig, to_dict
-from lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config import ModelConfig, to_dict
+from ablate.lightning_modules.errors import ConfigError
 
 
 def bert_base() -> ModelConfig:

@@ -9,8 +9,8 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from lightning_modules.config import ExperimentConfig, OptimConfig
-from lightning_modules.heads import IGNORE, PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.config import ExperimentConfig, OptimConfig
+from ablate.lightning_modules.heads import IGNORE, PretrainingModel, build_pretraining_model
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -2,7 +2,7 @@
 
 Every model is scored on both sentence tasks, whatever its own pre-training objective,
 with a **linear probe on the frozen [CLS] vector**: a logistic regression trained on
-``probe_train_batches`` training batches and tested on ``probe_test_batches``
+``train_batches`` training batches and tested on ``test_batches``
 validation batches of each task, the same budget for every model. The model's own
 sentence head (if any) is not used, so NSP-, SOP- and no-sentence-objective models are
 measured alike. MLM accuracy is counted at the masked positions of those validation
@@ -10,24 +10,21 @@ batches of both tasks.
 
 Usage::
 
-    scores = intrinsic_eval(module.model, cfg.data, cfg.model.vocab_size, seed=cfg.seed)
+    streams = probe_streams(cfg.data, cfg.model.vocab_size, seed=cfg.seed)  # ablate.datamodules.pretrain
+    scores = intrinsic_eval(module.model, streams, seed=cfg.seed)
     mlflow.log_metrics(scores.as_metrics())
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from datamodules.pretrain import PretrainDataModule
-from lightning_modules.config import DataConfig, ObjectiveConfig
-from lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.heads import PretrainingModel
 
 IGNORE_INDEX = -100
 
@@ -158,35 +155,26 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
         return float((probe(test_x).argmax(-1) == test_y).float().mean())
 
 
-def intrinsic_eval(model: PretrainingModel, data: DataConfig, vocab_size: int, seed: int = 0,
-                   probe_train_batches: int = 40, probe_test_batches: int = 10) -> IntrinsicScores:
+def intrinsic_eval(model: PretrainingModel, streams: Mapping[str, tuple[Iterable[dict[str, torch.Tensor]],
+                                                                         Iterable[dict[str, torch.Tensor]]]],
+                   seed: int = 0) -> IntrinsicScores:
     """MLM, NSP and SOP accuracy of a model, with the same budget for every model.
-
-    For each sentence task a :class:`PretrainDataModule` is built from ``data`` (its
-    tokenizer is the run's, found by fingerprint; loaders run in this process): the
-    probe trains on the first ``probe_train_batches`` batches of the training stream and
-    is tested on the first ``probe_test_batches`` of the validation stream. Masking is
-    the default of :class:`ObjectiveConfig` (token, 15%), the same for every model.
 
     Args:
         model: the model to score; its parameters and train/eval flags are left unchanged.
-        data: the run's data config.
-        vocab_size: ``model.vocab_size`` (names the tokenizer).
-        seed: seed of the data streams and the probes.
-        probe_train_batches: training batches per task for the probe.
-        probe_test_batches: validation batches per task for the probe's test and MLM.
+        streams: per sentence task (``nsp``, ``sop``), the probe's training batches and its test
+            batches (:func:`ablate.datamodules.pretrain.probe_streams` builds them from a run's data).
+        seed: seed of the probes.
 
     Returns:
-        The three accuracies; MLM pools the masked positions of both tasks' batches.
+        The three accuracies; MLM pools the masked positions of both tasks' test batches.
     """
-    data = dataclasses.replace(data, num_workers=0)  # no worker processes; same tokenizer fingerprint
     accuracy: dict[str, float] = {}
     correct = total = 0
     for task in ("nsp", "sop"):
-        dm = PretrainDataModule(data, ObjectiveConfig(sentence=task), vocab_size, seed, val_batches=probe_test_batches)
-        dm.prepare_data()
-        train = _run(model, itertools.islice(dm.train_dataloader(), probe_train_batches))
-        test = _run(model, dm.val_dataloader())
+        train_batches, test_batches = streams[task]
+        train = _run(model, train_batches)
+        test = _run(model, test_batches)
         accuracy[task] = linear_probe(train.features, train.labels, test.features, test.labels, seed=seed)
         correct, total = correct + test.mlm_correct, total + test.mlm_total
     return IntrinsicScores(mlm_acc=correct / max(total, 1), nsp_acc=accuracy["nsp"], sop_acc=accuracy["sop"])

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.heads import PretrainingModel
 
 FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
 

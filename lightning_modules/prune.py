@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from lightning_modules.config import ExperimentConfig
-from lightning_modules.heads import PretrainingModel
-from lightning_modules.pretrain import PretrainModule
-from lightning_modules.pruning.budget import beta
-from lightning_modules.pruning.gates import Gates, attach, detach
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.pretrain import PretrainModule
+from ablate.lightning_modules.pruning.budget import beta
+from ablate.lightning_modules.pruning.gates import Gates, attach, detach
 
 
 class PruneModule(PretrainModule):

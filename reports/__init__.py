@@ -14,18 +14,18 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "MetricSpec": "reports.spec",
-    "PlotSpec": "reports.spec",
-    "ReportSpec": "reports.spec",
-    "ReportResult": "reports.build",
-    "build_report": "reports.build",
-    "render_console": "reports.build",
-    "load_runs": "reports.runs",
-    "Table": "reports.tables",
-    "aggregate": "reports.tables",
-    "to_csv": "reports.tables",
-    "to_latex": "reports.tables",
-    "to_markdown": "reports.tables",
+    "MetricSpec": "ablate.reports.spec",
+    "PlotSpec": "ablate.reports.spec",
+    "ReportSpec": "ablate.reports.spec",
+    "ReportResult": "ablate.reports.build",
+    "build_report": "ablate.reports.build",
+    "render_console": "ablate.reports.build",
+    "load_runs": "ablate.reports.runs",
+    "Table": "ablate.reports.tables",
+    "aggregate": "ablate.reports.tables",
+    "to_csv": "ablate.reports.tables",
+    "to_latex": "ablate.reports.tables",
+    "to_markdown": "ablate.reports.tables",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table as RichTable
 
-from lightning_modules.errors import StorageError
-from reports.plots import draw_plots
-from reports.runs import load_runs
-from reports.spec import ReportSpec
-from reports.tables import Table, aggregate, cells, to_csv, to_latex, to_markdown
+from ablate.lightning_modules.errors import StorageError
+from ablate.reports.plots import draw_plots
+from ablate.reports.runs import load_runs
+from ablate.reports.spec import ReportSpec
+from ablate.reports.tables import Table, aggregate, cells, to_csv, to_latex, to_markdown
 
 #: Artifact folder on the study's parent run.
 ARTIFACT_PATH = "report"

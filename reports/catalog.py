@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_modules.errors import ConfigError
-from reports.spec import ReportSpec
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports.spec import ReportSpec
+
+if TYPE_CHECKING:
+    from ablate.sweeps.spec import StudySpec
 
 #: Folder of the shipped specs.
 SPEC_DIR = Path(__file__).with_name("specs")
@@ -63,3 +66,13 @@ def resolve(value: str | Mapping[str, Any], where: str = "report", base_dir: Pat
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return ReportSpec.from_mapping(value, where=where)
+
+
+def study_report(spec: StudySpec, path: str | Path) -> ReportSpec | None:
+    """A study's report: inline, a shipped name or a REPORT.yaml relative to the study file.
+
+    ``ablate sweep`` reads it with the study, so a bad report fails before anything runs.
+    """
+    if spec.report is None:
+        return None
+    return resolve(spec.report, f"{path}: report", Path(path).parent)

@@ -12,8 +12,8 @@ import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
 from matplotlib.ticker import FuncFormatter
 
-from reports.spec import PlotSpec, ReportSpec
-from reports.tables import Table, natural_key, row_text
+from ablate.reports.spec import PlotSpec, ReportSpec
+from ablate.reports.tables import Table, natural_key, row_text
 
 DPI = 150
 _MARKERS = "osD^vP*Xhp"

@@ -14,7 +14,8 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Run, ViewType
 
-from lightning_modules.errors import StorageError
+from ablate.lightning_modules.errors import StorageError
+from ablate.sweeps.tracking import check_database
 
 #: Columns every runs frame has, before the params and metrics.
 BASE_COLUMNS = ["run_id", "run_name", "status", "state", "trial"]
@@ -62,38 +63,6 @@ def _check_sqlite(tracking_uri: str) -> None:
     path = Path(name)
     if name and name != ":memory:" and not path.exists():
         raise StorageError(f"{tracking_uri}: no MLflow database at {path}")
-
-
-def check_database(uri: str, timeout_s: int = 10) -> None:
-    """Refuse an unreachable database URI (``postgresql://``, ``mysql://``, ``mssql://``) at once.
-
-    MLflow's SQL store retries a refused connection for minutes before giving up; one
-    connection attempt with a timeout says the same in seconds.
-    """
-    scheme = uri.split(":", 1)[0].split("+", 1)[0]
-    if scheme not in ("postgresql", "mysql", "mssql"):
-        return
-    import sqlalchemy
-
-    args = {"connect_timeout": timeout_s} if scheme in ("postgresql", "mysql") else {}
-    try:
-        engine = sqlalchemy.create_engine(uri, connect_args=args)
-        with engine.connect():
-            pass
-        engine.dispose()
-    except Exception as exc:  # noqa: BLE001 - driver errors vary
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"{redact(uri)}: cannot reach the database ({first})") from None
-
-
-def redact(url: str) -> str:
-    """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a database URL
-        return url
 
 
 def _quote(value: str) -> str:

@@ -19,20 +19,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from lightning_modules.errors import ConfigError
+from ablate.lightning_modules.configio import read_yaml
+from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
 
 Format = Literal["millions", "percent", "float", "int", "sci"]
 State = Literal["COMPLETE", "PRUNED", "FAIL"]
 
 #: Digits after the decimal point when a metric gives none.
 DEFAULT_DIGITS: dict[str, int] = {"millions": 1, "percent": 1, "float": 3, "int": 0, "sci": 2}
-
-_STRICT = ConfigDict(extra="forbid")
 
 
 def _keyed(key: str, msg: str) -> PydanticCustomError:
@@ -48,7 +46,7 @@ def _unique(values: list[str] | tuple[str, ...], what: str) -> None:
         seen.add(v)
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class MetricSpec:
     """One metric column.
 
@@ -78,7 +76,7 @@ class MetricSpec:
         return DEFAULT_DIGITS[self.format] if self.digits is None else self.digits
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class PlotSpec:
     """One scatter plot of row means: ``y`` against ``x``.
 
@@ -95,7 +93,7 @@ class PlotSpec:
     hue: str | None = None
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ReportSpec:
     """A paper-style table (and plots) built from a study's MLflow runs.
 
@@ -188,7 +186,7 @@ class ReportSpec:
         try:
             return _ADAPTER.validate_python(dict(data))
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, where)) from None
+            raise ConfigError(format_error(exc, where)) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ReportSpec:
@@ -197,40 +195,8 @@ class ReportSpec:
         Raises:
             ConfigError: unreadable file, bad YAML, or invalid spec (named by file).
         """
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        data = read_yaml(path, what="a report spec mapping")
         return cls.from_mapping(data, where=str(path))
 
 
 _ADAPTER: TypeAdapter[ReportSpec] = TypeAdapter(ReportSpec)
-
-
-def _dotted(where: str, loc: tuple[int | str, ...]) -> str:
-    key = where
-    for part in loc:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return key
-
-
-def _describe(exc: ValidationError, where: str) -> str:
-    """``report.metrics[2].name: Field required; ...`` from a pydantic error."""
-    errors = exc.errors(include_url=False)
-    locs = [tuple(e["loc"]) for e in errors]
-    parts = []
-    for err, loc in zip(errors, locs, strict=True):
-        if err["type"] == "too_short" and any(o[: len(loc)] == loc and len(o) > len(loc) for o in locs):
-            continue  # pydantic's echo of an invalid item, already reported
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "keyed":
-            ctx = err.get("ctx") or {}
-            key = f"{_dotted(where, loc)}.{ctx['key']}"
-            msg = ctx["msg"]
-        else:
-            key = _dotted(where, loc)
-            if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-                msg = "unknown key"
-        parts.append(f"{key}: {msg}")
-    return "; ".join(parts)

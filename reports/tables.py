@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_modules.errors import ConfigError
-from reports.spec import MetricSpec, ReportSpec
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports.spec import MetricSpec, ReportSpec
 
 MISSING = "–"
 _KEY = "_row_key"

@@ -20,10 +20,12 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from mlflow.entities import Metric
 
-from lightning_modules.config import ExperimentConfig, build_config, to_dict
-from lightning_modules.errors import ConfigError
-from sweeps.runner import RunResult, tracked_run, train
-from sweeps.weights import RUNS
+from ablate.lightning_modules.config import ExperimentConfig, to_dict
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.errors import ConfigError
+from ablate.sweeps.runner import train
+from ablate.sweeps.tracking import RunResult, tracked_run
+from ablate.sweeps.weights import RUNS
 
 STAGE = "ablate.stage"
 PRETRAIN_RUN = "ablate.pretrain_run"

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_modules.config import ExperimentConfig, config_digest
+from ablate.lightning_modules.config import ExperimentConfig, config_digest
 
 LAST = "last.ckpt"
 

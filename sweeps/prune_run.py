@@ -24,19 +24,18 @@ import pandas as pd
 from lightning.pytorch.loggers import MLFlowLogger
 from rich.console import Console
 
-from datamodules.pretrain import PretrainDataModule
-from lightning_modules.accounting import param_report
-from lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.pretrain import PretrainModule
-from lightning_modules.profiling import measure
-from lightning_modules.prune import PruneModule
-from lightning_modules.pruning.budget import backbone_params, choose, fewer_layers, magnitude_keep, uniform
-from lightning_modules.pruning.keep import VARIANTS
-from lightning_modules.pruning.surgery import shrink
-from sweeps import tracking
-from sweeps.weights import Source, log_weights
+from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.lightning_modules.accounting import metric_counts
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.pretrain import PretrainModule
+from ablate.lightning_modules.prune import PruneModule
+from ablate.lightning_modules.pruning.budget import backbone_params, choose, fewer_layers, magnitude_keep, uniform
+from ablate.lightning_modules.pruning.keep import VARIANTS
+from ablate.lightning_modules.pruning.surgery import shrink
+from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
+from ablate.sweeps.weights import Source, log_weights
 
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -56,16 +55,9 @@ class _PhaseLogger(MLFlowLogger):
 def _fit(module: pl.LightningModule, cfg: ExperimentConfig, steps: int, data: PretrainDataModule,
          logger: _PhaseLogger) -> dict[str, float]:
     """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
-    from sweeps.runner import _ValidateAtEnd, build_trainer
-
-    trainer_cfg = dataclasses.replace(cfg.trainer, max_steps=steps, val_every=min(cfg.trainer.val_every, steps))
-    trainer = build_trainer(dataclasses.replace(cfg, trainer=trainer_cfg), logger, [_ValidateAtEnd()])
-    with tracking.scoped_tracking_uri():
-        trainer.fit(module, datamodule=data)
-    if trainer.interrupted:
-        raise KeyboardInterrupt
+    metrics = fit(build_trainer(cfg, logger, [ValidateAtEnd()], max_steps=steps), module, data)
     logger.offset += steps
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return metrics
 
 
 def _with_model(cfg: ExperimentConfig, model_cfg: ModelConfig) -> ExperimentConfig:
@@ -140,24 +132,16 @@ def run_pruning(cfg: ExperimentConfig, data: PretrainDataModule, uri: str, clien
 def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any,
                 run_id: str) -> dict[str, float]:
     """Prune ``source`` as ``cfg.prune`` says inside run ``run_id``, log the outcome; the last metrics."""
-    seq = cfg.data.max_length
-    before = param_report(source.model, source.model_cfg, seq)
-    logged = {"source/params.backbone": before.backbone, "source/flops_per_token": before.flops_per_token}
-    if cfg.trainer.measure:
-        logged.update({f"source/{k}": v for k, v in measure(source.model, source.model_cfg.vocab_size, seq,
-                                                            repeats=5, warmup=1).as_dict().items() if k != "device"})
-    for key, value in logged.items():
-        client.log_metric(run_id, key, float(value))
+    before, _ = metric_counts(source.model, source.model_cfg, cfg)  # on the training device, as the run's own
+    for key, value in before.items():
+        client.log_metric(run_id, f"source/{key}", float(value))
     new_cfg, model, metrics = run_pruning(cfg, data, uri, client, run_id, source.model_cfg, source.model)
     final = _with_model(cfg, new_cfg)
-    after = param_report(model, new_cfg, seq)
-    counts = {f"params.{k}": v for k, v in after.as_dict().items() if k not in ("flops_per_token", "seq_len")}
-    counts["flops_per_token"] = after.flops_per_token
-    if cfg.trainer.measure:
-        counts.update({k: v for k, v in measure(model, new_cfg.vocab_size, seq, repeats=5, warmup=1).as_dict().items()
-                       if k != "device"})
-    for key, value in counts.items():
+    after, measured_on = metric_counts(model, new_cfg, final)
+    for key, value in after.items():
         client.log_metric(run_id, key, float(value))
+    for key, value in measured_on.items():
+        client.log_param(run_id, key, value)
     table = dims_table(new_cfg)
     markdown = ["| " + " | ".join(table.columns) + " |", "|" + "---:|" * len(table.columns)]
     markdown += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]

@@ -36,16 +36,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from lightning_modules.config import (ExperimentConfig, _format_error, build_config, field_names, flatten,
-                                      read_yaml)
-from lightning_modules.errors import ConfigError
-from reports import catalog
-from reports.spec import ReportSpec
+from ablate.lightning_modules.config import ExperimentConfig, field_names, flatten
+from ablate.lightning_modules.configio import build_config, read_yaml
+from ablate.lightning_modules.errors import format_error
+from ablate.lightning_modules.errors import STRICT, ConfigError
 
-_STRICT = ConfigDict(extra="forbid")
 PLACEHOLDER_TEACHER = "runs:/teacher"
 """Stands in for the study's teacher when student configs are validated before the teacher exists."""
 TOKENIZER_FIELDS = ("model.vocab_size", "data.corpus", "data.text_field", "data.val_fraction",
@@ -53,7 +51,7 @@ TOKENIZER_FIELDS = ("model.vocab_size", "data.corpus", "data.text_field", "data.
 """What determines the WordPiece tokenizer: teacher and student must agree on all of it."""
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ParamSpace:
     """One searched field: a list of ``choices``, or a numeric range ``low``..``high``."""
 
@@ -95,7 +93,7 @@ class ParamSpace:
         return list(self.choices) if self.choices is not None else [self.low, self.high]
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class PrunerSpec:
     """Optuna pruner on the validation curve: ``none``, ``median``, ``percentile`` (prune a
     trial worse than ``percentile`` % of the others at the same step; 50 = median),
@@ -120,7 +118,7 @@ class PrunerSpec:
         return factories[self.type]()
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class ObjectiveSpec:
     """The metric a trial returns to Optuna."""
 
@@ -128,7 +126,7 @@ class ObjectiveSpec:
     direction: Literal["minimize", "maximize"] = "minimize"
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class TeacherSpec:
     """The teacher every trial of a study distils from (``distill.teacher`` of each trial).
 
@@ -157,7 +155,7 @@ class TeacherSpec:
         return self
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=STRICT)
 class StudySpec:
     """A whole study, as declared in YAML."""
 
@@ -203,20 +201,12 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     try:
         spec = StudySpec(**raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_format_error(exc)}") from None
+        raise ConfigError(f"{path}: {format_error(exc)}") from None
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     base = spec.base if isinstance(spec.base, dict) else read_yaml(path.parent / spec.base)
     validate_study(spec, base, path)
-    report_spec(spec, path)  # a bad report fails now, not after the sweep
     return spec, base
-
-
-def report_spec(spec: StudySpec, path: str | Path) -> ReportSpec | None:
-    """The study's report: inline, a shipped name or a REPORT.yaml relative to the study file."""
-    if spec.report is None:
-        return None
-    return catalog.resolve(spec.report, f"{path}: report", Path(path).parent)
 
 
 def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
@@ -243,7 +233,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     if spec.teacher is not None and spec.teacher.model is not None:
         _validate_teacher(spec, base, students, where)
     if spec.finetune:
-        from sweeps.chain import check_tasks
+        from ablate.sweeps.chain import check_tasks
 
         check_tasks(students[0], spec.finetune, str(where))
 

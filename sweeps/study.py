@@ -22,15 +22,16 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
-from lightning_modules.config import ExperimentConfig, build_config
-from lightning_modules.errors import ConfigError, StorageError
-from sweeps import checkpoints, tracking, workers
-from sweeps import teacher as teachers
-from sweeps.chain import chained_trial
-from sweeps.runner import run_name, train
-from datamodules.pretrain import PretrainDataModule
-from sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
-from sweeps.weights import RUNS
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.sweeps import checkpoints, tracking, workers
+from ablate.sweeps import teacher as teachers
+from ablate.sweeps.chain import chained_trial
+from ablate.sweeps.runner import run_name, train
+from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
+from ablate.sweeps.weights import RUNS
 
 DONE = workers.DONE
 FAIL_REASON = tracking.FAIL_REASON

@@ -20,12 +20,12 @@ from mlflow.exceptions import MlflowException
 from optuna.trial import TrialState
 from rich.console import Console
 
-from lightning_modules.config import config_digest
-from lightning_modules.errors import ConfigError
-from sweeps import checkpoints, tracking, workers
-from sweeps.runner import train
-from sweeps.spec import StudySpec, teacher_config
-from sweeps.weights import RUNS
+from ablate.lightning_modules.config import config_digest
+from ablate.lightning_modules.errors import ConfigError
+from ablate.sweeps import checkpoints, tracking, workers
+from ablate.sweeps.runner import train
+from ablate.sweeps.spec import StudySpec, teacher_config
+from ablate.sweeps.weights import RUNS
 
 TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
 SUFFIX = ":teacher"  # the Optuna study that hands the teacher's training to one worker

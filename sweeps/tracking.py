@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from optuna import TrialPruned
 
-from lightning_modules.config import ExperimentConfig, flatten, to_yaml
-from lightning_modules.errors import StorageError
-from reports.runs import check_database, redact  # noqa: F401 - redact: re-exported as tracking.redact
+from ablate.lightning_modules.config import ExperimentConfig, flatten, to_yaml
+from ablate.lightning_modules.errors import StorageError
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -180,3 +182,79 @@ def stale_running(client: MlflowClient, exp_id: str, study: str) -> list[Any]:
     """Trial runs of ``study`` left RUNNING by a process that died without cleaning up."""
     return client.search_runs([exp_id], filter_string=(
         f"tags.`{STUDY}` = '{study}' and tags.`{ROLE}` = 'trial' and attributes.status = 'RUNNING'"))
+
+
+def check_database(uri: str, timeout_s: int = 10) -> None:
+    """Refuse an unreachable database URI (``postgresql://``, ``mysql://``, ``mssql://``) at once.
+
+    MLflow's SQL store retries a refused connection for minutes before giving up; one
+    connection attempt with a timeout says the same in seconds.
+    """
+    scheme = uri.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in ("postgresql", "mysql", "mssql"):
+        return
+    import sqlalchemy
+
+    args = {"connect_timeout": timeout_s} if scheme in ("postgresql", "mysql") else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args=args)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - driver errors vary
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"{redact(uri)}: cannot reach the database ({first})") from None
+
+
+def redact(url: str) -> str:
+    """A database URL with its password masked (``postgresql://ablate:***@host/db``), for output and tags."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a database URL
+        return url
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced."""
+
+    run_id: str
+    tracking_uri: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def tracked_run(cfg: ExperimentConfig, uri: str, work: Callable[[Any, str], dict[str, float]], *,
+                experiment: str | None, name: str | None, parent_run_id: str | None, tags: dict[str, str],
+                inputs: dict[str, float], tokenizer: Path | None,
+                extra_params: dict[str, str] | None = None) -> RunResult:
+    """Run ``work(client, run_id)`` inside a new MLflow run that logs ``cfg``, ``inputs`` (metrics at
+    step 0) and the tokenizer first, and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised
+    as KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
+    client = connect(uri)
+    exp_id = experiment_id(client, experiment or cfg.tracking.experiment, uri)
+    run_id = start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
+                                {ROLE: "run", **tags}, parent_run_id)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        log_run_inputs(client, run_id, cfg, inputs, tokenizer)
+        for key, value in (extra_params or {}).items():  # e.g. a study's variant name
+            client.log_param(run_id, key, value)
+        metrics = work(client, run_id)
+    except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
+        end_run(client, run_id, "KILLED")
+        raise KeyboardInterrupt from exc
+    except KeyboardInterrupt:
+        end_run(client, run_id, "KILLED")
+        raise
+    except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
+        end_run(client, run_id, "FINISHED")
+        raise
+    except BaseException:
+        end_run(client, run_id, "FAILED")
+        raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
+    end_run(client, run_id, "FINISHED")
+    return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

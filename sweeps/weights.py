@@ -18,10 +18,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from lightning_modules.config import ExperimentConfig, ModelConfig, load_config, to_yaml
-from lightning_modules.errors import ConfigError, StorageError
-from lightning_modules.heads import PretrainingModel
-from lightning_modules.interop import WEIGHTS, load_pretrained, state_dict
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, to_yaml
+from ablate.lightning_modules.configio import load_config
+from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.interop import WEIGHTS, load_pretrained, state_dict
 
 ARTIFACT = "model"
 RUNS = "runs:/"  # distill.teacher: runs:/RUN_ID names a run of the same MLflow store
@@ -45,7 +46,7 @@ def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, Pretraini
     StorageError when the store is missing or unreachable, ConfigError when the run is unknown or
     saved no weights.
     """
-    from sweeps import tracking
+    from ablate.sweeps import tracking
 
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise StorageError(f"--tracking-uri {uri}: no MLflow store there")
@@ -100,7 +101,7 @@ def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teac
     artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
     weights, when there is one). ConfigError/StorageError prefixed with ``field`` (the config key
     that named it: ``distill.teacher`` or ``prune.source``)."""
-    from sweeps import tracking
+    from ablate.sweeps import tracking
 
     try:
         if not source.startswith(RUNS):

@@ -27,8 +27,8 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from sweeps import tracking
-from sweeps.spec import StudySpec
+from ablate.sweeps import tracking
+from ablate.sweeps.spec import StudySpec
 
 QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues the grid, then "ready"
 PARENT_RUN = "ablate.parent_run"  # study user attr: the MLflow parent run id

@@ -1,7 +1,7 @@
 """Bad input, everywhere: one line ``error: ...``, exit status 2, no traceback, nothing created.
 
 Config YAML, studies, corpora, checkpoints and storage URLs, each through the real CLI
-(``sweeps.cli.main``) in a fresh folder; afterwards no MLflow run and no Optuna trial
+(``ablate.cli.main``) in a fresh folder; afterwards no MLflow run and no Optuna trial
 exists there (an unreachable store is reported before anything is written).
 """
 
@@ -18,10 +18,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from lightning_modules.config import build_config
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.interop import export
-from sweeps.cli import main
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.interop import export
+from ablate.cli import main
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from benchmarks.cases import bert_small
-from benchmarks.train_speed import batches, build_sides, race
-from lightning_modules.config import build_config
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.profiling import measure, training_device
-from sweeps.runner import MEASURED_ON, train
+from ablate.benchmarks.cases import bert_small
+from ablate.benchmarks.train_speed import batches, build_sides, race
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.profiling import measure, training_device
+from ablate.sweeps.runner import MEASURED_ON, train
 from tests.conftest import requires_cuda
 
 pytestmark = requires_cuda

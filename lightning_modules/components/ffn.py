@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_modules.components.norms import ACT2FN
+from ablate.lightning_modules.components.norms import ACT2FN
 
 
 class FeedForward(nn.Module):

@@ -15,11 +15,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from lightning_modules.config import LayerSpec, ModelConfig
-from lightning_modules.encoder import Encoder
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import PretrainingModel
-from lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
+from ablate.lightning_modules.config import LayerSpec, ModelConfig
+from ablate.lightning_modules.encoder import Encoder
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
 
 Dims = list[int]  # one layer's [heads, qk, v, ffn], in LAYER_DIMS order
 _SLOT = {dim: i for i, dim in enumerate(LAYER_DIMS)}

@@ -5,15 +5,17 @@ A run prunes when ``prune.source`` names a trained model; otherwise the section 
 
 from __future__ import annotations
 
+from ablate.lightning_modules.errors import STRICT
+
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 Method = Literal["schubert-h", "schubert-f", "schubert-a", "schubert-all", "uniform", "fewer-layers"]
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclass(frozen=True, config=STRICT)
 class PruneConfig:
     """Source, method and schedule of a pruning run.
 

@@ -61,9 +61,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
-from lightning_modules.config import LayerSpec, ModelConfig
-from lightning_modules.errors import ConfigError
-from lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
+from ablate.lightning_modules.config import LayerSpec, ModelConfig
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
 
 # per-layer dimension -> its size in a layer
 LAYER_SIZE: dict[str, Callable[[LayerSpec], int]] = {

@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from lightning_modules.config import LayerSpec, ModelConfig
+from ablate.lightning_modules.config import LayerSpec, ModelConfig
 
 DIMS = ("h", "heads", "qk", "v", "ffn")
 LAYER_DIMS = ("heads", "qk", "v", "ffn")

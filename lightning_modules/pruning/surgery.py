@@ -19,11 +19,11 @@ import math
 
 import torch
 
-from lightning_modules.config import ModelConfig, ObjectiveConfig
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.pruning.gates import Gates, attached, check_supported, sites
-from lightning_modules.pruning.keep import Keep
+from ablate.lightning_modules.config import ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.pruning.gates import Gates, attached, check_supported, sites
+from ablate.lightning_modules.pruning.keep import Keep
 
 Index = tuple[torch.Tensor | None, ...]  # per axis of a tensor, the indices kept (None = all)
 

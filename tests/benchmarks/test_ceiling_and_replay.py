@@ -6,9 +6,9 @@ from __future__ import annotations
 import optuna
 import torch
 
-from benchmarks.ceiling import Ceiling, step_flops
-from benchmarks.sweep_pruning import replay
-from benchmarks.train_speed import Side
+from ablate.benchmarks.ceiling import Ceiling, step_flops
+from ablate.benchmarks.sweep_pruning import replay
+from ablate.benchmarks.train_speed import Side
 
 
 def test_step_flops_counts_forward_and_backward() -> None:

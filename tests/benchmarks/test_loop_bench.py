@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from benchmarks.cases import CASES
-from benchmarks.loop import StepClock, measure, report
+from ablate.benchmarks.cases import CASES
+from ablate.benchmarks.loop import StepClock, measure, report
 
 
 def test_turns_split_the_steady_state_into_equal_blocks():

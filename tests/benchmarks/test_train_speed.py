@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.cases import CASES, Case
-from benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
-from benchmarks.ceiling import step_flops
-from benchmarks.train_table import FP32, _block
+from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
+from ablate.benchmarks.ceiling import step_flops
+from ablate.benchmarks.train_table import FP32, _block
 
 
 def _small(case: Case) -> Case:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from datamodules.stream import tokenize_documents
-from datamodules.tokenizer import load_or_train_tokenizer
-from lightning_modules.config import DataConfig
+from ablate.datamodules.stream import tokenize_documents
+from ablate.datamodules.tokenizer import load_or_train_tokenizer
+from ablate.lightning_modules.config import DataConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 WIKI_VALIDATION = SHARED_DATA / "wiki-en" / "validation-00-of-01.jsonl.gz"

@@ -16,10 +16,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.classification import ClassificationDataModule, _trim
-from datamodules.tokenizer import train_tokenizer
-from lightning_modules.errors import ConfigError, DataError
-from lightning_modules.finetune_config import FinetuneConfig
+from ablate.datamodules.classification import ClassificationDataModule, _trim
+from ablate.datamodules.tokenizer import train_tokenizer
+from ablate.lightning_modules.errors import ConfigError, DataError
+from ablate.lightning_modules.finetune_config import FinetuneConfig
 from tests.conftest import SHARED_DATA
 
 SST2 = SHARED_DATA / "sst2"

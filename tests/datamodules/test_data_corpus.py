@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from torch.utils.data import DataLoader
 
-from datamodules.corpus import DOC_SHUFFLE_BUFFER, check_corpus, is_validation, iter_documents, num_shards, resolve_corpus
-from datamodules.stream import DocumentStream
-from lightning_modules.config import DataConfig
-from lightning_modules.errors import DataError
+from ablate.datamodules.corpus import DOC_SHUFFLE_BUFFER, check_corpus, is_validation, iter_documents, num_shards, resolve_corpus
+from ablate.datamodules.stream import DocumentStream
+from ablate.lightning_modules.config import DataConfig
+from ablate.lightning_modules.errors import DataError
 
 
 def _cfg(corpus: str | Path, **kw) -> DataConfig:  # type: ignore[no-untyped-def]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datamodules.masking import cap_selection, mask_tokens, ngram_probs, ngram_start_rate
-from lightning_modules.config import prediction_slots
+from ablate.datamodules.masking import cap_selection, mask_tokens, ngram_probs, ngram_start_rate
+from ablate.lightning_modules.config import prediction_slots
 
 VOCAB, MASK, PAD, CLS, SEP = 1000, 4, 0, 2, 3
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from datamodules.pairs import Instance, create_instances, split_sentences, truncate_pair
-from datamodules.stream import iter_instances
+from ablate.datamodules.pairs import Instance, create_instances, split_sentences, truncate_pair
+from ablate.datamodules.stream import iter_instances
 
 MAX_LENGTH = 64
 

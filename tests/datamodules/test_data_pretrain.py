@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.pretrain import PretrainDataModule
-from datamodules.transfer import PackedBatch, unpack
-from lightning_modules.config import DataConfig, ObjectiveConfig
-from lightning_modules.errors import DataError
+from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.datamodules.transfer import PackedBatch, unpack
+from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import DataError
 
 VOCAB = 2000
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import datamodules.tokenizer as tokmod
-from datamodules.tokenizer import SPECIAL_TOKENS, cache_root, load_or_train_tokenizer, special_ids
-from lightning_modules.config import DataConfig
-from lightning_modules.errors import ConfigError, DataError
+import ablate.datamodules.tokenizer as tokmod
+from ablate.datamodules.tokenizer import SPECIAL_TOKENS, cache_root, load_or_train_tokenizer, special_ids
+from ablate.lightning_modules.config import DataConfig
+from ablate.lightning_modules.errors import ConfigError, DataError
 
 
 def _no_training(*args: object, **kwargs: object) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from datamodules.transfer import PackedBatch, packed, unpack
+from ablate.datamodules.transfer import PackedBatch, packed, unpack
 
 
 def _batch(seed: int = 0) -> dict[str, torch.Tensor]:

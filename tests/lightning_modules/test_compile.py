@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from lightning_modules.config import LayerSpec, build_config
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.profiling import random_batch
+from ablate.lightning_modules.config import LayerSpec
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.profiling import random_batch
 
 T, B = 32, 4
 FAMILIES = {

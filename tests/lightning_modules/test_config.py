@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from lightning_modules.config import build_config, field_names, flatten, load_config, parse_override, replace
-from lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config import field_names, flatten
+from ablate.lightning_modules.configio import build_config, load_config, parse_override, replace
+from ablate.lightning_modules.errors import ConfigError
 
 
 @pytest.mark.parametrize(

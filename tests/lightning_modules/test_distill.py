@@ -8,13 +8,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from datamodules.pretrain import PretrainDataModule
-from lightning_modules.config import build_config
-from lightning_modules.distill import DistillModule
-from lightning_modules.encoder import Trace
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.losses import feature_map_loss
+from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.distill import DistillModule
+from ablate.lightning_modules.encoder import Trace
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.losses import feature_map_loss
 
 V = 300
 STUDENT = {"preset": "mobilebert-mini", "vocab_size": V, "max_position": 64}

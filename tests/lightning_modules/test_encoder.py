@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.config import build_config, prediction_slots
-from lightning_modules.encoder import Trace, build_encoder, layer_plan
-from lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config import prediction_slots
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.encoder import Trace, build_encoder, layer_plan
+from ablate.lightning_modules.heads import build_pretraining_model
 
 
 def _cfg(**model):

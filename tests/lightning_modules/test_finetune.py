@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from lightning_modules.config import build_config
-from lightning_modules.finetune import FinetuneModule
-from lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.finetune import FinetuneModule
+from ablate.lightning_modules.heads import build_pretraining_model
 
 
 def _cfg(sentence: str = "sop", **finetune):

@@ -7,10 +7,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from lightning_modules.config import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
-from lightning_modules.errors import ConfigError  # noqa: E402
-from lightning_modules.heads import PretrainingModel, build_pretraining_model  # noqa: E402
-from lightning_modules.interop import (export, from_transformers, initial_model, load_pretrained,  # noqa: E402
+from ablate.lightning_modules.config import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
+from ablate.lightning_modules.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model  # noqa: E402
+from ablate.lightning_modules.interop import (export, from_transformers, initial_model, load_pretrained,  # noqa: E402
                                        to_transformers)
 
 V = 1000

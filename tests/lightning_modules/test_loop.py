@@ -9,9 +9,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_modules.config import build_config, to_dict
-from lightning_modules.loop import FiniteLoss
-from sweeps.runner import train
+from ablate.lightning_modules.config import to_dict
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.loop import FiniteLoss
+from ablate.sweeps.runner import train
 
 
 def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():

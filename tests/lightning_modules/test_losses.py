@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
+from ablate.lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
 
 
 @pytest.mark.parametrize(("student", "teacher", "expected"), [

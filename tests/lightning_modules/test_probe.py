@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.pretrain import PretrainDataModule
-from lightning_modules.config import DataConfig, ModelConfig, ObjectiveConfig
-from lightning_modules import probe
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.probe import (IntrinsicScores, cls_features, intrinsic_eval, linear_probe, mlm_accuracy)
+from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.lightning_modules.config import DataConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules import probe
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.datamodules.pretrain import probe_streams
+from ablate.lightning_modules.probe import (IntrinsicScores, cls_features, intrinsic_eval, linear_probe, mlm_accuracy)
 
 VOCAB = 1000
 
@@ -104,7 +105,7 @@ def scored(tiny_data: DataConfig) -> tuple[PretrainingModel, dict[str, torch.Ten
     model.encoder.eval()  # a mixed state (e.g. frozen layers) must come back as it was
     before = {k: v.clone() for k, v in model.state_dict().items()}
     start = time.perf_counter()
-    scores = intrinsic_eval(model, tiny_data, VOCAB, seed=0)
+    scores = intrinsic_eval(model, probe_streams(tiny_data, VOCAB, seed=0), seed=0)
     return model, before, scores, time.perf_counter() - start
 
 
@@ -127,7 +128,7 @@ def test_intrinsic_eval_leaves_the_model_unchanged(scored) -> None:
 
 def test_intrinsic_eval_is_deterministic(scored, tiny_data: DataConfig) -> None:
     model, _, scores, _ = scored
-    again = intrinsic_eval(model, tiny_data, VOCAB, seed=0, probe_train_batches=40, probe_test_batches=10)
+    again = intrinsic_eval(model, probe_streams(tiny_data, VOCAB, seed=0, train_batches=40, test_batches=10), seed=0)
     assert again == scores
 
 
@@ -141,6 +142,6 @@ def test_intrinsic_eval_uses_the_budget(tiny_data: DataConfig, monkeypatch: pyte
         return real_run(model, batches)
 
     monkeypatch.setattr(probe, "_run", counting_run)
-    scores = intrinsic_eval(_tiny_model(), tiny_data, VOCAB, probe_train_batches=3, probe_test_batches=2)
+    scores = intrinsic_eval(_tiny_model(), probe_streams(tiny_data, VOCAB, train_batches=3, test_batches=2))
     assert counts == [3, 2, 3, 2]  # nsp train, nsp test, sop train, sop test
     assert all(0.0 <= v <= 1.0 for v in scores.as_metrics().values())

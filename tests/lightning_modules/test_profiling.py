@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_modules.config import build_config
-from lightning_modules.heads import PretrainingModel, build_pretraining_model
-from lightning_modules.profiling import (Measured, autocast_for, describe_device, measure, measure_latency,
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.profiling import (Measured, autocast_for, describe_device, measure, measure_latency,
                                          peak_train_memory, training_device)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
 
 
 def test_params_measure_json_has_measured_keys() -> None:
-    out = subprocess.run([sys.executable, "-m", "sweeps.cli", "params", "albert-tiny", "data.max_length=32",
+    out = subprocess.run([sys.executable, "-m", "ablate", "params", "albert-tiny", "data.max_length=32",
                           "--measure", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -82,7 +82,7 @@ def test_params_measure_json_has_measured_keys() -> None:
 
 
 def test_params_measure_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from sweeps import cli
+    from ablate import cli
 
     monkeypatch.setattr(cli, "_measure", lambda cfg: Measured(1.25, 31.5, 42.0, "cpu"))  # rendering only: fast
     assert cli.main(["params", "albert-tiny", "--measure"]) == 0

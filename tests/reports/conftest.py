@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mlflow import MlflowClient
 
-from reports.spec import ReportSpec
+from ablate.reports.spec import ReportSpec
 from tests.reports.report_fixtures import STUDY, TRIALS, Store, log_trial
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag, ViewType
 
-from reports import catalog
-from reports.spec import ReportSpec
+from ablate.reports import catalog
+from ablate.reports.spec import ReportSpec
 
 FIXTURE = Path(__file__).with_name("fixtures") / "recorded_runs.json.gz"
 _KEEP_TAGS = ("ablate.",)

@@ -4,9 +4,9 @@ import pytest
 from matplotlib.image import imread
 from rich.console import Console
 
-import reports.build as build_mod
-from lightning_modules.errors import StorageError
-from reports import build_report, render_console
+import ablate.reports.build as build_mod
+from ablate.lightning_modules.errors import StorageError
+from ablate.reports import build_report, render_console
 from tests.reports.report_fixtures import STUDY
 
 

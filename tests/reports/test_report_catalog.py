@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lightning_modules.errors import ConfigError
-from reports import catalog
-from reports.spec import ReportSpec
-from sweeps.cli import main
-from sweeps.spec import load_study, report_spec
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports import catalog
+from ablate.reports.spec import ReportSpec
+from ablate.cli import main
+from ablate.reports.catalog import study_report
+from ablate.sweeps.spec import load_study
 
 STUDY = {
     "name": "s",
@@ -36,14 +37,14 @@ def test_shipped_names_accept_underscores():
 
 def test_a_study_names_a_shipped_report(tmp_path):
     spec, _ = load_study(_write(tmp_path, "albert-table4"))
-    assert report_spec(spec, tmp_path / "study.yaml").title.startswith("ALBERT Table 4")
+    assert study_report(spec, tmp_path / "study.yaml").title.startswith("ALBERT Table 4")
 
 
 def test_a_study_names_a_report_file_beside_it(tmp_path):
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(
         {"title": "Mine", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}]}), encoding="utf-8")
     spec, _ = load_study(_write(tmp_path, "mine.yaml"))
-    assert report_spec(spec, tmp_path / "study.yaml").title == "Mine"
+    assert study_report(spec, tmp_path / "study.yaml").title == "Mine"
 
 
 @pytest.mark.parametrize(("report", "message"), [
@@ -56,7 +57,7 @@ def test_a_bad_report_fails_when_the_study_is_read(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, report)
     with pytest.raises(ConfigError, match="report"):
-        load_study(path)
+        study_report(load_study(path)[0], path)
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {path}: {message}")

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from lightning_modules.errors import StorageError
-from reports.runs import BASE_COLUMNS, load_runs, parse_param
+from ablate.lightning_modules.errors import StorageError
+from ablate.reports.runs import BASE_COLUMNS, load_runs, parse_param
 from tests.reports.report_fixtures import STUDY, TRIALS
 
 

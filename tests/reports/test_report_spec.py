@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from lightning_modules.errors import ConfigError
-from reports.spec import MetricSpec, ReportSpec
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports.spec import MetricSpec, ReportSpec
 
 GOOD = {
     "title": "T",

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from reports import catalog
-from reports.build import build_report
-from reports.runs import parse_param
-from reports.spec import ReportSpec
-from sweeps.spec import load_study
+from ablate.reports import catalog
+from ablate.reports.build import build_report
+from ablate.reports.runs import parse_param
+from ablate.reports.spec import ReportSpec
+from ablate.sweeps.spec import load_study
 from tests.reports.recorded import FIXTURE, replay
 
 NAMES = catalog.names()
@@ -82,7 +82,7 @@ def test_report_from_mlflow_alone(recorded, tmp_path):
     _, root, ids = recorded
     (tmp_path / "ablate-runs").mkdir()
     shutil.copy(root / "mlflow.db", tmp_path / "ablate-runs" / "mlflow.db")
-    ablate = [sys.executable, "-m", "sweeps.cli"]
+    ablate = [sys.executable, "-m", "ablate"]
     env_path = str(Path(__file__).resolve().parents[2])
     proc = subprocess.run([*ablate, "report", "albert-table5"], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)

@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import pytest
 
-from lightning_modules.errors import ConfigError
-from reports.runs import load_runs
-from reports.spec import MetricSpec, ReportSpec
-from reports.tables import aggregate, format_cell, natural_key, to_csv, to_latex, to_markdown
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports.runs import load_runs
+from ablate.reports.spec import MetricSpec, ReportSpec
+from ablate.reports.tables import aggregate, format_cell, natural_key, to_csv, to_latex, to_markdown
 from tests.reports.report_fixtures import STUDY
 
 

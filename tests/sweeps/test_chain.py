@@ -7,9 +7,9 @@ import statistics
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.cli import main
-from sweeps.spec import load_study
-from sweeps.study import run_study
+from ablate.cli import main
+from ablate.sweeps.spec import load_study
+from ablate.sweeps.study import run_study
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import write_study
 

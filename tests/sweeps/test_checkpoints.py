@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sweeps.checkpoints import RngState
+from ablate.sweeps.checkpoints import RngState
 
 
 def _saved() -> dict:

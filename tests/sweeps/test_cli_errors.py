@@ -9,12 +9,12 @@ import sys
 import pytest
 import yaml
 
-from sweeps.cli import main
+from ablate.cli import main
 from tests.sweeps.conftest import write_study
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
 
 
@@ -42,7 +42,7 @@ def test_params_json_matches_published_cell():
       'model.layers=[{num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 3072}, {num_heads: 6, qk_dim: 64, v_dim: 64, ffn_dim: 3072}]'],
      "error: model.sharing: 'all' shares modules across layers, but model.layers differ at layer 1"),
     (["params", "bert-base", "model.num_layers=2", "model.layers=[{num_heads: 12, qk_dim: 0, v_dim: 64, ffn_dim: 1}, {num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 1}]"],
-     "error: model.layers.0.qk_dim: Input should be greater than 0"),
+     "error: model.layers[0].qk_dim: Input should be greater than 0"),
 ])
 def test_cli_errors_are_one_line(args, needle, tmp_path):
     proc = run_cli(*args, cwd=tmp_path)

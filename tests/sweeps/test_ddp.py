@@ -17,9 +17,9 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from lightning_modules.config import build_config
-from sweeps.runner import train
-from sweeps.weights import load_source
+from ablate.lightning_modules.configio import build_config
+from ablate.sweeps.runner import train
+from ablate.sweeps.weights import load_source
 from tests.sweeps.conftest import tiny_base, write_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_pruning_across_ranks(tmp_path, wiki_validation):
                         pruner={"type": "threshold", "upper": 1.0, "n_warmup_steps": 3})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run([sys.executable, "-m", "sweeps.cli", "sweep", str(study)], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-m", "ablate", "sweep", str(study)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -6,10 +6,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.config import build_config
-from lightning_modules.errors import ConfigError
-from sweeps.cli import main
-from sweeps.runner import train
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.errors import ConfigError
+from ablate.cli import main
+from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 
 TEACHER = {"preset": "ibbert-mini", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "intra_dim": 64,

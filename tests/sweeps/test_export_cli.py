@@ -7,12 +7,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from lightning_modules.config import ExperimentConfig, ModelConfig  # noqa: E402
-from lightning_modules.heads import build_pretraining_model  # noqa: E402
-from lightning_modules.interop import load_pretrained  # noqa: E402
-from sweeps import tracking  # noqa: E402
-from sweeps.cli import main  # noqa: E402
-from sweeps.weights import load_run_weights, log_weights  # noqa: E402
+from ablate.lightning_modules.config import ExperimentConfig, ModelConfig  # noqa: E402
+from ablate.lightning_modules.heads import build_pretraining_model  # noqa: E402
+from ablate.lightning_modules.interop import load_pretrained  # noqa: E402
+from ablate.sweeps import tracking  # noqa: E402
+from ablate.cli import main  # noqa: E402
+from ablate.sweeps.weights import load_run_weights, log_weights  # noqa: E402
 
 SMALL = dict(vocab_size=500, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2, ffn_dim=64, max_position=32,
              dropout=0.0)

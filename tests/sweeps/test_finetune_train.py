@@ -6,9 +6,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.config import build_config
-from sweeps.cli import main
-from sweeps.runner import train
+from ablate.lightning_modules.configio import build_config
+from ablate.cli import main
+from ablate.sweeps.runner import train
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base, trained_run
 

@@ -17,8 +17,8 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from sweeps.runner import train
-from sweeps.spec import load_study, trial_config
+from ablate.sweeps.runner import train
+from ablate.sweeps.spec import load_study, trial_config
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _sweep(study: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(study)], cwd=study.parent, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(study)], cwd=study.parent, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -21,7 +21,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from sweeps import workers
+from ablate.sweeps import workers
 from tests.servers import mlflow_server, postgres_cluster
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL
@@ -63,7 +63,7 @@ def test_workers_opening_an_empty_database_at_once(cluster):
 def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(study), "--storage", storage,
+    return subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(study), "--storage", storage,
                              "--tracking-uri", uri], cwd=cwd, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -107,7 +107,7 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
     assert len({r.data.tags["ablate.worker"] for r in runs}) == 2  # the work was shared
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rep = subprocess.run([sys.executable, "-m", "sweeps.cli", "report", str(study), "--tracking-uri", uri,
+    rep = subprocess.run([sys.executable, "-m", "ablate", "report", str(study), "--tracking-uri", uri,
                           "--out", str(tmp_path / "report")], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lightning_modules.config import build_config
-from sweeps.runner import train
+from ablate.lightning_modules.configio import build_config
+from ablate.sweeps.runner import train
 
 
 @pytest.mark.parametrize("preset", ["mobilebert", "mobilebert-tiny", "ibbert-large", "mobilebert-mini",

@@ -6,10 +6,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.config import build_config, load_config
-from lightning_modules.pruning.budget import backbone_params, unit_costs
-from sweeps.cli import main
-from sweeps.runner import train
+from ablate.lightning_modules.configio import build_config, load_config
+from ablate.lightning_modules.pruning.budget import backbone_params, unit_costs
+from ablate.cli import main
+from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 
 MODEL = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim": 32, "num_layers": 2,

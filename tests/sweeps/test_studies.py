@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_modules.errors import ConfigError
-from sweeps.spec import corner_configs, load_study, report_spec
+from ablate.lightning_modules.errors import ConfigError
+from ablate.reports.catalog import study_report
+from ablate.sweeps.spec import corner_configs, load_study
 
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "studies").glob("*.yaml"))
 
@@ -16,7 +17,7 @@ STUDIES = sorted((Path(__file__).resolve().parents[2] / "sweeps" / "studies").gl
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_shipped_study_is_valid(path):
     spec, base = load_study(path)
-    assert report_spec(spec, path).metrics
+    assert study_report(spec, path).metrics
     assert spec.total_trials() == len(corner_configs(spec, base)) * len(spec.seeds)
 
 

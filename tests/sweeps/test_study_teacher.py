@@ -9,9 +9,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.config import to_yaml
-from sweeps.cli import main
-from sweeps.spec import PLACEHOLDER_TEACHER, StudySpec, corner_configs, load_study, teacher_config, trial_config
+from ablate.lightning_modules.config import to_yaml
+from ablate.cli import main
+from ablate.sweeps.spec import PLACEHOLDER_TEACHER, StudySpec, corner_configs, load_study, teacher_config, trial_config
 from tests.sweeps.conftest import tiny_base, write_study
 
 # a tiny BERT teacher as wide as the tiny ALBERT students, on their tokenizer (V=1000)

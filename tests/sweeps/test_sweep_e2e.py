@@ -12,12 +12,12 @@ import optuna
 import torch
 from mlflow.tracking import MlflowClient
 
-from lightning_modules.config import build_config
-from reports.build import build_report
-from reports.spec import ReportSpec
-from sweeps.cli import main
-from sweeps.runner import train
-from sweeps.spec import load_study
+from ablate.lightning_modules.configio import build_config
+from ablate.reports.build import build_report
+from ablate.reports.spec import ReportSpec
+from ablate.cli import main
+from ablate.sweeps.runner import train
+from ablate.sweeps.spec import load_study
 from tests.sweeps.conftest import tiny_base, write_study
 
 
@@ -89,7 +89,7 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
                        trainer={"max_steps": 400, "val_every": 100})
     client, _ = _client(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "sweep", str(path)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             # a shell's background job ignores SIGINT, and Python keeps an inherited SIG_IGN
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

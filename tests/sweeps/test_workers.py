@@ -6,8 +6,8 @@ import optuna
 import pytest
 from pydantic import ValidationError
 
-from sweeps import workers
-from sweeps.spec import PrunerSpec, StudySpec
+from ablate.sweeps import workers
+from ablate.sweeps.spec import PrunerSpec, StudySpec
 
 SEARCH = {"optim.lr": {"choices": [1e-4, 1e-3, 3e-3]}, "model.embed_dim": {"choices": [32, 128]},
           "model.sharing": {"choices": ["all", "none"]}}

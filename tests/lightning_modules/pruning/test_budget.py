@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import torch
 
-from lightning_modules.accounting import count
-from lightning_modules.config import LayerSpec, ModelConfig, ObjectiveConfig
-from lightning_modules.encoder import build_encoder
-from lightning_modules.errors import ConfigError
-from lightning_modules.heads import build_pretraining_model
-from lightning_modules.presets import get_preset
-from lightning_modules.pruning.budget import (backbone_params, beta, choose, fewer_layers, magnitude_keep,
+from ablate.lightning_modules.accounting import count
+from ablate.lightning_modules.config import LayerSpec, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.encoder import build_encoder
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.presets import get_preset
+from ablate.lightning_modules.pruning.budget import (backbone_params, beta, choose, fewer_layers, magnitude_keep,
                                               unit_costs, uniform)
-from lightning_modules.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
+from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
 
 SMALL = ModelConfig(vocab_size=50, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=4, ffn_dim=40,
                     max_position=16, dropout=0.0)

@@ -13,15 +13,15 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from lightning_modules.errors import AblateError, ConfigError
+from ablate.lightning_modules.errors import AblateError, ConfigError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _config(target: str, overrides: list[str]):
     """A config from a preset name or a YAML path, with overrides."""
-    from lightning_modules.config import build_config, load_config, parse_override
-    from lightning_modules.presets import PRESETS
+    from ablate.lightning_modules.configio import build_config, load_config, parse_override
+    from ablate.lightning_modules.presets import PRESETS
 
     if target in PRESETS:
         return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
@@ -34,9 +34,9 @@ def cmd_params(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from lightning_modules.accounting import report_for
+    cfg = _config(args.target, args.overrides)  # config errors answer before torch is imported
+    from ablate.lightning_modules.accounting import report_for
 
-    cfg = _config(args.target, args.overrides)
     report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
     measured = _measure(cfg) if args.measure else None
     if args.json:
@@ -68,8 +68,8 @@ def _measure(cfg):
     """Build the real model on cuda (if available) or cpu and measure latency and activation memory."""
     import torch
 
-    from lightning_modules.heads import build_pretraining_model
-    from lightning_modules.profiling import measure
+    from ablate.lightning_modules.heads import build_pretraining_model
+    from ablate.lightning_modules.profiling import measure
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
@@ -77,9 +77,9 @@ def _measure(cfg):
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from sweeps.runner import train
+    cfg = _config(args.config, args.overrides)  # config errors answer before torch is imported
+    from ablate.sweeps.runner import train
 
-    cfg = _config(args.config, args.overrides)
     result = train(cfg, tracking_uri=args.tracking_uri)
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     print(f"run {result.run_id} finished: {shown}")
@@ -87,11 +87,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from sweeps import tracking, workers
-    from sweeps.spec import load_study
-    from sweeps.study import run_study
+    from ablate.sweeps import tracking, workers
+    from ablate.reports.catalog import study_report
+    from ablate.sweeps.spec import load_study
 
     spec, base = load_study(args.study)
+    study_report(spec, args.study)  # a bad report fails now, not after the sweep
+    from ablate.sweeps.study import run_study
+
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
     study = result.study
     counts = dict(Counter(t.state.name for t in study.trials))
@@ -111,12 +114,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from reports import catalog
-    from reports.build import build_report, render_console
-    from reports.spec import ReportSpec
-    from lightning_modules.config import build_config, read_yaml
-    from sweeps import tracking
-    from sweeps.spec import load_study, report_spec
+    from ablate.reports import catalog
+    from ablate.reports.build import build_report, render_console
+    from ablate.reports.spec import ReportSpec
+    from ablate.lightning_modules.configio import build_config, read_yaml
+    from ablate.sweeps import tracking
+    from ablate.sweeps.spec import load_study
 
     target = Path(args.spec)
     root = "ablate-runs"
@@ -124,7 +127,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     raw = read_yaml(target) if target.is_file() else None
     if raw is not None and ("search" in raw or "variants" in raw or "base" in raw):  # a study
         spec, base = load_study(target)
-        report = report_spec(spec, target)
+        report = catalog.study_report(spec, target)
         if report is None:
             raise ConfigError(f"{target}: report: the study declares no report")
         cfg = build_config(base, spec.overrides)
@@ -146,9 +149,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from lightning_modules.interop import export
-    from sweeps import tracking
-    from sweeps.weights import load_run_weights
+    from ablate.lightning_modules.interop import export
+    from ablate.sweeps import tracking
+    from ablate.sweeps.weights import load_run_weights
 
     out = Path(args.out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before downloading anything
@@ -169,7 +172,7 @@ def _print_ui_hint(uri: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from reports.catalog import names as report_names
+    from ablate.reports.catalog import names as report_names
 
     p = argparse.ArgumentParser(prog="ablate",
                                 description="BERT compression ablations: params, train, sweep, report, export.")
@@ -207,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
     s.set_defaults(func=cmd_export)
     s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")
-    from benchmarks.cli import add_arguments, run
+    from ablate.benchmarks.cli import add_arguments, run
 
     add_arguments(s)
     s.set_defaults(func=run)

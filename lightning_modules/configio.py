@@ -1,0 +1,96 @@
+"""Configs from YAML files, presets and ``key=value`` overrides: the one YAML reader and the
+one place a raw tree becomes a validated :class:`ExperimentConfig`."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ablate.lightning_modules.config import ExperimentConfig, to_dict
+from ablate.lightning_modules.errors import ConfigError, format_error
+from ablate.lightning_modules.presets import preset_fields
+
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (``64``, ``true``, ``null``, ``all``)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> dict[str, Any]:
+    """Read a YAML mapping (config, study or report spec), raising ConfigError naming the file on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{path}: empty file; expected {what}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected {what}")
+    return data
+
+
+def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Validate a raw config tree (plus dotted overrides) into an ExperimentConfig.
+
+    ``model.preset`` names a preset from :mod:`ablate.lightning_modules.presets`; the other
+    ``model`` keys override it.
+    """
+    tree = copy.deepcopy(raw)
+    for key, value in (overrides or {}).items():
+        set_dotted(tree, key, value)
+    model = tree.get("model")
+    if isinstance(model, dict) and "preset" in model:
+        model = dict(model)
+        base = preset_fields(model.pop("preset"))
+        tree["model"] = {**base, **model}
+    try:
+        return ExperimentConfig(**tree)
+    except ValidationError as exc:
+        raise ConfigError(format_error(exc)) from None
+    except TypeError as exc:  # positional/unknown top-level arguments
+        match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        raise ConfigError(f"{match.group(1)}: unknown key" if match else str(exc)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a config YAML (or defaults when None) with ``key=value`` overrides."""
+    raw = read_yaml(path) if path is not None else {}
+    return build_config(raw, dict(parse_override(o) for o in overrides or []))
+
+
+def replace(cfg: ExperimentConfig, updates: dict[str, Any]) -> ExperimentConfig:
+    """A copy of ``cfg`` with dotted-key updates applied and validated."""
+    return build_config(to_dict(cfg), updates)

@@ -1,0 +1,94 @@
+"""The one Lightning Trainer factory and fit of every regime (pre-training, distillation,
+pruning phases, fine-tuning): settings from the config, the loop's callbacks, DDP ranks
+forked at ``fit``, Ctrl-C and a rank's error turned into what the caller expects."""
+
+from __future__ import annotations
+
+import builtins
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from torch.multiprocessing import ProcessRaisedException
+
+from ablate.lightning_modules.config import ExperimentConfig, TrainerConfig
+from ablate.lightning_modules.loop import loop_callbacks
+from ablate.sweeps import tracking
+
+
+class ValidateAtEnd(Callback):
+    """Validate after the last step when ``max_steps`` is not a multiple of ``val_every``."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step % trainer.val_check_batch and not trainer.interrupted:
+            trainer.validate_loop.verbose = False  # no results table: the progress bar shows them
+            trainer.validate_loop.run()
+
+
+def lightning_strategy(t: TrainerConfig) -> str | Strategy:
+    """The Lightning strategy for ``trainer.strategy`` and ``trainer.devices``.
+
+    Lightning's own ``ddp`` starts the other ranks by running the command line again, which
+    here would start a second MLflow run (or a second sweep worker). ablate's ``ddp`` (and
+    ``auto`` on several devices) instead forks the ranks at ``fit`` (spawns them once CUDA
+    is initialised, which cannot be forked): only training runs in the ranks, and the run,
+    the trial and the metrics stay in the one process that started them.
+    """
+    if t.devices == 1 or t.strategy not in ("auto", "ddp"):
+        return t.strategy
+    return DDPStrategy(start_method="spawn" if torch.cuda.is_initialized() else "fork")
+
+
+def rank_error(exc: ProcessRaisedException) -> Exception:
+    """The error a DDP rank raised, rebuilt in this process from the traceback torch passes on:
+    its own type when it is a builtin one (the NaN guard's ``FloatingPointError``), else a
+    RuntimeError carrying its last line."""
+    last = str(exc).strip().splitlines()[-1]
+    name, _, message = last.partition(": ")
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(message)
+    return RuntimeError(f"a DDP rank failed: {last}")
+
+
+def build_trainer(cfg: ExperimentConfig, logger: Logger | None, callbacks: list[Callback], *,
+                  max_steps: int | None = None, val_every: int | None = None, val_batches: int | float | None = None,
+                  checkpointing: bool = False) -> pl.Trainer:
+    """A Lightning Trainer from ``cfg.trainer`` and ``cfg.optim.grad_clip``.
+
+    ``max_steps``, ``val_every`` and ``val_batches`` default to the trainer section's (a
+    fine-tuning run passes its own; ``1.0`` validates on the whole dev set). Validation runs
+    every ``val_every`` steps across epoch ends. Checkpoints are written only when
+    ``callbacks`` bring a ModelCheckpoint (``checkpointing``).
+    """
+    t = cfg.trainer
+    max_steps = max_steps or t.max_steps
+    extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
+    return pl.Trainer(
+        max_steps=max_steps, val_check_interval=min(val_every or t.val_every, max_steps), check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches if val_batches is None else val_batches, num_sanity_val_steps=0,
+        gradient_clip_val=cfg.optim.grad_clip or None,
+        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=lightning_strategy(t),
+        logger=logger or False, callbacks=[*extra, *loop_callbacks(t), *callbacks], enable_checkpointing=checkpointing,
+        enable_progress_bar=t.progress, enable_model_summary=False, log_every_n_steps=t.log_every,
+        deterministic=False,
+    )
+
+
+def fit(trainer: pl.Trainer, module: pl.LightningModule, data: pl.LightningDataModule,
+        ckpt_path: str | None = None) -> dict[str, float]:
+    """``trainer.fit`` with MLflow's tracking URI scoped to the run; the final callback metrics.
+
+    Raises:
+        KeyboardInterrupt: the fit was interrupted (Ctrl-C).
+        Exception: a forked DDP rank's own error, rebuilt here (:func:`rank_error`).
+    """
+    with tracking.scoped_tracking_uri():
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+        except ProcessRaisedException as exc:  # a forked DDP rank failed: its own error, not the wrapper
+            raise rank_error(exc) from None
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -1,0 +1,120 @@
+"""The package's shape: one namespace, imports that point one way, a CLI that answers without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the layers, lowest first: a module may import only from its own layer or the ones below
+LAYERS: dict[str, str] = {
+    "lightning_modules": "ablate.lightning_modules",
+    "datamodules": "ablate.datamodules",
+    "sweeps": "ablate.sweeps",
+    "reports": "ablate.reports",
+    "benchmarks": "ablate.benchmarks",
+    "ablate": "ablate",
+}
+ORDER = list(LAYERS.values())
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in LAYERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every ablate module ``path`` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
+            found |= {node.module} & known
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & known
+    return found
+
+
+def _layer(module: str) -> int:
+    """The layer of the longest package that holds ``module``."""
+    holders = [p for p in ORDER if module == p or module.startswith(p + ".")]
+    return ORDER.index(max(holders, key=len))
+
+
+GRAPH = {m: _imports(p, set(_modules())) for m, p in _modules().items()}
+
+
+def test_every_module_imports_through_the_ablate_namespace() -> None:
+    old = ("lightning_modules", "datamodules", "sweeps", "reports", "benchmarks")
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            assert not any(n.split(".")[0] in old for n in names), f"{module} imports {names} outside ablate.*"
+
+
+def test_imports_point_one_way() -> None:
+    """config -> model -> data -> methods -> sweeps -> reports / CLI: no package imports a later one."""
+    upward = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() for b in bs if _layer(b) > _layer(a))
+    assert upward == []
+
+
+CONFIG = {f"ablate.lightning_modules.{m}" for m in
+          ("errors", "config", "configio", "presets", "distill_config", "finetune_config", "pruning.config")}
+
+
+def test_the_config_layer_imports_no_model_code() -> None:
+    """Reading and validating a config needs nothing above it (and so no torch)."""
+    assert {m: sorted(GRAPH[m] - CONFIG) for m in CONFIG if GRAPH[m] - CONFIG} == {}
+
+
+def test_no_import_cycles() -> None:
+    seen: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(module: str, stack: list[str]) -> None:
+        seen[module] = 1
+        for target in sorted(GRAPH[module]):
+            assert seen.get(target) != 1, " -> ".join([*stack[stack.index(target):], target])
+            if target not in seen:
+                visit(target, [*stack, target])
+        seen[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in seen:
+            visit(module, [module])
+
+
+@pytest.mark.parametrize("package", ORDER)
+def test_each_package_imports_alone(package: str) -> None:
+    code = f"import {package}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+
+
+_NO_TORCH = """
+import sys
+from ablate.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print("torch imported" if "torch" in sys.modules else "no torch", code)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["params", "nope.yaml"],
+                                  ["train", "bad.yaml"], ["sweep", "bad.yaml"]])
+def test_help_and_config_errors_answer_without_torch(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "bad.yaml").write_text("model:\n  embed_dim: -3\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, *args], capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.strip().splitlines()[-1] in ("no torch 0", "no torch 2"), done.stdout + done.stderr
+    if args[0] != "--help" and args[-1] != "--help":
+        assert done.stderr.strip().startswith("error: "), done.stderr
