@@ -43,19 +43,29 @@ def cmd_params(args: argparse.Namespace) -> None:
         print(json.dumps({**report.as_dict(), **(measured.as_dict() if measured else {})}))
         return
     m = cfg.model
-    table = Table(title=f"{args.target}: V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} "
-                        f"A={m.num_heads} ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing}")
+    table = Table(
+        title=f"{args.target}: V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} "
+        f"A={m.num_heads} ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing}"
+    )
     table.add_column("part")
     table.add_column("parameters", justify="right")
     table.add_column("", justify="right")
-    rows = [("backbone (embeddings + encoder)", report.backbone), ("  embedding", report.embedding),
-            ("  encoder", report.encoder), ("heads (not in backbone)", report.heads),
-            ("  MLM head (decoder tied)", report.mlm_head), ("  sentence head (pooler + classifier)", report.sentence_head),
-            ("backbone + pooler (ALBERT paper / HF rule)", report.paper_count)]
+    rows = [
+        ("backbone (embeddings + encoder)", report.backbone),
+        ("  embedding", report.embedding),
+        ("  encoder", report.encoder),
+        ("heads (not in backbone)", report.heads),
+        ("  MLM head (decoder tied)", report.mlm_head),
+        ("  sentence head (pooler + classifier)", report.sentence_head),
+        ("backbone + pooler (ALBERT paper / HF rule)", report.paper_count),
+    ]
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
-    table.add_row(f"forward FLOPs/token (T={report.seq_len})", f"{report.flops_per_token:,}",
-                  f"{report.flops_per_token / 1e6:.2f}M")
+    table.add_row(
+        f"forward FLOPs/token (T={report.seq_len})",
+        f"{report.flops_per_token:,}",
+        f"{report.flops_per_token / 1e6:.2f}M",
+    )
     if measured:
         on = f"{measured.device}, T={report.seq_len}"
         table.add_row(f"encoder latency, batch 1 ({on})", f"{measured.latency_ms_b1:,.2f}", "ms")
@@ -87,8 +97,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from ablate.sweeps import tracking, workers
     from ablate.reports.catalog import study_report
+    from ablate.sweeps import tracking, workers
     from ablate.sweeps.spec import load_study
 
     spec, base = load_study(args.study)
@@ -103,8 +113,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     for t in study.trials:  # failures not made good by a later trial of the same configuration
         reason = t.user_attrs.get(tracking.FAIL_REASON)
         if t.state.name == "FAIL" and reason and workers.key(t.params) not in done:
-            print(f"trial {t.number} {t.params} failed: {reason} "
-                  f"(run the command again to retry it)")
+            print(f"trial {t.number} {t.params} failed: {reason} (run the command again to retry it)")
     try:
         best = study.best_trial
         print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")
@@ -114,10 +123,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    from ablate.lightning_modules.configio import build_config, read_yaml
     from ablate.reports import catalog
     from ablate.reports.build import build_report, render_console
     from ablate.reports.spec import ReportSpec
-    from ablate.lightning_modules.configio import build_config, read_yaml
     from ablate.sweeps import tracking
     from ablate.sweeps.spec import load_study
 
@@ -174,15 +183,19 @@ def _print_ui_hint(uri: str) -> None:
 def parser() -> argparse.ArgumentParser:
     from ablate.reports.catalog import names as report_names
 
-    p = argparse.ArgumentParser(prog="ablate",
-                                description="BERT compression ablations: params, train, sweep, report, export.")
+    p = argparse.ArgumentParser(
+        prog="ablate", description="BERT compression ablations: params, train, sweep, report, export."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("params", help="parameter counts and FLOPs/token of a preset or config")
     s.add_argument("target", help="preset name or CONFIG.yaml")
     s.add_argument("overrides", nargs="*", help="key=value, e.g. model.sharing=none")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--measure", action="store_true",
-                   help="also build the model and measure encoder latency (batch 1, 32) and train activation memory")
+    s.add_argument(
+        "--measure",
+        action="store_true",
+        help="also build the model and measure encoder latency (batch 1, 32) and train activation memory",
+    )
     s.set_defaults(func=cmd_params)
     s = sub.add_parser("train", help="train one config as one MLflow run")
     s.add_argument("config", help="CONFIG.yaml or a preset name")
@@ -196,8 +209,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
-    s.add_argument("spec", metavar="TARGET",
-                   help="STUDY.yaml, REPORT.yaml or a shipped report: " + ", ".join(report_names()))
+    s.add_argument(
+        "spec", metavar="TARGET", help="STUDY.yaml, REPORT.yaml or a shipped report: " + ", ".join(report_names())
+    )
     s.add_argument("--study", help="the study (MLflow experiment) to read; default: the spec's")
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
@@ -205,8 +219,12 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="export a run's trained weights (transformers checkpoint when expressible)")
     s.add_argument("run", help="MLflow run id (the run must have saved its model/ artifacts)")
     s.add_argument("out_dir", help="new or empty output folder")
-    s.add_argument("--format", choices=["auto", "transformers", "ablate"], default="auto",
-                   help="auto (default): a transformers checkpoint when expressible, else ablate safetensors")
+    s.add_argument(
+        "--format",
+        choices=["auto", "transformers", "ablate"],
+        default="auto",
+        help="auto (default): a transformers checkpoint when expressible, else ablate safetensors",
+    )
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
     s.set_defaults(func=cmd_export)
     s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")

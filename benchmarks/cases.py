@@ -44,55 +44,107 @@ class Case:
 
 def albert_tiny() -> Case:
     """ALBERT, V=8192, H=256, L=4, E=128, 4 heads, FFN 1024, all layers shared; MLM + SOP."""
-    return Case("albert-tiny", replace(albert_small(), max_position=128, dropout=0.0), "sop",
-                targets=(("fp32", 1.6), ("best", 3.0)))
+    return Case(
+        "albert-tiny",
+        replace(albert_small(), max_position=128, dropout=0.0),
+        "sop",
+        targets=(("fp32", 1.6), ("best", 3.0)),
+    )
 
 
 def bert_tiny() -> Case:
     """The same, not shared and not factorized (E = H = 256): BERT; MLM + NSP."""
-    return Case("bert-tiny", replace(albert_small(), sharing="none", embed_dim=256, max_position=128, dropout=0.0),
-                "nsp", targets=(("fp32", 1.6),))
+    return Case(
+        "bert-tiny",
+        replace(albert_small(), sharing="none", embed_dim=256, max_position=128, dropout=0.0),
+        "nsp",
+        targets=(("fp32", 1.6),),
+    )
 
 
 def mobilebert_small() -> Case:
     """A small MobileBERT: V=8192, E=64 (trigram), inter-block 256, intra-block 64, L=4, 4 heads,
     FFN 256 x 4, NoNorm, ReLU, Q/K from the shared bottleneck; MLM + NSP."""
-    model = ModelConfig(vocab_size=8192, embed_dim=64, hidden_dim=256, intra_dim=64, num_layers=4, num_heads=4,
-                        ffn_dim=256, num_ffn=4, norm="no_norm", activation="relu", embedding="trigram",
-                        attention_input="shared_qk", max_position=128, dropout=0.0, mlm_head="mobilebert")
+    model = ModelConfig(
+        vocab_size=8192,
+        embed_dim=64,
+        hidden_dim=256,
+        intra_dim=64,
+        num_layers=4,
+        num_heads=4,
+        ffn_dim=256,
+        num_ffn=4,
+        norm="no_norm",
+        activation="relu",
+        embedding="trigram",
+        attention_input="shared_qk",
+        max_position=128,
+        dropout=0.0,
+        mlm_head="mobilebert",
+    )
     return Case("mobilebert-small", model, "nsp", targets=(("fp32", 1.3),))
 
 
 # GPU-sized cases: T=128, B=128, dropout off (both sides do the same arithmetic)
 def bert_small() -> Case:
     """BERT-small: V=16384, H=E=512, L=4, 8 heads, FFN 2048; MLM + NSP."""
-    model = ModelConfig(vocab_size=16384, embed_dim=512, hidden_dim=512, num_layers=4, num_heads=8, ffn_dim=2048,
-                        max_position=128, dropout=0.0)
+    model = ModelConfig(
+        vocab_size=16384,
+        embed_dim=512,
+        hidden_dim=512,
+        num_layers=4,
+        num_heads=8,
+        ffn_dim=2048,
+        max_position=128,
+        dropout=0.0,
+    )
     return Case("bert-small", model, "nsp", batch=128, targets=(("best", 1.5), ("compiled", 1.2)))
 
 
 def bert_base() -> Case:
     """BERT-base (V=30000, H=768, L=12, 12 heads, FFN 3072); MLM + NSP."""
-    return Case("bert-base", replace(bert_base_preset(), max_position=128, dropout=0.0), "nsp", batch=128,
-                targets=(("best", 1.8), ("mfu", 0.40)))
+    return Case(
+        "bert-base",
+        replace(bert_base_preset(), max_position=128, dropout=0.0),
+        "nsp",
+        batch=128,
+        targets=(("best", 1.8), ("mfu", 0.40)),
+    )
 
 
 def albert_base() -> Case:
     """ALBERT-base (V=30000, E=128, H=768, L=12, all shared); MLM + SOP."""
-    return Case("albert-base", replace(albert_base_preset(), max_position=128, dropout=0.0), "sop", batch=128,
-                targets=(("best", 1.8),))
+    return Case(
+        "albert-base",
+        replace(albert_base_preset(), max_position=128, dropout=0.0),
+        "sop",
+        batch=128,
+        targets=(("best", 1.8),),
+    )
 
 
 def mobilebert() -> Case:
     """MobileBERT (24 layers, inter-block 512, intra-block 128, F=4, NoNorm, ReLU, trigram); MLM + NSP."""
-    return Case("mobilebert", replace(mobilebert_preset(), max_position=128, dropout=0.0), "nsp", batch=128,
-                targets=(("best", 1.5), ("bf16", 1.5), ("compiled", 1.2)))
+    return Case(
+        "mobilebert",
+        replace(mobilebert_preset(), max_position=128, dropout=0.0),
+        "nsp",
+        batch=128,
+        targets=(("best", 1.5), ("bf16", 1.5), ("compiled", 1.2)),
+    )
 
 
-CPU_CASES: dict[str, Callable[[], Case]] = {"albert-tiny": albert_tiny, "bert-tiny": bert_tiny,
-                                            "mobilebert-small": mobilebert_small}
-GPU_CASES: dict[str, Callable[[], Case]] = {"bert-small": bert_small, "bert-base": bert_base,
-                                            "albert-base": albert_base, "mobilebert": mobilebert}
+CPU_CASES: dict[str, Callable[[], Case]] = {
+    "albert-tiny": albert_tiny,
+    "bert-tiny": bert_tiny,
+    "mobilebert-small": mobilebert_small,
+}
+GPU_CASES: dict[str, Callable[[], Case]] = {
+    "bert-small": bert_small,
+    "bert-base": bert_base,
+    "albert-base": albert_base,
+    "mobilebert": mobilebert,
+}
 CASES: dict[str, Callable[[], Case]] = {**CPU_CASES, **GPU_CASES}
 
 

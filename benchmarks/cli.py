@@ -7,7 +7,6 @@ import argparse
 import platform
 import warnings
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -23,13 +22,22 @@ console = Console(highlight=False, soft_wrap=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", nargs="?", choices=SUITES, default="train",
-                        help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
-                             "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
-                             "study with and without pruning; loop: a real `ablate train` against its isolated step")
-    parser.add_argument("--case", action="append", choices=list(CASES),
-                        help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
-                             "on a CPU and the GPU-sized ones on CUDA; one small case for the others)")
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        choices=SUITES,
+        default="train",
+        help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
+        "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
+        "study with and without pruning; loop: a real `ablate train` against its isolated step",
+    )
+    parser.add_argument(
+        "--case",
+        action="append",
+        choices=list(CASES),
+        help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
+        "on a CPU and the GPU-sized ones on CUDA; one small case for the others)",
+    )
     parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (train: 20; precision: 300)")
     parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile (always on CUDA)")
@@ -62,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     from ablate.benchmarks import data_speed, loop, precision, sweep_pruning, train_table
 
-    suites = {"train": train_table.main, "precision": precision.main, "data": data_speed.main,
-              "pruning": sweep_pruning.main, "loop": loop.main}
+    suites = {
+        "train": train_table.main,
+        "precision": precision.main,
+        "data": data_speed.main,
+        "pruning": sweep_pruning.main,
+        "loop": loop.main,
+    }
     with Progress(console=console, transient=True) as progress:
         lines, ok = suites[args.suite](args, device, progress)
     text = "\n".join([f"Machine: {machine(device)}", "", *lines])

@@ -13,8 +13,8 @@ import argparse
 import json
 import resource
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from itertools import islice
 from pathlib import Path
@@ -33,8 +33,10 @@ BATCHES = 200
 
 def _config(corpus: str) -> tuple[DataConfig, ObjectiveConfig]:
     """T=128, B=32, SOP pairs, n-gram masking on ``corpus``."""
-    return (DataConfig(corpus=corpus, max_length=128, batch_size=32, num_workers=0, tokenizer_docs=5000),
-            ObjectiveConfig(sentence="sop", masking="ngram"))
+    return (
+        DataConfig(corpus=corpus, max_length=128, batch_size=32, num_workers=0, tokenizer_docs=5000),
+        ObjectiveConfig(sentence="sop", masking="ngram"),
+    )
 
 
 def pipeline_tokens_per_s(corpus: str, batches: int = BATCHES) -> tuple[float, int, str]:
@@ -61,14 +63,21 @@ def loader_wait(steps: int = 200) -> tuple[float, float]:
 
     study = Path(__file__).resolve().parents[1] / "sweeps" / "studies" / "quickstart.yaml"
     spec, base = load_study(study)
-    cfg = trial_config(base, spec, {"model.embed_dim": 32, "model.sharing": "all", "model.num_ffn": 1, "seed": 0},
-                       None)
+    cfg = trial_config(base, spec, {"model.embed_dim": 32, "model.sharing": "all", "model.num_ffn": 1, "seed": 0}, None)
     pl.seed_everything(0, verbose=False)
     data = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed, val_batches=1)
     profiler = SimpleProfiler(dirpath=tempfile.mkdtemp(prefix="ablate-bench-"), filename="profile")
-    trainer = pl.Trainer(max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, profiler=profiler,
-                         accelerator="cpu", devices=1)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        profiler=profiler,
+        accelerator="cpu",
+        devices=1,
+    )
     start = time.perf_counter()
     trainer.fit(PretrainModule(cfg), datamodule=data)
     elapsed = time.perf_counter() - start
@@ -104,10 +113,17 @@ def streaming_rss(one: str, every: str, tokenizer_json: str, batches: int = 5 * 
     tokenizer_file = Path(tempfile.mkdtemp(prefix="ablate-bench-")) / "tokenizer.json"
     tokenizer_file.write_text(tokenizer_json)
     for label, corpus in (("one shard", one), ("all shards", every)):
-        code = ("import json, sys; from ablate.benchmarks.data_speed import _peak_rss; "
-                f"print(json.dumps(_peak_rss({corpus!r}, {batches}, {str(tokenizer_file)!r})))")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1])
+        code = (
+            "import json, sys; from ablate.benchmarks.data_speed import _peak_rss; "
+            f"print(json.dumps(_peak_rss({corpus!r}, {batches}, {str(tokenizer_file)!r})))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         out[label] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
 
@@ -127,20 +143,26 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     progress.update(task, description="quickstart under SimpleProfiler")
     wait, steps_s = loader_wait(args.steps or 200)
     speed_ok, wait_ok = speed >= TARGET_TOKENS_S, wait < TARGET_WAIT
-    lines = [f"### Data pipeline ({args.corpus}; T=128, B=32, SOP, n-gram masking)", "",
-             "| measure | value | target |", "|---|---:|---|",
-             f"| tokens/s, one worker ({tokens:,} tokens) | {speed:,.0f} | >= {TARGET_TOKENS_S:,} "
-             f"({mark(speed_ok)}) |",
-             f"| quickstart: loop waiting for data ({steps_s:.1f} steps/s) | {wait:.1%} | < {TARGET_WAIT:.0%} "
-             f"({mark(wait_ok)}) |"]
+    lines = [
+        f"### Data pipeline ({args.corpus}; T=128, B=32, SOP, n-gram masking)",
+        "",
+        "| measure | value | target |",
+        "|---|---:|---|",
+        f"| tokens/s, one worker ({tokens:,} tokens) | {speed:,.0f} | >= {TARGET_TOKENS_S:,} ({mark(speed_ok)}) |",
+        f"| quickstart: loop waiting for data ({steps_s:.1f} steps/s) | {wait:.1%} | < {TARGET_WAIT:.0%} "
+        f"({mark(wait_ok)}) |",
+    ]
     ok = speed_ok and wait_ok
     shards = _shards(args.corpus)
     if shards is not None:
         progress.update(task, description="streaming RSS: one shard, all shards")
         rss = streaming_rss(*shards, tokenizer_json)
         gap = rss["all shards"]["peak"] / rss["one shard"]["peak"] - 1
-        lines += [f"| peak RSS, {5 * BATCHES} batches from {label} | {r['peak']:,.0f} MiB (+{r['peak'] - r['before']:,.0f} "
-                  f"while streaming) | |" for label, r in rss.items()]
+        lines += [
+            f"| peak RSS, {5 * BATCHES} batches from {label} | {r['peak']:,.0f} MiB (+{r['peak'] - r['before']:,.0f} "
+            f"while streaming) | |"
+            for label, r in rss.items()
+        ]
         lines.append(f"| all shards vs one | {gap:+.1%} | < {TARGET_RSS:.0%} ({mark(abs(gap) < TARGET_RSS)}) |")
         ok &= abs(gap) < TARGET_RSS
     else:

@@ -128,8 +128,9 @@ class StepClock(pl.Callback):
     syncs, with its real tokens counted on the device; after each block but the last, a block of
     as many steps of ``alone`` (when given), whose time the run's phases leave out."""
 
-    def __init__(self, warmup: int, steps: int, device: torch.device, block: int | None = None,
-                 alone: Alone | None = None) -> None:
+    def __init__(
+        self, warmup: int, steps: int, device: torch.device, block: int | None = None, alone: Alone | None = None
+    ) -> None:
         if steps < 2:
             raise ValueError("the steady state needs at least 2 steps")
         last = warmup + steps - 1
@@ -148,8 +149,9 @@ class StepClock(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fit_start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = len(self.ends)
         if self.warmup < step <= self.last:
             count = batch["attention_mask"].sum()
@@ -185,7 +187,8 @@ class StepClock(pl.Callback):
 @contextlib.contextmanager
 def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
     """Stamp the start and end of the run's parameter, latency and memory measurement
-    (:func:`ablate.lightning_modules.accounting.metric_counts`, called by name from :func:`ablate.sweeps.runner.train`)."""
+    (:func:`ablate.lightning_modules.accounting.metric_counts`, called by name from
+    :func:`ablate.sweeps.runner.train`)."""
     from ablate.sweeps import runner
 
     measure = runner.metric_counts
@@ -209,13 +212,21 @@ def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: 
     on a CPU (its fastest setting there, as ``ablate bench train`` shows)."""
     cuda = device.type == "cuda"
     return ExperimentConfig(
-        name=f"bench-loop-{case.name}", model=case.model,
+        name=f"bench-loop-{case.name}",
+        model=case.model,
         objective=ObjectiveConfig(sentence=case.sentence, mask_prob=case.mask_prob),
         data=DataConfig(corpus=corpus, max_length=case.seq_len, batch_size=case.batch, tokenizer_docs=5000),
-        trainer=TrainerConfig(max_steps=steps, val_every=steps, val_batches=5, accelerator=device.type,
-                              precision="bf16-mixed" if cuda else "32-true", compile=cuda,
-                              compile_mode="reduce-overhead" if cuda else "default"),
-        tracking=TrackingConfig(root=root, experiment="bench-loop"))
+        trainer=TrainerConfig(
+            max_steps=steps,
+            val_every=steps,
+            val_batches=5,
+            accelerator=device.type,
+            precision="bf16-mixed" if cuda else "32-true",
+            compile=cuda,
+            compile_mode="reduce-overhead" if cuda else "default",
+        ),
+        tracking=TrackingConfig(root=root, experiment="bench-loop"),
+    )
 
 
 def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device) -> Alone:
@@ -223,8 +234,16 @@ def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.
     the same pipeline already on ``device``, not yet warmed up."""
     init = build_pretraining_model(cfg.model, cfg.objective).state_dict()
     precision = "bf16" if cfg.trainer.precision.startswith("bf16") else "fp32"
-    side = ablate_side(case, init, precision, cfg.trainer.compile, device, 10 * cfg.trainer.max_steps,
-                       cfg.trainer.compile_mode, grad_clip=cfg.optim.grad_clip)
+    side = ablate_side(
+        case,
+        init,
+        precision,
+        cfg.trainer.compile,
+        device,
+        10 * cfg.trainer.max_steps,
+        cfg.trainer.compile_mode,
+        grad_clip=cfg.optim.grad_clip,
+    )
     return Alone(side.step, batches(case, corpus, min(cfg.trainer.max_steps, 50), device), device)
 
 
@@ -247,8 +266,15 @@ class LoopResult:
         return self.loop.tokens_per_s / self.step.tokens_per_s
 
 
-def measure(case: Case, corpus: str, device: torch.device, warmup: int, steps: int, block: int | None,
-            progress: Callable[[str], None] = lambda _: None) -> LoopResult:
+def measure(
+    case: Case,
+    corpus: str,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    block: int | None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> LoopResult:
     """Run ``ablate train`` for ``warmup + steps`` steps and the step alone for the same
     steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
     from ablate.sweeps.runner import train
@@ -288,24 +314,30 @@ def measure(case: Case, corpus: str, device: torch.device, warmup: int, steps: i
     }
     if not clock.timing.blocks or not clock.timing.tokens:
         raise RuntimeError("the run ended before its steady state")
-    return LoopResult(case, cfg, warmup, steps, block, clock.timing, alone.timing, phases,
-                      (load_before, os.getloadavg()[0]))
+    return LoopResult(
+        case, cfg, warmup, steps, block, clock.timing, alone.timing, phases, (load_before, os.getloadavg()[0])
+    )
 
 
 def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     """The tables and the last line, ``loop efficiency: X.XX``; whether the target holds."""
     t, d, p = r.cfg.trainer, r.cfg.data, r.phases
-    how = (f"in turns of {r.block} step{'s' if r.block > 1 else ''} inside the run" if r.block else "after the run")
+    how = f"in turns of {r.block} step{'s' if r.block > 1 else ''} inside the run" if r.block else "after the run"
     lines = [
         f"### {r.case.name}: ablate train ({t.precision}{', compiled ' + t.compile_mode if t.compile else ''}, "
         f"data.num_workers {d.workers()}, T={r.case.seq_len} B={r.case.batch}, {corpus}) against its isolated step "
         f"({how}); steady state = steps {r.warmup + 2} to {r.warmup + r.steps}",
         "",
-        "| | tokens/s | ms/step (median) | ms/step (mean) | steps timed |", "|---|---:|---:|---:|---:|",
-        *(f"| {what} | {x.tokens_per_s:,.0f} | {1e3 * x.median_step_s:.1f} | {1e3 * x.seconds / x.steps:.1f} | "
-          f"{x.steps} |" for what, x in (("the loop (ablate train)", r.loop), ("the step alone", r.step))),
+        "| | tokens/s | ms/step (median) | ms/step (mean) | steps timed |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {what} | {x.tokens_per_s:,.0f} | {1e3 * x.median_step_s:.1f} | {1e3 * x.seconds / x.steps:.1f} | "
+            f"{x.steps} |"
+            for what, x in (("the loop (ablate train)", r.loop), ("the step alone", r.step))
+        ),
         "",
-        "| wall time of the run | s |", "|---|---:|",
+        "| wall time of the run | s |",
+        "|---|---:|",
         f"| start-up: corpus check, tokenizer, model | {p['data, tokenizer, model']:.1f} |",
         f"| start-up: measurement (parameters, FLOPs, latency and memory probes) | {p['measurement']:.1f} |",
         f"| start-up: MLflow run, Trainer | {p['run and Trainer']:.1f} |",
@@ -318,9 +350,13 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     ]
     if r.block:
         lines.append(f"| (not in the run: the step alone's turns, {p['step alone in the run']:.1f} s) | |")
-    lines += ["", f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
-              f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})", "",
-              f"loop efficiency: {r.efficiency:.2f}"]
+    lines += [
+        "",
+        f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
+        f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})",
+        "",
+        f"loop efficiency: {r.efficiency:.2f}",
+    ]
     return lines, r.efficiency >= TARGET
 
 
@@ -330,7 +366,14 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     case = CASES[name]()
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
     task = progress.add_task(name, total=None)
-    result = measure(case, args.corpus, device, warmup, steps, BLOCK[device.type],
-                     lambda what: progress.update(task, description=f"{name}: {what}"))
+    result = measure(
+        case,
+        args.corpus,
+        device,
+        warmup,
+        steps,
+        BLOCK[device.type],
+        lambda what: progress.update(task, description=f"{name}: {what}"),
+    )
     progress.remove_task(task)
     return report(result, args.corpus)

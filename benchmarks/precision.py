@@ -23,24 +23,30 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     lines, all_ok = [], True
     for name in args.case or ["bert-small" if device.type == "cuda" else "albert-tiny"]:
         case = CASES[name]()
-        settings = ["ablate:fp32", "ablate:bf16"] + (["ablate:fp32:compile", "ablate:bf16:compile"]
-                                                     if args.compile else [])
+        settings = ["ablate:fp32", "ablate:bf16"] + (
+            ["ablate:fp32:compile", "ablate:bf16:compile"] if args.compile else []
+        )
         task = progress.add_task(f"{name}: batches", total=None)
         data = batches(case, args.corpus, steps, device)
         sides = build_sides(case, settings, device, max_steps=steps)
         progress.update(task, description=f"{name}: {steps} steps x {len(sides)}", total=len(data), completed=0)
-        race(sides, data, WARMUP, lambda: progress.advance(task))
+        race(sides, data, WARMUP, lambda task=task: progress.advance(task))
         progress.remove_task(task)
         fp32 = next(s for s in sides if s.name == "ablate fp32")
         reached = {s.name: statistics.mean(s.losses[-TAIL:]) for s in sides}
         speed = {s.name: tokens_per_s(s, data, WARMUP) for s in sides}
-        lines += [f"### {name}: {steps} steps on the same batches ({args.corpus}), ablate only", "",
-                  "| setting | tokens/s | x fp32 | loss (mean of last 20 steps) | vs fp32 |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            f"### {name}: {steps} steps on the same batches ({args.corpus}), ablate only",
+            "",
+            "| setting | tokens/s | x fp32 | loss (mean of last 20 steps) | vs fp32 |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for s in sides:
             gap = reached[s.name] / reached[fp32.name] - 1
-            lines.append(f"| {s.name} | {speed[s.name]:,.0f} | {speed[s.name] / speed[fp32.name]:.2f} | "
-                         f"{reached[s.name]:.4f} | {gap:+.2%} |")
+            lines.append(
+                f"| {s.name} | {speed[s.name]:,.0f} | {speed[s.name] / speed[fp32.name]:.2f} | "
+                f"{reached[s.name]:.4f} | {gap:+.2%} |"
+            )
             all_ok &= abs(gap) <= TOLERANCE
-        lines += ["", f"- every setting within {TOLERANCE:.0%} of fp32's loss: "
-                      f"{mark(all_ok)}", ""]
+        lines += ["", f"- every setting within {TOLERANCE:.0%} of fp32's loss: {mark(all_ok)}", ""]
     return lines, all_ok

@@ -2,7 +2,8 @@
 
 The same 12-configuration grid (learning rate x E x sharing, tiny ALBERT) runs twice into a
 temporary folder, once without pruning and once with Optuna's PercentilePruner (a trial
-worse than the best quarter of the earlier ones at the same step stops) on the validation loss; the two wall times and best configurations are compared (target: at least 40% saved,
+worse than the best quarter of the earlier ones at the same step stops) on the validation
+loss; the two wall times and best configurations are compared (target: at least 40% saved,
 the same best configuration).
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import tempfile
 import random
 import statistics
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,12 +38,20 @@ def study(corpus: str, root: Path, name: str, pruner: dict[str, Any], steps: int
             "objective": {"sentence": "sop"},
             "data": {"corpus": corpus, "max_length": 64, "batch_size": 32, "tokenizer_docs": 5000},
             "optim": {"warmup_steps": 20},
-            "trainer": {"max_steps": steps, "val_every": steps // 6, "val_batches": 4, "measure": False,
-                        "progress": False},
+            "trainer": {
+                "max_steps": steps,
+                "val_every": steps // 6,
+                "val_batches": 4,
+                "measure": False,
+                "progress": False,
+            },
             "tracking": {"root": str(root)},
         },
-        "search": {"optim.lr": {"choices": [1.0e-4, 1.0e-3, 3.0e-3]}, "model.embed_dim": {"choices": [32, 128]},
-                   "model.sharing": {"choices": ["all", "none"]}},
+        "search": {
+            "optim.lr": {"choices": [1.0e-4, 1.0e-3, 3.0e-3]},
+            "model.embed_dim": {"choices": [32, 128]},
+            "model.sharing": {"choices": ["all", "none"]},
+        },
         "seeds": [0],
         "sampler": "grid",
         "pruner": pruner,
@@ -68,8 +77,7 @@ def states(study: optuna.Study) -> dict[str, int]:
     return dict(Counter(trial.state.name for trial in study.trials))
 
 
-def replay(complete: optuna.Study, pruner: optuna.pruners.BasePruner,
-           order: list[int]) -> tuple[float, bool, float]:
+def replay(complete: optuna.Study, pruner: optuna.pruners.BasePruner, order: list[int]) -> tuple[float, bool, float]:
     """Replay the curves of an unpruned study through ``pruner``, trials in ``order``: the share of
     training steps pruning would have saved, whether it keeps the same best trial, and how much
     worse the best it keeps is (objective units, 0 when it keeps the best)."""
@@ -97,9 +105,15 @@ def replay(complete: optuna.Study, pruner: optuna.pruners.BasePruner,
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 300
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    arms = {"no pruning": {"type": "none"},
-            "percentile pruner": {"type": "percentile", "percentile": 25.0, "n_startup_trials": 2,
-                                  "n_warmup_steps": steps // 6}}
+    arms = {
+        "no pruning": {"type": "none"},
+        "percentile pruner": {
+            "type": "percentile",
+            "percentile": 25.0,
+            "n_startup_trials": 2,
+            "n_warmup_steps": steps // 6,
+        },
+    }
     out = {}
     with tempfile.TemporaryDirectory(prefix="ablate-bench-") as tmp:
         for i, (label, pruner) in enumerate(arms.items()):
@@ -112,13 +126,19 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     (t_none, plain), (t_pruned, pruned) = out["no pruning"], out["percentile pruner"]
     saved = 1 - t_pruned / t_none
     same = plain.best_trial.params == pruned.best_trial.params
-    lines = [f"### Sweep efficiency: 12 trials (lr x E x sharing), tiny ALBERT, {steps} steps each ({args.corpus})",
-             "", "| study | wall time | trials | best configuration |", "|---|---:|---|---|",
-             f"| no pruning | {t_none:,.0f} s | {states(plain)} | {_params(plain)} |",
-             f"| percentile pruner (25th, from step {steps // 6}) | {t_pruned:,.0f} s | {states(pruned)} | "
-             f"{_params(pruned)} |", "",
-             f"- wall time saved: **{saved:.0%}** (target {TARGET_SAVED:.0%}: {mark(saved >= TARGET_SAVED)})",
-             f"- same best configuration: {'yes' if same else 'NO'}", ""]
+    lines = [
+        f"### Sweep efficiency: 12 trials (lr x E x sharing), tiny ALBERT, {steps} steps each ({args.corpus})",
+        "",
+        "| study | wall time | trials | best configuration |",
+        "|---|---:|---|---|",
+        f"| no pruning | {t_none:,.0f} s | {states(plain)} | {_params(plain)} |",
+        f"| percentile pruner (25th, from step {steps // 6}) | {t_pruned:,.0f} s | {states(pruned)} | "
+        f"{_params(pruned)} |",
+        "",
+        f"- wall time saved: **{saved:.0%}** (target {TARGET_SAVED:.0%}: {mark(saved >= TARGET_SAVED)})",
+        f"- same best configuration: {'yes' if same else 'NO'}",
+        "",
+    ]
     lines += _robustness(plain, arms["percentile pruner"], steps)
     return lines, saved >= TARGET_SAVED and same
 
@@ -137,17 +157,27 @@ def _robustness(plain: optuna.Study, pruner: dict[str, Any], steps: int, orders:
     rng = random.Random(0)
     n = len(complete)
     shuffles = [rng.sample(range(n), n) for _ in range(orders)]
-    lines = [f"Replaying the unpruned study's validation curves through the pruner in {orders} random grid "
-             "orders (training steps saved, not wall time: each trial's fixed start-up cost is not in it):", "",
-             "| pruner starts at step | steps saved, median (min-max) | keeps the best | else its best is worse by, "
-             "median (max) |", "|---:|---|---:|---|"]
+    lines = [
+        f"Replaying the unpruned study's validation curves through the pruner in {orders} random grid "
+        "orders (training steps saved, not wall time: each trial's fixed start-up cost is not in it):",
+        "",
+        "| pruner starts at step | steps saved, median (min-max) | keeps the best | else its best is worse by, "
+        "median (max) |",
+        "|---:|---|---:|---|",
+    ]
     for start in (steps // 6, steps // 3, steps // 2):
         spec = PrunerSpec(**{**pruner, "n_warmup_steps": start})
         runs = [replay(curves, spec.build(steps), order) for order in shuffles]
         saved = sorted(r[0] for r in runs)
         gaps = sorted(r[2] for r in runs if not r[1]) or [0.0]
-        lines.append(f"| {start} | {statistics.median(saved):.0%} ({saved[0]:.0%}-{saved[-1]:.0%}) | "
-                     f"{sum(r[1] for r in runs)}/{orders} | {statistics.median(gaps):.4f} ({gaps[-1]:.4f}) |")
+        lines.append(
+            f"| {start} | {statistics.median(saved):.0%} ({saved[0]:.0%}-{saved[-1]:.0%}) | "
+            f"{sum(r[1] for r in runs)}/{orders} | {statistics.median(gaps):.4f} ({gaps[-1]:.4f}) |"
+        )
     best, second = sorted(t.value for t in complete)[:2]
-    return lines + ["", f"The unpruned study's two best configurations end {abs(second - best):.4f} apart: a pruner "
-                        "that misses the best mostly keeps the runner-up.", ""]
+    return lines + [
+        "",
+        f"The unpruned study's two best configurations end {abs(second - best):.4f} apart: a pruner "
+        "that misses the best mostly keeps the runner-up.",
+        "",
+    ]

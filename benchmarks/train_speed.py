@@ -43,8 +43,11 @@ from ablate.lightning_modules.interop_maps import family
 from ablate.lightning_modules.pretrain import PretrainModule, adamw, param_groups, use_tensor_cores, warmup_linear_decay
 from ablate.lightning_modules.profiling import saved_activation_bytes
 
-HF_SENTENCE_LABEL = {"albert": "sentence_order_label", "bert": "next_sentence_label",
-                     "mobilebert": "next_sentence_label"}
+HF_SENTENCE_LABEL = {
+    "albert": "sentence_order_label",
+    "bert": "next_sentence_label",
+    "mobilebert": "next_sentence_label",
+}
 Batch = dict[str, torch.Tensor]
 
 
@@ -83,13 +86,24 @@ def _optim() -> OptimConfig:
     return OptimConfig(lr=1e-3, warmup_steps=10)
 
 
-def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compile: bool,
-                device: torch.device, max_steps: int, mode: str = "default", grad_clip: float = 0.0) -> Side:
+def ablate_side(
+    case: Case,
+    init: dict[str, torch.Tensor],
+    precision: str,
+    compile: bool,
+    device: torch.device,
+    max_steps: int,
+    mode: str = "default",
+    grad_clip: float = 0.0,
+) -> Side:
     """ablate's PretrainModule at ``case``, from the weights ``init`` (compiled in ``mode``); with
     ``grad_clip``, gradients clipped to that norm as a run with ``optim.grad_clip`` does."""
-    cfg = ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence),
-                           optim=_optim(), trainer=TrainerConfig(max_steps=max_steps, compile=compile,
-                                                                 compile_mode=mode))
+    cfg = ExperimentConfig(
+        model=case.model,
+        objective=ObjectiveConfig(sentence=case.sentence),
+        optim=_optim(),
+        trainer=TrainerConfig(max_steps=max_steps, compile=compile, compile_mode=mode),
+    )
     model = build_pretraining_model(cfg.model, cfg.objective)
     model.load_state_dict(init)
     module = PretrainModule(cfg, model)  # wraps the encoder in torch.compile when asked
@@ -117,12 +131,15 @@ def ablate_side(case: Case, init: dict[str, torch.Tensor], precision: str, compi
         with _autocast(precision, device):
             return module.model(batch).loss
 
-    name = f"ablate {precision}" + (" compiled" if compile else "") + (" cudagraphs" if mode == "reduce-overhead" else "")
+    name = (
+        f"ablate {precision}" + (" compiled" if compile else "") + (" cudagraphs" if mode == "reduce-overhead" else "")
+    )
     return Side(name, "ablate", precision, step, loss_only, [*module.parameters(), *module.buffers()])
 
 
-def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, device: torch.device,
-            max_steps: int) -> Side:
+def hf_side(
+    case: Case, ours: PretrainModule, attention: str, precision: str, device: torch.device, max_steps: int
+) -> Side:
     """transformers' ``*ForPreTraining`` at ``case``, weights copied from ``ours`` (interop path)."""
     model = to_transformers(ours.model, case.model)
     model.config._attn_implementation = attention  # "eager" or "sdpa"
@@ -137,9 +154,13 @@ def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, de
 
     def loss_only(batch: Batch) -> torch.Tensor:
         with _autocast(precision, device):
-            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
-                         **{label: batch["sentence_label"]}).loss
+            return model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+                labels=batch["mlm_labels"],
+                **{label: batch["sentence_label"]},
+            ).loss
 
     def step(batch: Batch) -> torch.Tensor:
         loss = loss_only(batch)
@@ -149,14 +170,19 @@ def hf_side(case: Case, ours: PretrainModule, attention: str, precision: str, de
         optimizer.zero_grad(set_to_none=True)
         return loss.detach().clone()
 
-    return Side(f"transformers {attention} {precision}", "transformers", precision, step, loss_only,
-                [*model.parameters(), *model.buffers()])
+    return Side(
+        f"transformers {attention} {precision}",
+        "transformers",
+        precision,
+        step,
+        loss_only,
+        [*model.parameters(), *model.buffers()],
+    )
 
 
 def batches(case: Case, corpus: str, count: int, device: torch.device, seed: int = 0) -> list[Batch]:
     """``count`` training batches of ``case`` from ablate's data pipeline on ``corpus``."""
-    data = DataConfig(corpus=corpus, max_length=case.seq_len, batch_size=case.batch, num_workers=0,
-                      tokenizer_docs=5000)
+    data = DataConfig(corpus=corpus, max_length=case.seq_len, batch_size=case.batch, num_workers=0, tokenizer_docs=5000)
     objective = ObjectiveConfig(sentence=case.sentence, mask_prob=case.mask_prob)
     tokenizer, _ = load_or_train_tokenizer(data, case.model.vocab_size)
     stream: Iterator[Batch] = iter(PretrainStream(data, objective, tokenizer.to_str(), seed, "train"))

@@ -25,7 +25,10 @@ BF16 = ["ablate:bf16", "transformers:sdpa:bf16", "transformers:eager:bf16"]
 COMPILED = ["ablate:fp32:compile", "ablate:bf16:compile"]
 GPU_COMPILED = ["ablate:bf16:compile", "ablate:bf16:compile:cudagraphs"]  # fp32 compiled adds minutes, not news
 WARMUP = 3
-SAME_START = {"cpu": 1e-4, "cuda": 5e-3}  # first-step fp32 losses from the same weights agree this closely (TF32 on CUDA)
+SAME_START = {
+    "cpu": 1e-4,
+    "cuda": 5e-3,
+}  # first-step fp32 losses from the same weights agree this closely (TF32 on CUDA)
 
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
@@ -33,10 +36,13 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     names = args.case or default_cases(device.type)
     compiled = args.compile or device.type == "cuda"  # on a GPU the compiled step is the one users run
     peak = matmul_peak("bf16", device, n=8192 if device.type == "cuda" else 2048)
-    lines = [f"ablate vs transformers, training steps (forward, backward, AdamW) at the same configuration, "
-             f"same weights and batches ({args.corpus}); {WARMUP} warm-up steps, then the median of {steps} "
-             f"alternating steps. MFU: the step's FLOPs per second over this machine's measured bf16 matmul "
-             f"peak, {peak / 1e12:.1f} TFLOP/s.", ""]
+    lines = [
+        f"ablate vs transformers, training steps (forward, backward, AdamW) at the same configuration, "
+        f"same weights and batches ({args.corpus}); {WARMUP} warm-up steps, then the median of {steps} "
+        f"alternating steps. MFU: the step's FLOPs per second over this machine's measured bf16 matmul "
+        f"peak, {peak / 1e12:.1f} TFLOP/s.",
+        "",
+    ]
     all_ok = True
     for name in names:
         case = CASES[name]()
@@ -45,7 +51,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         data = batches(case, args.corpus, WARMUP + steps, device)
         sides = build_sides(case, settings, device, max_steps=WARMUP + steps)
         progress.update(task, description=f"{name}: {len(sides)} sides", total=len(data), completed=0)
-        race(sides, data, WARMUP, lambda: progress.advance(task))
+        race(sides, data, WARMUP, lambda task=task: progress.advance(task))
         progress.remove_task(task)
         speed = {s.name: tokens_per_s(s, data, WARMUP) for s in sides}
         for s in sides:
@@ -60,46 +66,61 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
 
 def _ratios(sides: list[Side], speed: dict[str, float]) -> dict[str, float]:
     """Every ratio a target can name (absent when the sides it needs did not run)."""
-    def best(library: str, precision: str | None = None) -> float:
-        return max((speed[s.name] for s in sides if s.library == library
-                    and (precision is None or s.precision == precision)), default=float("nan"))
 
-    out = {"fp32": speed["ablate fp32"] / best("transformers", "fp32"),
-           "best": best("ablate") / best("transformers"),
-           "bf16": best("ablate", "bf16") / speed["ablate fp32"]}
+    def best(library: str, precision: str | None = None) -> float:
+        return max(
+            (speed[s.name] for s in sides if s.library == library and (precision is None or s.precision == precision)),
+            default=float("nan"),
+        )
+
+    out = {
+        "fp32": speed["ablate fp32"] / best("transformers", "fp32"),
+        "best": best("ablate") / best("transformers"),
+        "bf16": best("ablate", "bf16") / speed["ablate fp32"],
+    }
     compiled = [v for k, v in speed.items() if k.startswith("ablate bf16 compiled")]
     if compiled:
         out["compiled"] = max(compiled) / speed["ablate bf16"]
     return out
 
 
-def _block(name: str, case: Case, sides: list[Side], speed: dict[str, float], peak: float,
-           device: torch.device) -> tuple[list[str], bool]:
+def _block(
+    name: str, case: Case, sides: list[Side], speed: dict[str, float], peak: float, device: torch.device
+) -> tuple[list[str], bool]:
     """The table of one case and its targets; True when every target holds."""
     hf_best = max(speed[s.name] for s in sides if s.library == "transformers")
     reference = next(s for s in sides if s.name == "ablate fp32")
     first_gap = max(abs(s.losses[0] - reference.losses[0]) for s in sides if s.precision == "fp32")
     m = case.model
-    lines = [f"### {name}: V={m.vocab_size} H={m.hidden_dim} E={m.embed_dim} L={m.num_layers} A={m.num_heads} "
-             f"FFN={m.ffn_dim}x{m.num_ffn} sharing={m.sharing}, T={case.seq_len} B={case.batch}, MLM + "
-             f"{case.sentence.upper()}", "",
-             "| side | tokens/s | ms/step | x transformers best | GFLOP/step | TFLOP/s | MFU | activations MiB "
-             "| first step s | loss step 1 | loss last step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {name}: V={m.vocab_size} H={m.hidden_dim} E={m.embed_dim} L={m.num_layers} A={m.num_heads} "
+        f"FFN={m.ffn_dim}x{m.num_ffn} sharing={m.sharing}, T={case.seq_len} B={case.batch}, MLM + "
+        f"{case.sentence.upper()}",
+        "",
+        "| side | tokens/s | ms/step | x transformers best | GFLOP/step | TFLOP/s | MFU | activations MiB "
+        "| first step s | loss step 1 | loss last step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in sorted(sides, key=lambda s: -speed[s.name]):
         step_s = statistics.median(s.times)
         rate = s.flops / step_s
         # CUDA graphs keep activations in their own memory pool, which the allocator's peak does not see
         memory = "–" if s.name.endswith("cudagraphs") else f"{s.activation_mb:,.0f}"
-        lines.append(f"| {s.name} | {speed[s.name]:,.0f} | {step_s * 1e3:.1f} | {speed[s.name] / hf_best:.2f} | "
-                     f"{s.flops / 1e9:,.0f} | {rate / 1e12:.2f} | {rate / peak:.1%} | {memory} | "
-                     f"{s.first_s:.1f} | {s.losses[0]:.5f} | {s.losses[-1]:.4f} |")
+        lines.append(
+            f"| {s.name} | {speed[s.name]:,.0f} | {step_s * 1e3:.1f} | {speed[s.name] / hf_best:.2f} | "
+            f"{s.flops / 1e9:,.0f} | {rate / 1e12:.2f} | {rate / peak:.1%} | {memory} | "
+            f"{s.first_s:.1f} | {s.losses[0]:.5f} | {s.losses[-1]:.4f} |"
+        )
     ratios = _ratios(sides, speed)
     best_ours = max((s for s in sides if s.library == "ablate"), key=lambda s: speed[s.name])
     ratios["mfu"] = best_ours.flops / statistics.median(best_ours.times) / peak
-    labels = {"fp32": "ablate fp32 over transformers' best fp32", "best": "ablate's best over transformers' best",
-              "bf16": "ablate's best bf16 over its own fp32", "compiled": "ablate's best bf16 compiled over eager",
-              "mfu": f"MFU of ablate's best ({best_ours.name})"}
+    labels = {
+        "fp32": "ablate fp32 over transformers' best fp32",
+        "best": "ablate's best over transformers' best",
+        "bf16": "ablate's best bf16 over its own fp32",
+        "compiled": "ablate's best bf16 compiled over eager",
+        "mfu": f"MFU of ablate's best ({best_ours.name})",
+    }
     targets = dict(case.targets)
     lines.append("")
     ok = True
@@ -116,11 +137,16 @@ def _block(name: str, case: Case, sides: list[Side], speed: dict[str, float], pe
         lines.append(line)
     theirs = max((s for s in sides if s.library == "transformers"), key=lambda s: speed[s.name])
     floor_s = Ceiling(best_ours.flops, peak).min_step_s  # every FLOP at the peak, nothing else costing time
-    lines.append(f"- ceiling: at the bf16 peak ablate's best step would take {floor_s * 1e3:.1f} ms against "
-                 f"{statistics.median(best_ours.times) * 1e3:.1f} ms now: best against best could reach at most "
-                 f"**{statistics.median(theirs.times) / floor_s:.2f}x**")
+    lines.append(
+        f"- ceiling: at the bf16 peak ablate's best step would take {floor_s * 1e3:.1f} ms against "
+        f"{statistics.median(best_ours.times) * 1e3:.1f} ms now: best against best could reach at most "
+        f"**{statistics.median(theirs.times) / floor_s:.2f}x**"
+    )
     tolerance = SAME_START[device.type]
     ok &= first_gap <= tolerance
-    lines += [f"- same work: fp32 losses at step 1 differ by at most {first_gap:.1e} "
-              f"({mark(first_gap <= tolerance)} at {tolerance:.0e}); last-step losses above", ""]
+    lines += [
+        f"- same work: fp32 losses at step 1 differ by at most {first_gap:.1e} "
+        f"({mark(first_gap <= tolerance)} at {tolerance:.0e}); last-step losses above",
+        "",
+    ]
     return lines, ok

@@ -70,14 +70,14 @@ def _read(src: _Source, columns: list[str], limit: int | None) -> dict[str, list
     columns = list(dict.fromkeys(columns))  # label first, then the text fields
     kwargs: dict[str, Any] = {}
     if src.builder == "csv":  # SST-2 has quotes inside sentences; "NA", "null" are sentences too
-        kwargs = {"delimiter": "\t" if ".tsv" in Path(src.files[0]).suffixes else ",",
-                  "quoting": 3, "na_filter": False}
+        kwargs = {"delimiter": "\t" if ".tsv" in Path(src.files[0]).suffixes else ",", "quoting": 3, "na_filter": False}
     found: list[str] | None = None
     out: dict[str, list[Any]] = {c: [] for c in columns}
     try:
         if src.files:
-            ds: Any = datasets.load_dataset(src.builder, data_files=list(src.files), split="train",
-                                            streaming=True, **kwargs)
+            ds: Any = datasets.load_dataset(
+                src.builder, data_files=list(src.files), split="train", streaming=True, **kwargs
+            )
         else:
             ds = datasets.load_dataset(src.builder, src.config, split=src.split)
         for batch in ds.iter(batch_size=_READ_BATCH):
@@ -94,7 +94,7 @@ def _read(src: _Source, columns: list[str], limit: int | None) -> dict[str, list
         what = "cannot read" if src.files else f"cannot load the hub dataset's {src.split!r} split"
         first = (str(exc).splitlines() or [""])[0]
         raise DataError(f"{src.key}: {src.name}: {what}: {type(exc).__name__}: {first}") from None
-    for c, field in zip(columns, ("finetune.label_field", *["finetune.text_fields"] * 2)):
+    for c, field in zip(columns, ("finetune.label_field", *["finetune.text_fields"] * 2), strict=False):
         if found is not None and c not in found:
             raise DataError(f"{field}: {c!r} is not a column of {src.name} (columns: {', '.join(found)})")
     if not out[columns[0]]:
@@ -159,9 +159,10 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length
     ids: list[int] = []
     lengths, first = [], []
     for start in range(0, len(labels), _READ_BATCH):  # in chunks: Encodings are heavy
-        cols = [[e.ids for e in encode_batch(col[start : start + _READ_BATCH], add_special_tokens=False)]
-                for col in texts]
-        for a, *b in zip(*cols):
+        cols = [
+            [e.ids for e in encode_batch(col[start : start + _READ_BATCH], add_special_tokens=False)] for col in texts
+        ]
+        for a, *b in zip(*cols, strict=False):
             if b:
                 na, nb = _trim(len(a), len(b[0]), max_length - 3)
                 ids += [sp.cls, *a[:na], sp.sep, *b[0][:nb], sp.sep]
@@ -172,8 +173,9 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length
             first.append(na + 2)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return EncodedSplit(np.asarray(ids, dtype=np.int32), offsets, np.asarray(first, dtype=np.int64),
-                        np.asarray(labels, dtype=np.int64))
+    return EncodedSplit(
+        np.asarray(ids, dtype=np.int32), offsets, np.asarray(first, dtype=np.int64), np.asarray(labels, dtype=np.int64)
+    )
 
 
 def collate(rows: list[tuple[np.ndarray, int, int]], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -185,8 +187,12 @@ def collate(rows: list[tuple[np.ndarray, int, int]], pad_id: int = 0) -> dict[st
     positions = torch.arange(input_ids.shape[1])[None, :]
     mask = positions < lengths[:, None]
     first = torch.tensor([f for _, f, _ in rows])[:, None]
-    return {"input_ids": input_ids, "token_type_ids": ((positions >= first) & mask).long(), "attention_mask": mask,
-            "labels": torch.tensor([y for _, _, y in rows], dtype=torch.long)}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": ((positions >= first) & mask).long(),
+        "attention_mask": mask,
+        "labels": torch.tensor([y for _, _, y in rows], dtype=torch.long),
+    }
 
 
 class ClassificationDataModule(pl.LightningDataModule):
@@ -207,8 +213,14 @@ class ClassificationDataModule(pl.LightningDataModule):
         DataError: a local file is missing or has an unknown extension.
     """
 
-    def __init__(self, cfg: FinetuneConfig, tokenizer_path: str | Path, seed: int = 0, num_workers: int = 0,
-                 limit_train: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: FinetuneConfig,
+        tokenizer_path: str | Path,
+        seed: int = 0,
+        num_workers: int = 0,
+        limit_train: int | None = None,
+    ) -> None:
         super().__init__()
         if limit_train is not None and limit_train <= 0:
             raise ValueError("limit_train must be positive or None")
@@ -289,9 +301,16 @@ class ClassificationDataModule(pl.LightningDataModule):
         if self.num_workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(split, self.cfg.batch_size, shuffle=shuffle, generator=generator, drop_last=False,
-                          collate_fn=packed(partial(collate, pad_id=special_ids(self.tokenizer).pad), self.num_workers),
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            split,
+            self.cfg.batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            drop_last=False,
+            collate_fn=packed(partial(collate, pad_id=special_ids(self.tokenizer).pad), self.num_workers),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         """Training batches, shuffled by a generator seeded with ``seed``."""

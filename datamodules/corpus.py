@@ -75,8 +75,7 @@ def open_corpus(spec: CorpusSpec) -> datasets.IterableDataset:
         raise _read_error(spec, exc) from None
     if ds.features is not None and spec.text_field not in ds.features:
         raise DataError(
-            f"data.text_field: {spec.text_field!r} is not a column of {spec.source} "
-            f"(columns: {', '.join(ds.features)})"
+            f"data.text_field: {spec.text_field!r} is not a column of {spec.source} (columns: {', '.join(ds.features)})"
         )
     return ds
 

@@ -147,8 +147,9 @@ class PretrainDataModule(pl.LightningDataModule):
 Batches = Iterable[dict[str, Any]]
 
 
-def probe_streams(data: DataConfig, vocab_size: int, seed: int = 0, train_batches: int = 40,
-                  test_batches: int = 10) -> dict[str, tuple[Batches, Batches]]:
+def probe_streams(
+    data: DataConfig, vocab_size: int, seed: int = 0, train_batches: int = 40, test_batches: int = 10
+) -> dict[str, tuple[Batches, Batches]]:
     """The intrinsic probes' data (:func:`ablate.lightning_modules.probe.intrinsic_eval`): for each
     sentence task, ``nsp`` and ``sop``, the first ``train_batches`` batches of the training stream
     and the first ``test_batches`` of the validation stream.

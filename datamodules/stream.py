@@ -254,7 +254,14 @@ class PretrainStream(torch.utils.data.IterableDataset):
             batches = itertools.islice(batches, len(range(worker, self.max_batches, num_workers)))
         skip = len(range(worker, self.skip, num_workers))  # worker w yielded global batches w, w + k, ...
         for i, chunk in enumerate(batches):
-            batch = collate(chunk, ids, self.objective, vocab_size, continuation, generator,  # advances the masks
-                            self.data.max_length)
+            batch = collate(
+                chunk,
+                ids,
+                self.objective,
+                vocab_size,
+                continuation,
+                generator,  # advances the masks
+                self.data.max_length,
+            )
             if i >= skip:
                 yield batch

@@ -72,8 +72,10 @@ def _pick_metric(page, metric: str) -> None:
     page.keyboard.type(metric)
     page.keyboard.press("Enter")
     select.locator(".du-bois-light-select-selection-item", has_text="train/loss").locator(
-        ".du-bois-light-select-selection-item-remove").click()
+        ".du-bois-light-select-selection-item-remove"
+    ).click()
     page.keyboard.press("Escape")  # close the dropdown
+
 
 if __name__ == "__main__":
     main()

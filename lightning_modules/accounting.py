@@ -100,8 +100,9 @@ def report_for(cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_l
 MEASURED_ON = "measure.device"  # param: where latency and activation memory were measured
 
 
-def metric_counts(model: PretrainingModel, model_cfg: ModelConfig, cfg: ExperimentConfig
-                  ) -> tuple[dict[str, float], dict[str, str]]:
+def metric_counts(
+    model: PretrainingModel, model_cfg: ModelConfig, cfg: ExperimentConfig
+) -> tuple[dict[str, float], dict[str, str]]:
     """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and
     memory; and the params saying where they were measured (``measure.device``).
 
@@ -119,7 +120,15 @@ def metric_counts(model: PretrainingModel, model_cfg: ModelConfig, cfg: Experime
     if not cfg.trainer.measure:
         return out, {}
     device = training_device(cfg.trainer.accelerator)
-    measured = measure(model, model_cfg.vocab_size, cfg.data.max_length, device=device, repeats=5, warmup=1,
-                       memory_batch=cfg.data.batch_size, precision=cfg.trainer.precision)
+    measured = measure(
+        model,
+        model_cfg.vocab_size,
+        cfg.data.max_length,
+        device=device,
+        repeats=5,
+        warmup=1,
+        memory_batch=cfg.data.batch_size,
+        precision=cfg.trainer.precision,
+    )
     out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
     return out, {MEASURED_ON: measured.device}

@@ -11,8 +11,8 @@ impossible shapes raise :class:`ConfigError` naming the dotted key.
 from __future__ import annotations
 
 import dataclasses
-import os
 import hashlib
+import os
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -32,8 +32,12 @@ NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 Sharing = Literal["none", "all", "attn", "ffn"]
 # sharing mode -> (share attention across layers, share feed-forward stacks across layers)
-SHARES: dict[str, tuple[bool, bool]] = {"none": (False, False), "all": (True, True), "attn": (True, False),
-                                        "ffn": (False, True)}
+SHARES: dict[str, tuple[bool, bool]] = {
+    "none": (False, False),
+    "all": (True, True),
+    "attn": (True, False),
+    "ffn": (False, True),
+}
 Norm = Literal["layer_norm", "no_norm"]
 Activation = Literal["gelu", "relu"]
 
@@ -122,7 +126,9 @@ class ModelConfig:
         if self.layers is not None and len(self.layers) != self.num_layers:
             raise ValueError(f"layers: gives {len(self.layers)} layers but num_layers is {self.num_layers}")
         if self.embedding == "trigram" and self.embed_dim > self.hidden_dim:
-            raise ValueError(f"embed_dim: a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}")
+            raise ValueError(
+                f"embed_dim: a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}"
+            )
         if self.mlm_head == "mobilebert" and self.embed_dim > self.hidden_dim:
             raise ValueError(f"mlm_head: 'mobilebert' decodes at H and needs E <= H, got E={self.embed_dim}")
         if self.attention_input != "bottleneck" and self.intra_dim is None:
@@ -133,8 +139,10 @@ class ModelConfig:
             first = specs[0]
             attn_differs = (spec.num_heads, spec.qk_dim, spec.v_dim) != (first.num_heads, first.qk_dim, first.v_dim)
             if (share_attn and attn_differs) or (share_ffn and spec.ffn_dim != first.ffn_dim):
-                raise ValueError(f"sharing: {self.sharing!r} shares modules across layers, but model.layers "
-                                 f"differ at layer {i} ({spec} vs {first})")
+                raise ValueError(
+                    f"sharing: {self.sharing!r} shares modules across layers, but model.layers "
+                    f"differ at layer {i} ({spec} vs {first})"
+                )
         return self
 
     @property
@@ -340,11 +348,15 @@ class ExperimentConfig:
         if self.distill.teacher is None:
             return self
         if self.distill.strategy == "progressive" and self.model.sharing != "none":
-            raise ValueError(f"distill.strategy: 'progressive' freezes layers one at a time and needs "
-                             f"model.sharing 'none', not {self.model.sharing!r}")
+            raise ValueError(
+                f"distill.strategy: 'progressive' freezes layers one at a time and needs "
+                f"model.sharing 'none', not {self.model.sharing!r}"
+            )
         if self.distill.layer_map is not None and len(self.distill.layer_map) != self.model.num_layers:
-            raise ValueError(f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "
-                             f"model.num_layers {self.model.num_layers}")
+            raise ValueError(
+                f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "
+                f"model.num_layers {self.model.num_layers}"
+            )
         try:
             schedule(self.distill, self.model.num_layers, self.trainer.max_steps)
         except ValueError as exc:
@@ -382,4 +394,3 @@ def config_digest(cfg: ExperimentConfig) -> str:
 def field_names() -> set[str]:
     """Every valid dotted key."""
     return set(flatten(ExperimentConfig()))
-

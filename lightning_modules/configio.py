@@ -16,7 +16,6 @@ from ablate.lightning_modules.errors import ConfigError, format_error
 from ablate.lightning_modules.presets import preset_fields
 
 
-
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node = tree

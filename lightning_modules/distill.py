@@ -44,8 +44,10 @@ def copy_embeddings(student: Embeddings, teacher: Embeddings, mode: str) -> list
         return []
     mine, theirs = student.state_dict(), teacher.state_dict()
     if mine["word.weight"].shape != theirs["word.weight"].shape:
-        raise ConfigError(f"distill.init_embeddings: the student's word embedding is {tuple(mine['word.weight'].shape)}"
-                          f" but the teacher's is {tuple(theirs['word.weight'].shape)} (set model.embed_dim)")
+        raise ConfigError(
+            f"distill.init_embeddings: the student's word embedding is {tuple(mine['word.weight'].shape)}"
+            f" but the teacher's is {tuple(theirs['word.weight'].shape)} (set model.embed_dim)"
+        )
     names = ["word.weight"] if mode == "word" else [n for n in mine if n in theirs and theirs[n].shape == mine[n].shape]
     with torch.no_grad():
         for name in names:
@@ -63,32 +65,43 @@ class DistillModule(PretrainModule):
         model: an already built student (built from ``cfg`` when None).
     """
 
-    def __init__(self, cfg: ExperimentConfig, teacher: PretrainingModel, teacher_cfg: ModelConfig,
-                 model: PretrainingModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        teacher: PretrainingModel,
+        teacher_cfg: ModelConfig,
+        model: PretrainingModel | None = None,
+    ) -> None:
         super().__init__(cfg, model)
         d, student_cfg = cfg.distill, cfg.model
         if teacher_cfg.vocab_size != student_cfg.vocab_size:
-            raise ConfigError(f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
-                              f"student's model.vocab_size is {student_cfg.vocab_size}")
+            raise ConfigError(
+                f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
+                f"student's model.vocab_size is {student_cfg.vocab_size}"
+            )
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher.mask_prob = self.model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         self.stages = schedule(d, student_cfg.num_layers, cfg.trainer.max_steps)
-        self.layer_map = list(d.layer_map) if d.layer_map is not None else layer_map(
-            student_cfg.num_layers, teacher_cfg.num_layers)
+        self.layer_map = (
+            list(d.layer_map) if d.layer_map is not None else layer_map(student_cfg.num_layers, teacher_cfg.num_layers)
+        )
         if max(self.layer_map) >= teacher_cfg.num_layers:
-            raise ConfigError(f"distill.layer_map: teacher layer {max(self.layer_map)} does not exist (the teacher "
-                              f"has {teacher_cfg.num_layers} layers)")
+            raise ConfigError(
+                f"distill.layer_map: teacher layer {max(self.layer_map)} does not exist (the teacher "
+                f"has {teacher_cfg.num_layers} layers)"
+            )
         s_specs, t_specs = student_cfg.layer_specs(), teacher_cfg.layer_specs()
         try:
-            self.head_maps = [head_map(s_specs[i].num_heads, t_specs[j].num_heads) for i, j in enumerate(self.layer_map)]
+            self.head_maps = [
+                head_map(s_specs[i].num_heads, t_specs[j].num_heads) for i, j in enumerate(self.layer_map)
+            ]
         except ValueError as exc:
             if d.at_weight > 0:
                 raise ConfigError(f"distill.at_weight: {exc}") from None
             self.head_maps = []
         Hs, Ht = student_cfg.hidden_dim, teacher_cfg.hidden_dim
         # FMT/embedding projections student H -> teacher H: one per layer, then one for the embedding
-        self.project = nn.ModuleList(nn.Linear(Hs, Ht) for _ in range(student_cfg.num_layers + 1)) \
-            if Hs != Ht else None
+        self.project = nn.ModuleList(nn.Linear(Hs, Ht) for _ in range(student_cfg.num_layers + 1)) if Hs != Ht else None
         self.copied = copy_embeddings(self.model.encoder.embeddings, teacher.encoder.embeddings, d.init_embeddings)
         self._stage: Stage | None = None
 
@@ -143,8 +156,10 @@ class DistillModule(PretrainModule):
         layers = stage.layers if stage.layers is not None else tuple(range(len(self.layer_map)))
         pd, want_at = "pd" in stage.losses, "at" in stage.losses
         s_trace = Trace(attention=frozenset(layers) if want_at else frozenset(), until=None if pd else max(layers))
-        t_trace = Trace(attention=frozenset(self.layer_map[i] for i in layers) if want_at else frozenset(),
-                        until=None if pd else self.layer_map[max(layers)])
+        t_trace = Trace(
+            attention=frozenset(self.layer_map[i] for i in layers) if want_at else frozenset(),
+            until=None if pd else self.layer_map[max(layers)],
+        )
         mask = batch["attention_mask"]  # (B, T)
         inputs = (batch["input_ids"], batch.get("token_type_ids"), mask)
         with torch.no_grad():
@@ -152,18 +167,24 @@ class DistillModule(PretrainModule):
         out = self.model(batch, s_trace) if pd else self.model.encoder(*inputs, trace=s_trace)
         losses: dict[str, torch.Tensor] = {}
         if "fmt" in stage.losses:
-            losses["fmt"] = torch.stack([feature_map_loss(self._project(s_trace.hidden[i], i),
-                                                          t_trace.hidden[self.layer_map[i]], mask)
-                                         for i in layers]).mean()
+            losses["fmt"] = torch.stack(
+                [
+                    feature_map_loss(self._project(s_trace.hidden[i], i), t_trace.hidden[self.layer_map[i]], mask)
+                    for i in layers
+                ]
+            ).mean()
         if want_at:
-            losses["at"] = torch.stack([attention_loss(s_trace.scores[i], t_trace.scores[self.layer_map[i]],
-                                                       self.head_maps[i], mask) for i in layers]).mean()
+            losses["at"] = torch.stack(
+                [
+                    attention_loss(s_trace.scores[i], t_trace.scores[self.layer_map[i]], self.head_maps[i], mask)
+                    for i in layers
+                ]
+            ).mean()
         if "embed" in stage.losses:
             losses["embed"] = feature_map_loss(self._project(s_trace.embedding, -1), t_trace.embedding, mask)
         if pd:
             losses["mlm"] = out.mlm_loss
-            losses["kd"] = kd_loss(out.mlm_logits, teacher_out.mlm_logits, self.cfg.distill.temperature,
-                                   out.mlm_valid)
+            losses["kd"] = kd_loss(out.mlm_logits, teacher_out.mlm_logits, self.cfg.distill.temperature, out.mlm_valid)
             if out.sentence_loss is not None:
                 losses["sentence"] = out.sentence_loss
         return losses
@@ -171,8 +192,14 @@ class DistillModule(PretrainModule):
     def weighted(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:
         """The total loss: each loss times its ``distill.*_weight`` (sentence: ``objective.sentence_weight``)."""
         d = self.cfg.distill
-        weights = {"fmt": d.fmt_weight, "at": d.at_weight, "embed": d.embed_weight, "mlm": d.mlm_weight,
-                   "kd": d.kd_weight, "sentence": self.cfg.objective.sentence_weight}
+        weights = {
+            "fmt": d.fmt_weight,
+            "at": d.at_weight,
+            "embed": d.embed_weight,
+            "mlm": d.mlm_weight,
+            "kd": d.kd_weight,
+            "sentence": self.cfg.objective.sentence_weight,
+        }
         return sum(weights[k] * v for k, v in losses.items())
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

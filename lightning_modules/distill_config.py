@@ -7,12 +7,12 @@ The losses (each with its own weight, 0 = off) and strategies are described in
 
 from __future__ import annotations
 
-from ablate.lightning_modules.errors import STRICT
-
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
+
+from ablate.lightning_modules.errors import STRICT
 
 _Weight = Annotated[float, Field(ge=0.0)]
 
@@ -93,21 +93,34 @@ def schedule(cfg: DistillConfig, num_layers: int, max_steps: int) -> list[Stage]
     if cfg.strategy == "auxiliary":
         return [Stage("auxiliary", 0, max_steps, (*transfer, "pd"))]
     if not transfer:
-        raise ValueError(f"strategy: {cfg.strategy!r} has transfer stages but fmt_weight, at_weight and "
-                         f"embed_weight are all 0")
+        raise ValueError(
+            f"strategy: {cfg.strategy!r} has transfer stages but fmt_weight, at_weight and embed_weight are all 0"
+        )
     s = cfg.stage_steps
     if cfg.strategy == "joint":
         stages = [Stage("transfer", 0, s, transfer, trainable=None)]
     else:
         layer_losses = tuple(k for k in transfer if k != "embed")
         embed = ("embed",) if "embed" in transfer else ()
-        stages = [Stage(f"layer {l}", l * s, (l + 1) * s, (*layer_losses, *(embed if l == 0 else ())),
-                        layers=(l,), trainable=(l,), embeddings=l == 0) for l in range(num_layers)]
+        stages = [
+            Stage(
+                f"layer {l}",
+                l * s,
+                (l + 1) * s,
+                (*layer_losses, *(embed if l == 0 else ())),
+                layers=(l,),
+                trainable=(l,),
+                embeddings=l == 0,
+            )
+            for l in range(num_layers)
+        ]
     empty = next((st for st in stages if not st.losses), None)
     if empty is not None:
         raise ValueError(f"strategy: stage {empty.name!r} of {cfg.strategy!r} has no loss: set fmt_weight or at_weight")
     pd_start = stages[-1].end
     if pd_start >= max_steps:
-        raise ValueError(f"stage_steps: {len(stages)} transfer stage(s) x {s} steps = {pd_start} leave no PD "
-                         f"stage within trainer.max_steps {max_steps}")
+        raise ValueError(
+            f"stage_steps: {len(stages)} transfer stage(s) x {s} steps = {pd_start} leave no PD "
+            f"stage within trainer.max_steps {max_steps}"
+        )
     return [*stages, Stage("pd", pd_start, max_steps, ("pd",))]

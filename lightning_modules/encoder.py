@@ -39,8 +39,10 @@ def layer_plan(num_layers: int, sharing: str) -> list[Step]:
     ``all`` shares every module (bottlenecks too); ``attn`` and ``ffn`` share one kind.
     """
     share_attn, share_ffn = SHARES[sharing]
-    return [Step(0 if share_attn else i, 0 if share_ffn else i, 0 if share_attn and share_ffn else i)
-            for i in range(num_layers)]
+    return [
+        Step(0 if share_attn else i, 0 if share_ffn else i, 0 if share_attn and share_ffn else i)
+        for i in range(num_layers)
+    ]
 
 
 @dataclass
@@ -88,15 +90,26 @@ class Encoder(nn.Module):
         plan: per layer, the indices of its modules.
     """
 
-    def __init__(self, embeddings: Embeddings, attentions: nn.ModuleList, ffn_stacks: nn.ModuleList,
-                 bottlenecks: nn.ModuleList, plan: list[Step]) -> None:
+    def __init__(
+        self,
+        embeddings: Embeddings,
+        attentions: nn.ModuleList,
+        ffn_stacks: nn.ModuleList,
+        bottlenecks: nn.ModuleList,
+        plan: list[Step],
+    ) -> None:
         super().__init__()
         self.embeddings, self.attentions, self.ffn_stacks = embeddings, attentions, ffn_stacks
         self.bottlenecks, self.plan = bottlenecks, plan
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, trace: Trace | None = None,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        trace: Trace | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """input_ids: (B, T); attention_mask: (B, T) bool, True on real tokens -> (B, T, H).
 
         With a ``trace``, the embedding output, each layer's output and the attention scores
@@ -130,8 +143,14 @@ class Encoder(nn.Module):
         mods = [self.attentions[step.attention], self.ffn_stacks[step.ffn]]
         return mods + ([self.bottlenecks[step.bottleneck]] if self.bottlenecks else [])
 
-    def block(self, x: torch.Tensor, step: Step, mask: torch.Tensor | None,
-              keep: list[torch.Tensor] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def block(
+        self,
+        x: torch.Tensor,
+        step: Step,
+        mask: torch.Tensor | None,
+        keep: list[torch.Tensor] | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One layer: x (B, T, H) -> (B, T, H), or (N, H) at ``rows`` only; attention scores go
         to ``keep`` when given."""
         if not self.bottlenecks:
@@ -179,9 +198,14 @@ def build_bottleneck(cfg: ModelConfig) -> Bottleneck:
     def projection() -> Projection:
         return Projection(nn.Linear(H, I), NORM2FN[cfg.norm](I, cfg.norm_eps))
 
-    return Bottleneck(projection(), nn.Linear(I, H), NORM2FN[cfg.norm](H, cfg.norm_eps), dropout(cfg.dropout),
-                      shared_qk=projection() if cfg.attention_input == "shared_qk" else None,
-                      wide_attention=cfg.attention_input == "hidden")
+    return Bottleneck(
+        projection(),
+        nn.Linear(I, H),
+        NORM2FN[cfg.norm](H, cfg.norm_eps),
+        dropout(cfg.dropout),
+        shared_qk=projection() if cfg.attention_input == "shared_qk" else None,
+        wide_attention=cfg.attention_input == "hidden",
+    )
 
 
 def build_attention(cfg: ModelConfig, spec: LayerSpec) -> Residual:
@@ -198,7 +222,9 @@ def build_ffn_stack(cfg: ModelConfig, spec: LayerSpec) -> nn.ModuleList:
     """F feed-forward sub-layers at the block width."""
     I = cfg.block_dim
     return nn.ModuleList(
-        Residual(feed_forward(I, spec.ffn_dim, cfg.activation), NORM2FN[cfg.norm](I, cfg.norm_eps), dropout(cfg.dropout))
+        Residual(
+            feed_forward(I, spec.ffn_dim, cfg.activation), NORM2FN[cfg.norm](I, cfg.norm_eps), dropout(cfg.dropout)
+        )
         for _ in range(cfg.num_ffn)
     )
 

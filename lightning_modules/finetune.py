@@ -87,11 +87,13 @@ class FinetuneModule(pl.LightningModule):
         self.model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
         C = f.num_labels
         self.val_loss = MeanMetric()
-        self.metrics = nn.ModuleDict({
-            "accuracy": MulticlassAccuracy(num_classes=C, average="micro"),
-            "f1": MulticlassF1Score(num_classes=C, average="macro"),
-            "mcc": MulticlassMatthewsCorrCoef(num_classes=C),
-        })
+        self.metrics = nn.ModuleDict(
+            {
+                "accuracy": MulticlassAccuracy(num_classes=C, average="micro"),
+                "f1": MulticlassF1Score(num_classes=C, average="macro"),
+                "mcc": MulticlassMatthewsCorrCoef(num_classes=C),
+            }
+        )
         self.best: float | None = None
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -125,8 +127,12 @@ class FinetuneModule(pl.LightningModule):
 
     def configure_optimizers(self):
         f = self.cfg.finetune
-        optimizer = adamw(param_groups(self.model, self.cfg.optim.weight_decay), lr=f.lr, eps=self.cfg.optim.eps,
-                          precision=self.cfg.trainer.precision)
+        optimizer = adamw(
+            param_groups(self.model, self.cfg.optim.weight_decay),
+            lr=f.lr,
+            eps=self.cfg.optim.eps,
+            precision=self.cfg.trainer.precision,
+        )
         schedule = warmup_linear_decay(type(self.cfg.optim)(warmup_steps=max(1, f.max_steps // 10)), f.max_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -6,12 +6,12 @@ is inert.
 
 from __future__ import annotations
 
-from ablate.lightning_modules.errors import STRICT
-
 from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
+
+from ablate.lightning_modules.errors import STRICT
 
 Metric = Literal["accuracy", "f1", "mcc"]
 

@@ -24,8 +24,14 @@ class MLMHead(nn.Module):
         extra: MobileBERT's extra decoder columns V x (D - E), or None when D = E.
     """
 
-    def __init__(self, transform: nn.Linear, activation: nn.Module, norm: nn.Module, vocab_size: int,
-                 extra: nn.Parameter | None = None) -> None:
+    def __init__(
+        self,
+        transform: nn.Linear,
+        activation: nn.Module,
+        norm: nn.Module,
+        vocab_size: int,
+        extra: nn.Parameter | None = None,
+    ) -> None:
         super().__init__()
         self.transform, self.activation, self.norm = transform, activation, norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))
@@ -39,11 +45,19 @@ class MLMHead(nn.Module):
 
 
 MLM_HEADS = {
-    "factorized": lambda cfg: MLMHead(nn.Linear(cfg.hidden_dim, cfg.embed_dim), ACT2FN[cfg.activation](),
-                                      NORM2FN[cfg.norm](cfg.embed_dim, cfg.norm_eps), cfg.vocab_size),
-    "mobilebert": lambda cfg: MLMHead(nn.Linear(cfg.hidden_dim, cfg.hidden_dim), ACT2FN[cfg.activation](),
-                                      nn.LayerNorm(cfg.hidden_dim, eps=cfg.norm_eps), cfg.vocab_size,
-                                      nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_dim - cfg.embed_dim).normal_(std=cfg.init_std))),
+    "factorized": lambda cfg: MLMHead(
+        nn.Linear(cfg.hidden_dim, cfg.embed_dim),
+        ACT2FN[cfg.activation](),
+        NORM2FN[cfg.norm](cfg.embed_dim, cfg.norm_eps),
+        cfg.vocab_size,
+    ),
+    "mobilebert": lambda cfg: MLMHead(
+        nn.Linear(cfg.hidden_dim, cfg.hidden_dim),
+        ACT2FN[cfg.activation](),
+        nn.LayerNorm(cfg.hidden_dim, eps=cfg.norm_eps),
+        cfg.vocab_size,
+        nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_dim - cfg.embed_dim).normal_(std=cfg.init_std)),
+    ),
 }
 
 
@@ -106,8 +120,14 @@ class PretrainingModel(nn.Module):
         mask_prob: ``objective.mask_prob``, which sets the number of prediction slots.
     """
 
-    def __init__(self, encoder: Encoder, mlm_head: MLMHead, sentence_head: SentenceHead | None,
-                 sentence_weight: float = 1.0, mask_prob: float = 0.15) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        mlm_head: MLMHead,
+        sentence_head: SentenceHead | None,
+        sentence_weight: float = 1.0,
+        mask_prob: float = 0.15,
+    ) -> None:
         super().__init__()
         self.encoder, self.mlm_head, self.sentence_head = encoder, mlm_head, sentence_head
         self.sentence_weight, self.mask_prob = sentence_weight, mask_prob
@@ -125,7 +145,7 @@ class PretrainingModel(nn.Module):
         if trace is None:  # only the prediction slots and [CLS] go through the last layer's FFN
             first = torch.arange(B, device=labels.device) * T  # (B,) [CLS] of each row
             out_rows = self.encoder(*inputs, rows=torch.cat([positions, first]))  # (K + B, H)
-            masked, cls = out_rows[: positions.numel()], out_rows[positions.numel():]  # (K, H), (B, H)
+            masked, cls = out_rows[: positions.numel()], out_rows[positions.numel() :]  # (K, H), (B, H)
         else:  # distillation reads every position of every layer
             hidden = self.encoder(*inputs, trace)  # (B, T, H)
             masked, cls = hidden.flatten(0, 1)[positions], hidden[:, 0]
@@ -135,8 +155,9 @@ class PretrainingModel(nn.Module):
         out = PretrainOutput(loss=mlm_loss, mlm_loss=mlm_loss, mlm_logits=logits, mlm_targets=targets, cls=cls)
         if self.sentence_head is not None:
             out.sentence_logits = self.sentence_head(cls)  # (B, 2)
-            out.sentence_loss = F.cross_entropy(out.sentence_logits.float(), batch["sentence_label"],
-                                                ignore_index=IGNORE)
+            out.sentence_loss = F.cross_entropy(
+                out.sentence_logits.float(), batch["sentence_label"], ignore_index=IGNORE
+            )
             out.loss = mlm_loss + self.sentence_weight * out.sentence_loss
         return out
 

@@ -51,7 +51,7 @@ def _copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], mapping: l
         s, d = (ours, hf) if to_hf else (hf, ours)
         value, target = src[s], dst[d]
         if rows is not None:
-            value, target = (value[rows[0]:rows[1]], target) if to_hf else (value, target[rows[0]:rows[1]])
+            value, target = (value[rows[0] : rows[1]], target) if to_hf else (value, target[rows[0] : rows[1]])
         if value.shape != target.shape:
             raise RuntimeError(f"interop map: {s} {tuple(value.shape)} does not fit {d} {tuple(target.shape)}")
         target.copy_(value)
@@ -92,12 +92,21 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
             E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
             exact = cfg.mlm_head == "mobilebert"  # same head: every tensor maps; else ours fills HF's first E rows
             if not exact:
-                for param in (t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
-                              hf.cls.predictions.dense.weight):
+                for param in (
+                    t.dense.weight,
+                    t.dense.bias,
+                    t.LayerNorm.weight,
+                    t.LayerNorm.bias,
+                    hf.cls.predictions.dense.weight,
+                ):
                     param.zero_()
             rows = slice(None) if exact else slice(0, E)
-            for param, value in ((t.dense.weight, head.transform.weight), (t.dense.bias, head.transform.bias),
-                                 (t.LayerNorm.weight, head.norm.weight), (t.LayerNorm.bias, head.norm.bias)):
+            for param, value in (
+                (t.dense.weight, head.transform.weight),
+                (t.dense.bias, head.transform.bias),
+                (t.LayerNorm.weight, head.norm.weight),
+                (t.LayerNorm.bias, head.norm.bias),
+            ):
                 param[rows].copy_(value)
             if exact:
                 hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
@@ -110,8 +119,9 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
 
 
 def _is_sentence(hf_name: str) -> bool:
-    return hf_name.startswith(("bert.pooler", "cls.seq_relationship", "albert.pooler", "sop_classifier",
-                               "mobilebert.pooler"))
+    return hf_name.startswith(
+        ("bert.pooler", "cls.seq_relationship", "albert.pooler", "sop_classifier", "mobilebert.pooler")
+    )
 
 
 def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
@@ -125,10 +135,14 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     theirs = dict(hf.named_parameters())
     if name == "albert" and cfg.embed_dim == cfg.hidden_dim:
         m = hf.albert.encoder.embedding_hidden_mapping_in
-        if not (torch.equal(m.weight, torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device))
-                and not m.bias.any()):
-            raise ConfigError("embedding_hidden_mapping_in: with embedding_size == hidden_size ours has no "
-                              "projection, so it must be the identity")
+        if not (
+            torch.equal(m.weight, torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device))
+            and not m.bias.any()
+        ):
+            raise ConfigError(
+                "embedding_hidden_mapping_in: with embedding_size == hidden_size ours has no "
+                "projection, so it must be the identity"
+            )
     model = build_pretraining_model(cfg, ObjectiveConfig(sentence=SENTENCE[name]))
     model.train(hf.training)
     ours = dict(model.named_parameters())
@@ -137,8 +151,12 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     if name == "mobilebert":
         head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
         with torch.no_grad():
-            for param, value in ((head.transform.weight, t.dense.weight), (head.transform.bias, t.dense.bias),
-                                 (head.norm.weight, t.LayerNorm.weight), (head.norm.bias, t.LayerNorm.bias)):
+            for param, value in (
+                (head.transform.weight, t.dense.weight),
+                (head.transform.bias, t.dense.bias),
+                (head.norm.weight, t.LayerNorm.weight),
+                (head.norm.bias, t.LayerNorm.bias),
+            ):
                 param.copy_(value)
             head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
         written |= {n for n in ours if n.startswith("mlm_head.")}
@@ -155,8 +173,12 @@ def expressible(cfg: ModelConfig) -> bool:
     return True
 
 
-def export(model: PretrainingModel, cfg: ExperimentConfig, out_dir: str | Path,
-           format: Literal["auto", "transformers", "ablate"] = "auto") -> str:  # noqa: A002 - the CLI's word
+def export(
+    model: PretrainingModel,
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    format: Literal["auto", "transformers", "ablate"] = "auto",
+) -> str:  # noqa: A002 - the CLI's word
     """Write ``model`` to a new folder ``out_dir``; return the format written.
 
     ``transformers``: ``save_pretrained`` (config.json + model.safetensors), loadable with the
@@ -204,8 +226,9 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{folder / 'config.json'}: unreadable ({exc})") from None
         if model_type not in CLASSES:
-            raise ConfigError(f"{folder / 'config.json'}: model_type {model_type!r} is not supported "
-                              f"({', '.join(CLASSES)})")
+            raise ConfigError(
+                f"{folder / 'config.json'}: model_type {model_type!r} is not supported ({', '.join(CLASSES)})"
+            )
         from safetensors import SafetensorError
         from transformers.utils import logging as hf_logging
 
@@ -219,8 +242,10 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
         return cfg, model.eval()
     yaml_path = next((folder / n for n in (EXPORT_YAML, "config.yaml") if (folder / n).is_file()), None)
     if yaml_path is None or not (folder / WEIGHTS).is_file():
-        raise ConfigError(f"{folder}: neither a transformers checkpoint (config.json) nor an ablate export "
-                          f"({WEIGHTS} + {EXPORT_YAML})")
+        raise ConfigError(
+            f"{folder}: neither a transformers checkpoint (config.json) nor an ablate export "
+            f"({WEIGHTS} + {EXPORT_YAML})"
+        )
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -269,8 +294,9 @@ def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
         raise ConfigError(f"init_from: {exc}") from None
     differences = _arch_differences(cfg.model, have)
     if differences:
-        raise ConfigError(f"init_from: {cfg.init_from} has a different architecture than model.*; set "
-                          + " ".join(differences))
+        raise ConfigError(
+            f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
+        )
     model = build_pretraining_model(cfg.model, cfg.objective)
     state = state_dict(ckpt)
     if model.sentence_head is None:

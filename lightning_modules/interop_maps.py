@@ -52,11 +52,15 @@ def family(cfg: ModelConfig) -> str:
         if cfg.sharing != "none":
             why.append(f"model.sharing: {cfg.sharing!r} (MobileBERT shares nothing)")
         if cfg.intra_dim is not None and cfg.attention_input == "hidden" and cfg.intra_dim != cfg.hidden_dim:
-            why.append("model.attention_input: 'hidden' needs intra_dim == hidden_dim (HF reads Q, K through an "
-                       "intra-wide Linear)")
+            why.append(
+                "model.attention_input: 'hidden' needs intra_dim == hidden_dim (HF reads Q, K through an "
+                "intra-wide Linear)"
+            )
         if cfg.norm == "layer_norm" and cfg.norm_eps != MOBILEBERT_EPS:
-            why.append(f"model.norm_eps: MobileBERT with LayerNorm needs norm_eps={MOBILEBERT_EPS} (HF hard-codes "
-                       "it for two of its norms)")
+            why.append(
+                f"model.norm_eps: MobileBERT with LayerNorm needs norm_eps={MOBILEBERT_EPS} (HF hard-codes "
+                "it for two of its norms)"
+            )
     else:
         name = "bert" if cfg.sharing == "none" and cfg.embed_dim == cfg.hidden_dim else "albert"
         if cfg.intra_dim is not None:
@@ -76,32 +80,54 @@ def hf_config(cfg: ModelConfig, name: str) -> Any:
     """The transformers config of family ``name`` describing ``cfg``."""
     import transformers
 
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_dim, num_hidden_layers=cfg.num_layers,
-                  num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_dim, hidden_act=cfg.activation,
-                  hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
-                  max_position_embeddings=cfg.max_position, type_vocab_size=cfg.token_types,
-                  initializer_range=cfg.init_std, layer_norm_eps=cfg.norm_eps, pad_token_id=0,
-                  attn_implementation="sdpa")
+    common = dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_dim,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.ffn_dim,
+        hidden_act=cfg.activation,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        max_position_embeddings=cfg.max_position,
+        type_vocab_size=cfg.token_types,
+        initializer_range=cfg.init_std,
+        layer_norm_eps=cfg.norm_eps,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
     if name == "bert":
         return transformers.BertConfig(**common)
     if name == "albert":
-        return transformers.AlbertConfig(**common, embedding_size=cfg.embed_dim, inner_group_num=1,
-                                         num_hidden_groups=1 if cfg.sharing == "all" else cfg.num_layers,
-                                         classifier_dropout_prob=0.0)
+        return transformers.AlbertConfig(
+            **common,
+            embedding_size=cfg.embed_dim,
+            inner_group_num=1,
+            num_hidden_groups=1 if cfg.sharing == "all" else cfg.num_layers,
+            classifier_dropout_prob=0.0,
+        )
     neck = cfg.intra_dim is not None
     return transformers.MobileBertConfig(
-        **common, embedding_size=cfg.embed_dim, trigram_input=True, use_bottleneck=neck,
-        intra_bottleneck_size=cfg.block_dim, use_bottleneck_attention=neck and cfg.attention_input == "bottleneck",
+        **common,
+        embedding_size=cfg.embed_dim,
+        trigram_input=True,
+        use_bottleneck=neck,
+        intra_bottleneck_size=cfg.block_dim,
+        use_bottleneck_attention=neck and cfg.attention_input == "bottleneck",
         key_query_shared_bottleneck=neck and cfg.attention_input == "shared_qk",
-        num_feedforward_networks=cfg.num_ffn, normalization_type=cfg.norm, classifier_activation=True)
+        num_feedforward_networks=cfg.num_ffn,
+        normalization_type=cfg.norm,
+        classifier_activation=True,
+    )
 
 
 def _activation(act: Any) -> str:
     if act in ("gelu", "relu"):
         return act
     if act in _TANH_GELU:
-        warnings.warn(f"hidden_act {act!r} (tanh-approximate GELU) is read as exact 'gelu': outputs differ slightly",
-                      stacklevel=3)
+        warnings.warn(
+            f"hidden_act {act!r} (tanh-approximate GELU) is read as exact 'gelu': outputs differ slightly", stacklevel=3
+        )
         return "gelu"
     raise ConfigError(f"hidden_act: {act!r} is not supported (gelu or relu)")
 
@@ -112,11 +138,19 @@ def model_config(hf: Any) -> tuple[str, ModelConfig]:
     if name not in CLASSES:
         raise ConfigError(f"model_type: {name!r} is not supported (bert, albert, mobilebert)")
     fields: dict[str, Any] = dict(
-        vocab_size=hf.vocab_size, embed_dim=hf.hidden_size, hidden_dim=hf.hidden_size,
-        num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads, ffn_dim=hf.intermediate_size,
-        activation=_activation(hf.hidden_act), max_position=hf.max_position_embeddings,
-        token_types=hf.type_vocab_size, dropout=hf.hidden_dropout_prob, norm_eps=hf.layer_norm_eps,
-        init_std=hf.initializer_range)
+        vocab_size=hf.vocab_size,
+        embed_dim=hf.hidden_size,
+        hidden_dim=hf.hidden_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads,
+        ffn_dim=hf.intermediate_size,
+        activation=_activation(hf.hidden_act),
+        max_position=hf.max_position_embeddings,
+        token_types=hf.type_vocab_size,
+        dropout=hf.hidden_dropout_prob,
+        norm_eps=hf.layer_norm_eps,
+        init_std=hf.initializer_range,
+    )
     if name == "bert":
         if hf.is_decoder or hf.add_cross_attention:
             raise ConfigError("is_decoder: decoder BERT is not supported")
@@ -124,8 +158,10 @@ def model_config(hf: Any) -> tuple[str, ModelConfig]:
             raise ConfigError(f"position_embedding_type: {hf.position_embedding_type!r} is not supported")
     elif name == "albert":
         if hf.inner_group_num != 1 or hf.num_hidden_groups not in (1, hf.num_hidden_layers):
-            raise ConfigError(f"num_hidden_groups: {hf.num_hidden_groups} groups of {hf.inner_group_num} layers; "
-                              "only all shared (1 group of 1) or none shared (L groups of 1) are supported")
+            raise ConfigError(
+                f"num_hidden_groups: {hf.num_hidden_groups} groups of {hf.inner_group_num} layers; "
+                "only all shared (1 group of 1) or none shared (L groups of 1) are supported"
+            )
         fields.update(embed_dim=hf.embedding_size, sharing="all" if hf.num_hidden_groups == 1 else "none")
     else:
         if not hf.trigram_input:
@@ -133,13 +169,25 @@ def model_config(hf: Any) -> tuple[str, ModelConfig]:
         if not hf.classifier_activation:
             raise ConfigError("classifier_activation: a pooler without dense + tanh is not supported")
         if hf.normalization_type == "layer_norm" and hf.layer_norm_eps != MOBILEBERT_EPS:
-            raise ConfigError(f"layer_norm_eps: MobileBERT with LayerNorm is supported only with eps={MOBILEBERT_EPS} "
-                              "(HF hard-codes it for two of its norms)")
-        fields.update(mlm_head="mobilebert", embed_dim=hf.embedding_size, embedding="trigram", num_ffn=hf.num_feedforward_networks,
-                      norm=hf.normalization_type)
+            raise ConfigError(
+                f"layer_norm_eps: MobileBERT with LayerNorm is supported only with eps={MOBILEBERT_EPS} "
+                "(HF hard-codes it for two of its norms)"
+            )
+        fields.update(
+            mlm_head="mobilebert",
+            embed_dim=hf.embedding_size,
+            embedding="trigram",
+            num_ffn=hf.num_feedforward_networks,
+            norm=hf.normalization_type,
+        )
         if hf.use_bottleneck:
-            attn = ("bottleneck" if hf.use_bottleneck_attention else
-                    "shared_qk" if hf.key_query_shared_bottleneck else "hidden")
+            attn = (
+                "bottleneck"
+                if hf.use_bottleneck_attention
+                else "shared_qk"
+                if hf.key_query_shared_bottleneck
+                else "hidden"
+            )
             fields.update(intra_dim=hf.intra_bottleneck_size, attention_input=attn)
             if attn == "hidden" and hf.intra_bottleneck_size != hf.hidden_size:
                 raise ConfigError("intra_bottleneck_size: attention on the hidden input needs intra == hidden_size")
@@ -157,8 +205,9 @@ def _both(hf: str, ours: str, rows: tuple[int, int] | None = None) -> list[Pair]
 def _attention(hf: str, ours: str, cfg: ModelConfig, names: tuple[str, str, str], separate_v: bool) -> list[Pair]:
     """query/key/value -> rows of our fused qkv (or [Q|K] plus a separate v)."""
     width = cfg.num_heads * cfg.head_dim
-    out = _both(f"{hf}.{names[0]}", f"{ours}.qkv", (0, width)) + _both(f"{hf}.{names[1]}", f"{ours}.qkv",
-                                                                        (width, 2 * width))
+    out = _both(f"{hf}.{names[0]}", f"{ours}.qkv", (0, width)) + _both(
+        f"{hf}.{names[1]}", f"{ours}.qkv", (width, 2 * width)
+    )
     if separate_v:
         return out + _both(f"{hf}.{names[2]}", f"{ours}.v")
     return out + _both(f"{hf}.{names[2]}", f"{ours}.qkv", (2 * width, 3 * width))
@@ -176,29 +225,40 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
     if name == "bert":
         for i in range(cfg.num_layers):
             hf, ffn = f"bert.encoder.layer.{i}", f"encoder.ffn_stacks.{i}.0"
-            out += [*_attention(f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg,
-                                ("query", "key", "value"), False),
-                    *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
-                    *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm"),
-                    *_both(f"{hf}.intermediate.dense", f"{ffn}.inner.up"),
-                    *_both(f"{hf}.output.dense", f"{ffn}.inner.down"), *_both(f"{hf}.output.LayerNorm", f"{ffn}.norm")]
-        out += [*_both("cls.predictions.transform.dense", "mlm_head.transform"),
-                *_both("cls.predictions.transform.LayerNorm", "mlm_head.norm"),
-                ("cls.predictions.bias", "mlm_head.bias", None)]
+            out += [
+                *_attention(
+                    f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg, ("query", "key", "value"), False
+                ),
+                *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
+                *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm"),
+                *_both(f"{hf}.intermediate.dense", f"{ffn}.inner.up"),
+                *_both(f"{hf}.output.dense", f"{ffn}.inner.down"),
+                *_both(f"{hf}.output.LayerNorm", f"{ffn}.norm"),
+            ]
+        out += [
+            *_both("cls.predictions.transform.dense", "mlm_head.transform"),
+            *_both("cls.predictions.transform.LayerNorm", "mlm_head.norm"),
+            ("cls.predictions.bias", "mlm_head.bias", None),
+        ]
         heads = ("bert.pooler.dense", "cls.seq_relationship")
     elif name == "albert":
         if cfg.embed_dim != cfg.hidden_dim:
             out += _both("albert.encoder.embedding_hidden_mapping_in", "encoder.embeddings.projection")
         for g in range(1 if cfg.sharing == "all" else cfg.num_layers):
             hf, ffn = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0", f"encoder.ffn_stacks.{g}.0"
-            out += [*_attention(f"{hf}.attention", f"encoder.attentions.{g}.inner", cfg, ("query", "key", "value"),
-                                False),
-                    *_both(f"{hf}.attention.dense", f"encoder.attentions.{g}.inner.out"),
-                    *_both(f"{hf}.attention.LayerNorm", f"encoder.attentions.{g}.norm"),
-                    *_both(f"{hf}.ffn", f"{ffn}.inner.up"), *_both(f"{hf}.ffn_output", f"{ffn}.inner.down"),
-                    *_both(f"{hf}.full_layer_layer_norm", f"{ffn}.norm")]
-        out += [*_both("predictions.dense", "mlm_head.transform"), *_both("predictions.LayerNorm", "mlm_head.norm"),
-                ("predictions.bias", "mlm_head.bias", None)]
+            out += [
+                *_attention(f"{hf}.attention", f"encoder.attentions.{g}.inner", cfg, ("query", "key", "value"), False),
+                *_both(f"{hf}.attention.dense", f"encoder.attentions.{g}.inner.out"),
+                *_both(f"{hf}.attention.LayerNorm", f"encoder.attentions.{g}.norm"),
+                *_both(f"{hf}.ffn", f"{ffn}.inner.up"),
+                *_both(f"{hf}.ffn_output", f"{ffn}.inner.down"),
+                *_both(f"{hf}.full_layer_layer_norm", f"{ffn}.norm"),
+            ]
+        out += [
+            *_both("predictions.dense", "mlm_head.transform"),
+            *_both("predictions.LayerNorm", "mlm_head.norm"),
+            ("predictions.bias", "mlm_head.bias", None),
+        ]
         heads = ("albert.pooler", "sop_classifier.classifier")
     else:
         out += _both("mobilebert.embeddings.embedding_transformation", "encoder.embeddings.trigram.linear")
@@ -206,26 +266,37 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
         last = cfg.num_ffn - 1
         for i in range(cfg.num_layers):
             hf, stack = f"mobilebert.encoder.layer.{i}", f"encoder.ffn_stacks.{i}"
-            out += [*_attention(f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg,
-                                ("query", "key", "value"), shared_qk),
-                    *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
-                    *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm")]
+            out += [
+                *_attention(
+                    f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg, ("query", "key", "value"), shared_qk
+                ),
+                *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
+                *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm"),
+            ]
             for j in range(last):
-                out += [*_both(f"{hf}.ffn.{j}.intermediate.dense", f"{stack}.{j}.inner.up"),
-                        *_both(f"{hf}.ffn.{j}.output.dense", f"{stack}.{j}.inner.down"),
-                        *_both(f"{hf}.ffn.{j}.output.LayerNorm", f"{stack}.{j}.norm")]
-            out += [*_both(f"{hf}.intermediate.dense", f"{stack}.{last}.inner.up"),
-                    *_both(f"{hf}.output.dense", f"{stack}.{last}.inner.down"),
-                    *_both(f"{hf}.output.LayerNorm", f"{stack}.{last}.norm")]
+                out += [
+                    *_both(f"{hf}.ffn.{j}.intermediate.dense", f"{stack}.{j}.inner.up"),
+                    *_both(f"{hf}.ffn.{j}.output.dense", f"{stack}.{j}.inner.down"),
+                    *_both(f"{hf}.ffn.{j}.output.LayerNorm", f"{stack}.{j}.norm"),
+                ]
+            out += [
+                *_both(f"{hf}.intermediate.dense", f"{stack}.{last}.inner.up"),
+                *_both(f"{hf}.output.dense", f"{stack}.{last}.inner.down"),
+                *_both(f"{hf}.output.LayerNorm", f"{stack}.{last}.norm"),
+            ]
             if cfg.intra_dim is not None:
                 neck = f"encoder.bottlenecks.{i}"
-                out += [*_both(f"{hf}.bottleneck.input.dense", f"{neck}.enter.linear"),
-                        *_both(f"{hf}.bottleneck.input.LayerNorm", f"{neck}.enter.norm"),
-                        *_both(f"{hf}.output.bottleneck.dense", f"{neck}.exit"),
-                        *_both(f"{hf}.output.bottleneck.LayerNorm", f"{neck}.exit_norm")]
+                out += [
+                    *_both(f"{hf}.bottleneck.input.dense", f"{neck}.enter.linear"),
+                    *_both(f"{hf}.bottleneck.input.LayerNorm", f"{neck}.enter.norm"),
+                    *_both(f"{hf}.output.bottleneck.dense", f"{neck}.exit"),
+                    *_both(f"{hf}.output.bottleneck.LayerNorm", f"{neck}.exit_norm"),
+                ]
                 if shared_qk:
-                    out += [*_both(f"{hf}.bottleneck.attention.dense", f"{neck}.shared_qk.linear"),
-                            *_both(f"{hf}.bottleneck.attention.LayerNorm", f"{neck}.shared_qk.norm")]
+                    out += [
+                        *_both(f"{hf}.bottleneck.attention.dense", f"{neck}.shared_qk.linear"),
+                        *_both(f"{hf}.bottleneck.attention.LayerNorm", f"{neck}.shared_qk.norm"),
+                    ]
         out.append(("cls.predictions.bias", "mlm_head.bias", None))
         heads = ("mobilebert.pooler.dense", "cls.seq_relationship")
     if sentence:

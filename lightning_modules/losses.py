@@ -29,8 +29,10 @@ def head_map(student_heads: int, teacher_heads: int) -> list[list[int]]:
     if student_heads % teacher_heads == 0:
         r = student_heads // teacher_heads
         return [[h // r] for h in range(student_heads)]
-    raise ValueError(f"attention transfer needs one head count to divide the other: the student has "
-                     f"{student_heads} heads, the teacher {teacher_heads}")
+    raise ValueError(
+        f"attention transfer needs one head count to divide the other: the student has "
+        f"{student_heads} heads, the teacher {teacher_heads}"
+    )
 
 
 def _real(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -47,8 +49,9 @@ def feature_map_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.T
     return (sq * w).sum() / w.sum().clamp_min(1.0)
 
 
-def attention_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor, heads: list[list[int]],
-                   mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention_loss(
+    student_scores: torch.Tensor, teacher_scores: torch.Tensor, heads: list[list[int]], mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """AT: KL(teacher || student) between per-head attention distributions.
 
     Args:
@@ -73,8 +76,12 @@ def attention_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor, h
     return (kl.mean(dim=1) * w).sum() / w.sum().clamp_min(1.0)
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
-            valid: torch.Tensor | None = None) -> torch.Tensor:
+def kd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 1.0,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """KD: KL(teacher || student) of the temperature-softened (N, V) MLM distributions, times T^2,
     averaged over the rows where ``valid`` ((N,) bool; None = every row), 0 when there are none."""
     s_log = F.log_softmax(student_logits.float() / temperature, dim=-1)

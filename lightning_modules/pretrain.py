@@ -25,13 +25,17 @@ def adamw(groups: list[dict], lr: float, eps: float = 1e-8, precision: str = "32
     kernel for their device (CUDA, CPU), else the multi-tensor implementation. Not fused under
     ``16-mixed``: its gradient scaler must unscale before clipping (see :func:`clip_gradients`)."""
     params = [p for group in groups for p in group["params"]]
-    fused = precision != "16-mixed" and bool(params) and all(
-        p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
+    fused = (
+        precision != "16-mixed"
+        and bool(params)
+        and all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
+    )
     return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
 
 
-def clip_gradients(module: pl.LightningModule, optimizer: torch.optim.Optimizer, value: float | None,
-                   algorithm: str | None) -> None:
+def clip_gradients(
+    module: pl.LightningModule, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str | None
+) -> None:
     """Gradient clipping by norm, done here rather than by Lightning's mixed-precision plugin,
     which refuses a fused optimizer even in bf16, where there is no scaler to unscale first."""
     if not value:
@@ -127,8 +131,12 @@ class PretrainModule(pl.LightningModule):
             self.val_sentence_acc.update(out.sentence_logits, batch["sentence_label"])
 
     def on_validation_epoch_end(self) -> None:
-        metrics = {"val/loss": self.val_loss, "val/mlm_loss": self.val_mlm_loss, "val/mlm_acc": self.val_mlm_acc,
-                   "val/mlm_ppl": self.val_mlm_ppl}
+        metrics = {
+            "val/loss": self.val_loss,
+            "val/mlm_loss": self.val_mlm_loss,
+            "val/mlm_acc": self.val_mlm_acc,
+            "val/mlm_ppl": self.val_mlm_ppl,
+        }
         if self.model.sentence_head is not None:
             metrics["val/sentence_acc"] = self.val_sentence_acc
         for name, metric in metrics.items():
@@ -148,7 +156,11 @@ class PretrainModule(pl.LightningModule):
 
     def configure_optimizers(self):
         o, steps = self.cfg.optim, self.cfg.trainer.max_steps
-        optimizer = adamw(param_groups(self.trainable_modules(), o.weight_decay), lr=o.lr, eps=o.eps,
-                          precision=self.cfg.trainer.precision)
+        optimizer = adamw(
+            param_groups(self.trainable_modules(), o.weight_decay),
+            lr=o.lr,
+            eps=o.eps,
+            precision=self.cfg.trainer.precision,
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -39,8 +39,7 @@ class IntrinsicScores:
 
     def as_metrics(self) -> dict[str, float]:
         """MLflow metric names -> values."""
-        return {"intrinsic/mlm_acc": self.mlm_acc, "intrinsic/nsp_acc": self.nsp_acc,
-                "intrinsic/sop_acc": self.sop_acc}
+        return {"intrinsic/mlm_acc": self.mlm_acc, "intrinsic/nsp_acc": self.nsp_acc, "intrinsic/sop_acc": self.sop_acc}
 
 
 @dataclass
@@ -90,8 +89,9 @@ def _run(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]) ->
     return _Pass(x, y, correct, total)
 
 
-def cls_features(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def cls_features(
+    model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder's final hidden state at [CLS] and the sentence labels, over batches.
 
     Args:
@@ -112,8 +112,16 @@ def mlm_accuracy(model: PretrainingModel, batches: Iterable[dict[str, torch.Tens
     return run.mlm_correct / max(run.mlm_total, 1)
 
 
-def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-                 steps: int = 300, lr: float = 1e-2, seed: int = 0, weight_decay: float = 1e-2) -> float:
+def linear_probe(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    steps: int = 300,
+    lr: float = 1e-2,
+    seed: int = 0,
+    weight_decay: float = 1e-2,
+) -> float:
     """Test accuracy of a 2-way logistic regression trained on frozen features.
 
     Features are standardised with the training statistics; the probe is trained full-batch
@@ -155,9 +163,11 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
         return float((probe(test_x).argmax(-1) == test_y).float().mean())
 
 
-def intrinsic_eval(model: PretrainingModel, streams: Mapping[str, tuple[Iterable[dict[str, torch.Tensor]],
-                                                                         Iterable[dict[str, torch.Tensor]]]],
-                   seed: int = 0) -> IntrinsicScores:
+def intrinsic_eval(
+    model: PretrainingModel,
+    streams: Mapping[str, tuple[Iterable[dict[str, torch.Tensor]], Iterable[dict[str, torch.Tensor]]]],
+    seed: int = 0,
+) -> IntrinsicScores:
     """MLM, NSP and SOP accuracy of a model, with the same budget for every model.
 
     Args:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -116,8 +116,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def random_batch(vocab_size: int, batch: int, seq_len: int, device: torch.device, mask_prob: float = 0.15,
-                 seed: int = 0) -> dict[str, torch.Tensor]:
+def random_batch(
+    vocab_size: int, batch: int, seq_len: int, device: torch.device, mask_prob: float = 0.15, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """A pre-training batch of random ids in ``[5, vocab_size)``, no padding.
 
     Returns:
@@ -130,14 +131,26 @@ def random_batch(vocab_size: int, batch: int, seq_len: int, device: torch.device
     types = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, seq_len).contiguous()  # A | B halves
     selected = torch.rand(batch, seq_len, generator=g) < mask_prob
     selected[:, min(1, seq_len - 1)] = True  # never an empty MLM loss
-    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
-           "mlm_labels": torch.where(selected, ids, torch.full_like(ids, -100)),
-           "sentence_label": torch.randint(0, 2, (batch,), generator=g)}
+    out = {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
+        "mlm_labels": torch.where(selected, ids, torch.full_like(ids, -100)),
+        "sentence_label": torch.randint(0, 2, (batch,), generator=g),
+    }
     return {k: v.to(device) for k, v in out.items()}
 
 
-def measure_latency(model: PretrainingModel, vocab_size: int, batch: int, seq_len: int = 128, repeats: int = 10,
-                    warmup: int = 2, device: torch.device | None = None, precision: str = "32-true") -> float:
+def measure_latency(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int = 128,
+    repeats: int = 10,
+    warmup: int = 2,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+) -> float:
     """Forward-only latency of ``model.encoder`` in milliseconds (median of ``repeats`` runs).
 
     Runs eager (uncompiled) in eval mode under :func:`torch.inference_mode` and the autocast of
@@ -158,8 +171,12 @@ def measure_latency(model: PretrainingModel, vocab_size: int, batch: int, seq_le
     Returns:
         The median wall time of one forward, ms. Model device and training modes are restored.
     """
-    with placed(model, device, train=False) as dev, _forked_rng(dev), torch.inference_mode(), \
-            autocast_for(precision, dev):
+    with (
+        placed(model, device, train=False) as dev,
+        _forked_rng(dev),
+        torch.inference_mode(),
+        autocast_for(precision, dev),
+    ):
         b = random_batch(vocab_size, batch, seq_len, dev)
         args = (b["input_ids"], b["token_type_ids"], b["attention_mask"])
         for _ in range(warmup):
@@ -174,8 +191,15 @@ def measure_latency(model: PretrainingModel, vocab_size: int, batch: int, seq_le
     return statistics.median(times) * 1e3
 
 
-def peak_train_memory(model: PretrainingModel, vocab_size: int, batch: int, seq_len: int, mask_prob: float = 0.15,
-                      device: torch.device | None = None, precision: str = "32-true") -> int:
+def peak_train_memory(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int,
+    mask_prob: float = 0.15,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+) -> int:
     """Activation memory in bytes of one training step (forward + backward of the full loss), eager
     (uncompiled) and under the autocast of ``precision`` (in ``bf16-mixed`` activations are mostly
     bf16; the bf16 copies of the weights that autocast makes for the step count too).
@@ -219,14 +243,17 @@ def peak_train_memory(model: PretrainingModel, vocab_size: int, batch: int, seq_
                     loss.backward()  # outside autocast, as Lightning runs backward
                     _sync(dev)
                     return torch.cuda.max_memory_allocated(dev) - before
-                return saved_activation_bytes(lambda: _autocast_loss(model, b, precision, dev),
-                                              [*model.parameters(), *model.buffers(), *b.values()])
+                return saved_activation_bytes(
+                    lambda: _autocast_loss(model, b, precision, dev),
+                    [*model.parameters(), *model.buffers(), *b.values()],
+                )
         finally:
             model.zero_grad(set_to_none=True)
 
 
-def _autocast_loss(model: PretrainingModel, batch: dict[str, torch.Tensor], precision: str,
-                   device: torch.device) -> torch.Tensor:
+def _autocast_loss(
+    model: PretrainingModel, batch: dict[str, torch.Tensor], precision: str, device: torch.device
+) -> torch.Tensor:
     with autocast_for(precision, device):
         return model(batch).loss
 
@@ -249,8 +276,16 @@ def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torc
     return sum(saved.values())
 
 
-def measure(model: PretrainingModel, vocab_size: int, seq_len: int = 128, device: torch.device | None = None,
-            repeats: int = 10, warmup: int = 2, memory_batch: int = 32, precision: str = "32-true") -> Measured:
+def measure(
+    model: PretrainingModel,
+    vocab_size: int,
+    seq_len: int = 128,
+    device: torch.device | None = None,
+    repeats: int = 10,
+    warmup: int = 2,
+    memory_batch: int = 32,
+    precision: str = "32-true",
+) -> Measured:
     """Latency at batch 1 and 32 and training activation memory at ``memory_batch``, on ``device``
     and under the autocast of ``precision``.
 
@@ -278,5 +313,4 @@ def measure(model: PretrainingModel, vocab_size: int, seq_len: int = 128, device
         b1 = measure_latency(model, vocab_size, 1, seq_len, repeats, warmup, dev, precision)
         b32 = measure_latency(model, vocab_size, 32, seq_len, repeats, warmup, dev, precision)
         mem = peak_train_memory(model, vocab_size, memory_batch, seq_len, device=dev, precision=precision)
-    return Measured(latency_ms_b1=b1, latency_ms_b32=b32, train_activation_mb=mem / 2**20,
-                    device=describe_device(dev))
+    return Measured(latency_ms_b1=b1, latency_ms_b32=b32, train_activation_mb=mem / 2**20, device=describe_device(dev))

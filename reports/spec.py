@@ -144,8 +144,11 @@ class ReportSpec:
         seen: dict[str, str] = {}
         for key, header in headers:
             if header in seen:
-                raise _keyed(key, f"column header {header!r} is used twice (also by {seen[header]}); "
-                                  "give one of them a label (row_labels or label)")
+                raise _keyed(
+                    key,
+                    f"column header {header!r} is used twice (also by {seen[header]}); "
+                    "give one of them a label (row_labels or label)",
+                )
             seen[header] = key
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:

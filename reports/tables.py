@@ -258,5 +258,7 @@ def to_latex(table: Table) -> str:
 
 def to_csv(table: Table) -> str:
     """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric."""
-    cols = [*table.spec.rows, *table.spec.details, "n"] + [f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")]
+    cols = [*table.spec.rows, *table.spec.details, "n"] + [
+        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")
+    ]
     return table.stats[cols].to_csv(index=False)

@@ -45,8 +45,12 @@ def task_seeds(task: dict[str, Any], where: str) -> list[int | None]:
     seeds = task.get("seeds")
     if seeds is None:
         return [None]
-    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or len(set(seeds)) != len(seeds)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
+    ):
         raise ConfigError(f"{where}.seeds: expected a non-empty list of distinct non-negative integers, got {seeds!r}")
     return list(seeds)
 
@@ -65,15 +69,32 @@ def check_tasks(cfg: ExperimentConfig, tasks: list[dict[str, Any]], where: str) 
                 raise ConfigError(f"{where}: finetune[{i}].{key}: {value}: no such file")
 
 
-def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, tracking_uri: str, experiment: str,
-                  parent_run_id: str, tags: dict[str, str], name: str, callbacks: list[Callback],
-                  extra_params: dict[str, str] | None = None, checkpoint_dir: Path | None = None) -> RunResult:
+def chained_trial(
+    cfg: ExperimentConfig,
+    tasks: list[dict[str, Any]],
+    *,
+    tracking_uri: str,
+    experiment: str,
+    parent_run_id: str,
+    tags: dict[str, str],
+    name: str,
+    callbacks: list[Callback],
+    extra_params: dict[str, str] | None = None,
+    checkpoint_dir: Path | None = None,
+) -> RunResult:
     """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task, as one trial run."""
 
     def work(client: Any, trial_run: str) -> dict[str, float]:
-        pre = train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
-                    tags={STAGE: "pretrain"}, name=f"{name} | pretrain", callbacks=callbacks,
-                    checkpoint_dir=checkpoint_dir)
+        pre = train(
+            cfg,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            parent_run_id=trial_run,
+            tags={STAGE: "pretrain"},
+            name=f"{name} | pretrain",
+            callbacks=callbacks,
+            checkpoint_dir=checkpoint_dir,
+        )
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
@@ -84,9 +105,14 @@ def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, trackin
                 ft_cfg = task_config(cfg, task, RUNS + pre.run_id, seed)
                 f = ft_cfg.finetune
                 suffix = "" if seed is None else f" seed={seed}"
-                result = train(ft_cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=trial_run,
-                               tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id},
-                               name=f"{name} | {f.task}{suffix}")
+                result = train(
+                    ft_cfg,
+                    tracking_uri=tracking_uri,
+                    experiment=experiment,
+                    parent_run_id=trial_run,
+                    tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id},
+                    name=f"{name} | {f.task}{suffix}",
+                )
                 runs.append({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
             metrics.update(_mean(runs))
             key = f"{f.task}/best_{f.metric}"
@@ -98,8 +124,18 @@ def chained_trial(cfg: ExperimentConfig, tasks: list[dict[str, Any]], *, trackin
         client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
         return metrics
 
-    return tracked_run(cfg, tracking_uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
-                       tags={**tags, STAGE: "trial"}, inputs={}, tokenizer=None, extra_params=extra_params)
+    return tracked_run(
+        cfg,
+        tracking_uri,
+        work,
+        experiment=experiment,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags={**tags, STAGE: "trial"},
+        inputs={},
+        tokenizer=None,
+        extra_params=extra_params,
+    )
 
 
 def _mean(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -35,15 +35,20 @@ class RngState(Callback):
     def __init__(self, on_resume: Callable[[int], None] | None = None) -> None:
         self.on_resume = on_resume
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
-        checkpoint["ablate_rng"] = {"python": random.getstate(), "torch": torch.get_rng_state(),  # weights_only-safe
-                                    "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-                                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
+        checkpoint["ablate_rng"] = {
+            "python": random.getstate(),
+            "torch": torch.get_rng_state(),  # weights_only-safe
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        }
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if self.on_resume is not None:
             self.on_resume(int(checkpoint["global_step"]))
         state = checkpoint.get("ablate_rng")
@@ -65,8 +70,18 @@ def trial_dir(root: str | Path, study: str, cfg: ExperimentConfig) -> Path:
 def callbacks(folder: Path, on_resume: Callable[[int], None] | None = None) -> list[Callback]:
     """Keep ``last.ckpt`` and ``best.ckpt`` in ``folder``, written at each validation;
     ``on_resume(step)`` is called when a fit restores one."""
-    return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val/loss", mode="min", save_top_k=1,
-                            save_last=True, enable_version_counter=False), RngState(on_resume)]
+    return [
+        ModelCheckpoint(
+            dirpath=folder,
+            filename="best",
+            monitor="val/loss",
+            mode="min",
+            save_top_k=1,
+            save_last=True,
+            enable_version_counter=False,
+        ),
+        RngState(on_resume),
+    ]
 
 
 def resume_path(folder: Path | None) -> Path | None:

@@ -27,9 +27,16 @@ from ablate.sweeps.trainer import build_trainer, fit
 from ablate.sweeps.weights import load_source
 
 
-def finetune(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
-             parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
-             extra_params: dict[str, str] | None = None) -> tracking.RunResult:
+def finetune(
+    cfg: ExperimentConfig,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    name: str | None = None,
+    extra_params: dict[str, str] | None = None,
+) -> tracking.RunResult:
     """Fine-tune ``finetune.source`` on ``finetune.train`` as one MLflow run; its final dev metrics.
 
     The source, its tokenizer and the task's data are checked before the run is created.
@@ -41,26 +48,45 @@ def finetune(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experime
     try:
         source = load_source(f.source, uri, tmp, field="finetune.source")
         if source.tokenizer is None:
-            raise ConfigError(f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
-                              f"needs the tokenizer it was pre-trained with")
+            raise ConfigError(
+                f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
+                f"needs the tokenizer it was pre-trained with"
+            )
         data = ClassificationDataModule(f, source.tokenizer, seed=cfg.seed)
         data.setup("fit")
         module = FinetuneModule(cfg, source.model)
 
         def work(client: Any, run_id: str) -> dict[str, float]:
-            baseline = {f"{f.task}/majority_accuracy": data.majority_accuracy,
-                        f"{f.task}/train_examples": float(data.num_train)}
+            baseline = {
+                f"{f.task}/majority_accuracy": data.majority_accuracy,
+                f"{f.task}/train_examples": float(data.num_train),
+            }
             for key, value in baseline.items():
                 client.log_metric(run_id, key, value)
             logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
             steps_per_epoch = max(1, len(data.train_dataloader()))
             stop = EarlyStopping(monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True)
-            trainer = build_trainer(cfg, logger, [stop], max_steps=f.max_steps,  # validation across epoch ends
-                                    val_every=min(f.val_every, steps_per_epoch), val_batches=1.0)
+            trainer = build_trainer(
+                cfg,
+                logger,
+                [stop],
+                max_steps=f.max_steps,  # validation across epoch ends
+                val_every=min(f.val_every, steps_per_epoch),
+                val_batches=1.0,
+            )
             return {**fit(trainer, module, data), **baseline}
 
-        return tracking.tracked_run(cfg, uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
-                           tags={tracking.SOURCE: source.run_id or source.source, **(tags or {})}, inputs={},
-                           tokenizer=source.tokenizer, extra_params=extra_params)
+        return tracking.tracked_run(
+            cfg,
+            uri,
+            work,
+            experiment=experiment,
+            name=name,
+            parent_run_id=parent_run_id,
+            tags={tracking.SOURCE: source.run_id or source.source, **(tags or {})},
+            inputs={},
+            tokenizer=source.tokenizer,
+            extra_params=extra_params,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

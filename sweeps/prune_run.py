@@ -52,8 +52,9 @@ class _PhaseLogger(MLFlowLogger):
         pass
 
 
-def _fit(module: pl.LightningModule, cfg: ExperimentConfig, steps: int, data: PretrainDataModule,
-         logger: _PhaseLogger) -> dict[str, float]:
+def _fit(
+    module: pl.LightningModule, cfg: ExperimentConfig, steps: int, data: PretrainDataModule, logger: _PhaseLogger
+) -> dict[str, float]:
     """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
     metrics = fit(build_trainer(cfg, logger, [ValidateAtEnd()], max_steps=steps), module, data)
     logger.offset += steps
@@ -68,8 +69,11 @@ def first_layers(model: PretrainingModel, new_cfg: ModelConfig, objective: Objec
     """The first ``new_cfg.num_layers`` layers of ``model`` (with its embeddings and heads)."""
     small = build_pretraining_model(new_cfg, objective)
     keep = {f"encoder.{kind}.{i}." for kind in ("attentions", "ffn_stacks") for i in range(new_cfg.num_layers)}
-    state = {k: v for k, v in model.state_dict().items()
-             if not k.startswith(("encoder.attentions.", "encoder.ffn_stacks.")) or any(k.startswith(p) for p in keep)}
+    state = {
+        k: v
+        for k, v in model.state_dict().items()
+        if not k.startswith(("encoder.attentions.", "encoder.ffn_stacks.")) or any(k.startswith(p) for p in keep)
+    }
     if small.sentence_head is None:
         state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
     missing, _ = small.load_state_dict(state, strict=False)
@@ -80,15 +84,24 @@ def first_layers(model: PretrainingModel, new_cfg: ModelConfig, objective: Objec
 
 def dims_table(cfg: ModelConfig) -> pd.DataFrame:
     """The per-layer dimensions (the paper's table of optimized architectures)."""
-    rows = [{"layer": i + 1, "heads a": s.num_heads, "qk k": s.qk_dim, "value v": s.v_dim, "ffn f": s.ffn_dim}
-            for i, s in enumerate(cfg.layer_specs())]
+    rows = [
+        {"layer": i + 1, "heads a": s.num_heads, "qk k": s.qk_dim, "value v": s.v_dim, "ffn f": s.ffn_dim}
+        for i, s in enumerate(cfg.layer_specs())
+    ]
     frame = pd.DataFrame(rows)
     frame.attrs["hidden h"] = cfg.hidden_dim
     return frame
 
 
-def run_pruning(cfg: ExperimentConfig, data: PretrainDataModule, uri: str, client: Any, run_id: str,
-                source_cfg: ModelConfig, model: PretrainingModel) -> tuple[ModelConfig, PretrainingModel, dict[str, float]]:
+def run_pruning(
+    cfg: ExperimentConfig,
+    data: PretrainDataModule,
+    uri: str,
+    client: Any,
+    run_id: str,
+    source_cfg: ModelConfig,
+    model: PretrainingModel,
+) -> tuple[ModelConfig, PretrainingModel, dict[str, float]]:
     """The rounds (or the baseline) on ``model``; returns the pruned config, model and last metrics."""
     p = cfg.prune
     logger = _PhaseLogger(tracking_uri=uri, run_id=run_id, log_model=False)
@@ -101,36 +114,47 @@ def run_pruning(cfg: ExperimentConfig, data: PretrainDataModule, uri: str, clien
             gate = PruneModule(_with_model(cfg, cur_cfg), model, VARIANTS[p.method])
             _fit(gate, cfg, p.gate_steps, data, logger)
             plan = round(start - (r + 1) * (start - eta) / p.rounds)
-            keep = choose(cur_cfg, {d: [g.detach() for g in v] for d, v in gate.gates.vectors().items()},
-                          backbone_params(cur_cfg) - plan)
+            keep = choose(
+                cur_cfg,
+                {d: [g.detach() for g in v] for d, v in gate.gates.vectors().items()},
+                backbone_params(cur_cfg) - plan,
+            )
             gate.gates.zero_except(keep)  # the smallest gates to exactly zero
             model = gate.release()
             cur_cfg, model = shrink(model, cur_cfg, keep, gate.gates)  # removes them, folds the others in
             now = backbone_params(cur_cfg)
             client.log_metric(run_id, "prune/params", now, step=logger.offset)
             short = "" if now <= plan else f"; {p.method} cannot remove more (one unit of each gated dimension stays)"
-            _CONSOLE.print(f"prune round {r + 1}/{p.rounds}: {now / 1e6:.3f}M backbone parameters "
-                           f"(plan {plan / 1e6:.3f}M, target {eta / 1e6:.3f}M){short}", markup=False)
+            _CONSOLE.print(
+                f"prune round {r + 1}/{p.rounds}: {now / 1e6:.3f}M backbone parameters "
+                f"(plan {plan / 1e6:.3f}M, target {eta / 1e6:.3f}M){short}",
+                markup=False,
+            )
             if p.finetune_steps:
                 metrics = _fit(PretrainModule(_with_model(cfg, cur_cfg), model), cfg, p.finetune_steps, data, logger)
     else:
         shapes = {"uniform": uniform, "fewer-layers": fewer_layers}
         new_cfg = shapes[p.method](source_cfg, eta)
-        model = first_layers(model, new_cfg, cfg.objective) if p.method == "fewer-layers" else \
-            shrink(model, source_cfg, magnitude_keep(model, source_cfg, new_cfg))[1]
+        model = (
+            first_layers(model, new_cfg, cfg.objective)
+            if p.method == "fewer-layers"
+            else shrink(model, source_cfg, magnitude_keep(model, source_cfg, new_cfg))[1]
+        )
         cur_cfg = new_cfg
         now = backbone_params(cur_cfg)
         client.log_metric(run_id, "prune/params", now, step=0)
-        _CONSOLE.print(f"prune {p.method}: {now / 1e6:.3f}M backbone parameters (target {eta / 1e6:.3f}M)",
-                       markup=False)
+        _CONSOLE.print(
+            f"prune {p.method}: {now / 1e6:.3f}M backbone parameters (target {eta / 1e6:.3f}M)", markup=False
+        )
         steps = p.rounds * p.finetune_steps
         if steps:
             metrics = _fit(PretrainModule(_with_model(cfg, cur_cfg), model), cfg, steps, data, logger)
     return cur_cfg, model, metrics
 
 
-def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any,
-                run_id: str) -> dict[str, float]:
+def prune_train(
+    cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any, run_id: str
+) -> dict[str, float]:
     """Prune ``source`` as ``cfg.prune`` says inside run ``run_id``, log the outcome; the last metrics."""
     before, _ = metric_counts(source.model, source.model_cfg, cfg)  # on the training device, as the run's own
     for key, value in before.items():

@@ -13,12 +13,11 @@ from lightning.pytorch.loggers import MLFlowLogger
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
 from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.distill import DistillModule
+from ablate.lightning_modules.interop import initial_model
 from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.probe import intrinsic_eval
-from ablate.lightning_modules.interop import initial_model
-from ablate.lightning_modules.profiling import measure, placed, training_device
+from ablate.lightning_modules.profiling import placed, training_device
 from ablate.sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
@@ -28,8 +27,14 @@ from ablate.sweeps.weights import check_same_tokenizer, load_source, log_weights
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
 
-SHORT = {"model.embed_dim": "E", "model.hidden_dim": "H", "model.num_layers": "L", "model.num_heads": "A",
-         "model.num_ffn": "F", "model.ffn_dim": "ffn"}
+SHORT = {
+    "model.embed_dim": "E",
+    "model.hidden_dim": "H",
+    "model.num_layers": "L",
+    "model.num_heads": "A",
+    "model.num_ffn": "F",
+    "model.ffn_dim": "ffn",
+}
 
 
 def run_name(changes: dict[str, object]) -> str:
@@ -51,14 +56,27 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
-def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataModule, uri: str, client: Any,
-             run_id: str, callbacks: list[Callback], checkpoint_dir: Path | None = None) -> dict[str, float]:
+def _fit_run(
+    module: PretrainModule,
+    cfg: ExperimentConfig,
+    data: PretrainDataModule,
+    uri: str,
+    client: Any,
+    run_id: str,
+    callbacks: list[Callback],
+    checkpoint_dir: Path | None = None,
+) -> dict[str, float]:
     """Fit ``module`` inside run ``run_id`` (resuming from ``checkpoint_dir/last.ckpt`` when an
     earlier attempt left one), then log its weights; the final metrics."""
     logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=False)  # no wait on the store
     resume = checkpoints.resume_path(checkpoint_dir)
-    saving = [] if checkpoint_dir is None else checkpoints.callbacks(
-        checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})"))
+    saving = (
+        []
+        if checkpoint_dir is None
+        else checkpoints.callbacks(
+            checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})")
+        )
+    )
     trainer = build_trainer(cfg, logger, [ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
     metrics = fit(trainer, module, data, ckpt_path=resume)
     for callback in callbacks:  # under DDP a rank's prune reaches this process through the trial
@@ -78,10 +96,18 @@ def _fit_run(module: PretrainModule, cfg: ExperimentConfig, data: PretrainDataMo
     return metrics
 
 
-def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment: str | None = None,
-          parent_run_id: str | None = None, tags: dict[str, str] | None = None, name: str | None = None,
-          callbacks: list[Callback] | None = None, extra_params: dict[str, str] | None = None,
-          checkpoint_dir: Path | None = None) -> tracking.RunResult:
+def train(
+    cfg: ExperimentConfig,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    name: str | None = None,
+    callbacks: list[Callback] | None = None,
+    extra_params: dict[str, str] | None = None,
+    checkpoint_dir: Path | None = None,
+) -> tracking.RunResult:
     """Train ``cfg`` as one MLflow run (pre-training, distillation or pruning); return its final metrics.
 
     With ``checkpoint_dir`` (a study trial's), pre-training and distillation keep their last and
@@ -92,11 +118,19 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
     A config with ``finetune.source`` fine-tunes (:func:`sweeps.finetune_run.finetune`).
     """
     if cfg.finetune.source is not None:
-        return finetune(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
-                        tags=tags, name=name, extra_params=extra_params)
+        return finetune(
+            cfg,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            parent_run_id=parent_run_id,
+            tags=tags,
+            name=name,
+            extra_params=extra_params,
+        )
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed,
-                              val_batches=cfg.trainer.val_batches)
+    data = PretrainDataModule(
+        cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed, val_batches=cfg.trainer.val_batches
+    )
     data.prepare_data()
     data.setup("fit")
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
@@ -117,6 +151,15 @@ def train(cfg: ExperimentConfig, *, tracking_uri: str | None = None, experiment:
         def work(client: Any, run_id: str) -> dict[str, float]:
             return prune_train(cfg, source, data, uri, client, run_id)
 
-    return tracking.tracked_run(cfg, uri, work, experiment=experiment, name=name, parent_run_id=parent_run_id,
-                       tags={**module_tags, **(tags or {})}, inputs=inputs, tokenizer=tokenizer,
-                       extra_params=extra_params)
+    return tracking.tracked_run(
+        cfg,
+        uri,
+        work,
+        experiment=experiment,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags={**module_tags, **(tags or {})},
+        inputs=inputs,
+        tokenizer=tokenizer,
+        extra_params=extra_params,
+    )

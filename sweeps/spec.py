@@ -41,13 +41,19 @@ from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.config import ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.configio import build_config, read_yaml
-from ablate.lightning_modules.errors import format_error
-from ablate.lightning_modules.errors import STRICT, ConfigError
+from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
 
 PLACEHOLDER_TEACHER = "runs:/teacher"
 """Stands in for the study's teacher when student configs are validated before the teacher exists."""
-TOKENIZER_FIELDS = ("model.vocab_size", "data.corpus", "data.text_field", "data.val_fraction",
-                    "data.text_doc_chars", "data.lowercase", "data.tokenizer_docs")
+TOKENIZER_FIELDS = (
+    "model.vocab_size",
+    "data.corpus",
+    "data.text_field",
+    "data.val_fraction",
+    "data.text_doc_chars",
+    "data.lowercase",
+    "data.tokenizer_docs",
+)
 """What determines the WordPiece tokenizer: teacher and student must agree on all of it."""
 
 
@@ -77,8 +83,9 @@ class ParamSpace:
 
     @property
     def is_int(self) -> bool:
-        return self.type == "int" or (self.type is None and float(self.low).is_integer()
-                                      and float(self.high).is_integer() and not self.log)
+        return self.type == "int" or (
+            self.type is None and float(self.low).is_integer() and float(self.high).is_integer() and not self.log
+        )
 
     def suggest(self, trial: optuna.Trial, name: str) -> Any:
         """Sample this field for ``trial`` under its dotted name."""
@@ -109,10 +116,12 @@ class PrunerSpec:
         factories = {
             "none": lambda: optuna.pruners.NopPruner(),
             "median": lambda: optuna.pruners.MedianPruner(self.n_startup_trials, self.n_warmup_steps),
-            "percentile": lambda: optuna.pruners.PercentilePruner(self.percentile, self.n_startup_trials,
-                                                                  self.n_warmup_steps),
-            "hyperband": lambda: optuna.pruners.HyperbandPruner(min_resource=max(1, self.n_warmup_steps),
-                                                                max_resource=max_steps),
+            "percentile": lambda: optuna.pruners.PercentilePruner(
+                self.percentile, self.n_startup_trials, self.n_warmup_steps
+            ),
+            "hyperband": lambda: optuna.pruners.HyperbandPruner(
+                min_resource=max(1, self.n_warmup_steps), max_resource=max_steps
+            ),
             "threshold": lambda: optuna.pruners.ThresholdPruner(upper=self.upper, n_warmup_steps=self.n_warmup_steps),
         }
         return factories[self.type]()
@@ -148,8 +157,10 @@ class TeacherSpec:
     @model_validator(mode="after")
     def _check(self) -> TeacherSpec:
         if (self.source is None) == (self.model is None):
-            raise ValueError("source: give exactly one of teacher.source (an existing teacher: runs:/RUN_ID or a "
-                             "checkpoint folder) and teacher.model (a teacher to train once for the study)")
+            raise ValueError(
+                "source: give exactly one of teacher.source (an existing teacher: runs:/RUN_ID or a "
+                "checkpoint folder) and teacher.model (a teacher to train once for the study)"
+            )
         if self.source is not None and self.overrides:
             raise ValueError("overrides: only for a teacher the study trains (teacher.model), not teacher.source")
         return self
@@ -212,8 +223,11 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
 def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
     """Fail before anything runs: unknown fields, grids without choices, impossible configs."""
     known = field_names()
-    sections = {"overrides": spec.overrides, "search": spec.search,
-                **{f"variants.{name}": changes for name, changes in spec.variants.items()}}
+    sections = {
+        "overrides": spec.overrides,
+        "search": spec.search,
+        **{f"variants.{name}": changes for name, changes in spec.variants.items()},
+    }
     for section, keys in sections.items():
         for key in keys:
             if key not in known:
@@ -238,8 +252,9 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         check_tasks(students[0], spec.finetune, str(where))
 
 
-def _validate_teacher(spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig],
-                      where: Path | str) -> None:
+def _validate_teacher(
+    spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
+) -> None:
     """The teacher's overrides name config fields, its config is valid and it shares the students' tokenizer."""
     known = field_names()
     for key in spec.teacher.overrides:
@@ -254,8 +269,10 @@ def _validate_teacher(spec: StudySpec, base: dict[str, Any], students: list[Expe
     for student in map(flatten, students):
         for key in TOKENIZER_FIELDS:
             if teacher[key] != student[key]:
-                raise ConfigError(f"{where}: teacher.{key}: {teacher[key]!r} differs from the students' "
-                                  f"{student[key]!r}; teacher and student must share one tokenizer")
+                raise ConfigError(
+                    f"{where}: teacher.{key}: {teacher[key]!r} differs from the students' "
+                    f"{student[key]!r}; teacher and student must share one tokenizer"
+                )
 
 
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
@@ -267,12 +284,15 @@ def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConf
     space = {k: v for k, v in spec.space.items() if k != "seed"}
     keys = list(space)
     teacher = PLACEHOLDER_TEACHER if spec.teacher is not None else None
-    return [trial_config(base, spec, dict(zip(keys, values)) | {"seed": spec.seeds[0]}, teacher)
-            for values in itertools.product(*(space[k].corners() for k in keys))]
+    return [
+        trial_config(base, spec, dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}, teacher)
+        for values in itertools.product(*(space[k].corners() for k in keys))
+    ]
 
 
-def trial_config(base: dict[str, Any], spec: StudySpec, params: dict[str, Any],
-                 teacher: str | None = None) -> ExperimentConfig:
+def trial_config(
+    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], teacher: str | None = None
+) -> ExperimentConfig:
     """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params.
 
     Args:
@@ -306,5 +326,6 @@ def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
     tree = copy.deepcopy(base)
     tree["model"] = copy.deepcopy(spec.teacher.model)
     tree.pop("init_from", None)
-    return build_config(tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None,
-                                "prune.source": None})
+    return build_config(
+        tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None, "prune.source": None}
+    )

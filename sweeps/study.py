@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
+from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import ConfigError, StorageError
@@ -29,7 +30,6 @@ from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps import teacher as teachers
 from ablate.sweeps.chain import chained_trial
 from ablate.sweeps.runner import run_name, train
-from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
 from ablate.sweeps.weights import RUNS
 
@@ -71,8 +71,9 @@ def default_storage(root: str | Path) -> str:
     return f"sqlite:///{folder / 'optuna.db'}"
 
 
-def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage, max_steps: int,
-               url: str) -> tuple[optuna.Study, bool]:
+def open_study(
+    spec: StudySpec, storage: optuna.storages.BaseStorage, max_steps: int, url: str
+) -> tuple[optuna.Study, bool]:
     """Create or load the Optuna study; also whether this call created it.
 
     Raises:
@@ -83,16 +84,22 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage, max_steps:
         "tpe": lambda: optuna.samplers.TPESampler(seed=0),
         "random": lambda: optuna.samplers.RandomSampler(seed=0),
     }
-    kwargs = {"study_name": spec.name, "storage": storage, "sampler": samplers[spec.sampler](),
-              "pruner": spec.pruner.build(max_steps)}
+    kwargs = {
+        "study_name": spec.name,
+        "storage": storage,
+        "sampler": samplers[spec.sampler](),
+        "pruner": spec.pruner.build(max_steps),
+    }
     try:
         try:
             return optuna.create_study(direction=spec.objective.direction, **kwargs), True
         except optuna.exceptions.DuplicatedStudyError:
             return optuna.load_study(**kwargs), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise StorageError(f"--storage {tracking.redact(url)}: cannot open the Optuna study "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise StorageError(
+            f"--storage {tracking.redact(url)}: cannot open the Optuna study "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from None
 
 
 def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> Any:
@@ -101,8 +108,9 @@ def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, 
         return workers.storage(url, heartbeat, on_stale)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        raise StorageError(f"--storage {tracking.redact(url)}: cannot open the Optuna storage "
-                           f"({type(exc).__name__}: {first})") from None
+        raise StorageError(
+            f"--storage {tracking.redact(url)}: cannot open the Optuna storage ({type(exc).__name__}: {first})"
+        ) from None
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
@@ -123,8 +131,14 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
             PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed).prepare_data()
 
 
-def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = None,
-              tracking_uri: str | None = None, n_trials: int | None = None) -> StudyResult:
+def run_study(
+    spec: StudySpec,
+    base: dict[str, Any],
+    *,
+    storage: str | None = None,
+    tracking_uri: str | None = None,
+    n_trials: int | None = None,
+) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
     worker has run ``n_trials`` more trials."""
     base_cfg: ExperimentConfig = build_config(base, {**spec.overrides, "name": spec.name})
@@ -147,9 +161,13 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     parent = workers.shared_parent(
-        study, created, find=lambda: tracking.find_parent(client, exp_id, spec.name),
-        create=lambda: tracking.start_run(client, exp_id, spec.name, {
-            tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}))
+        study,
+        created,
+        find=lambda: tracking.find_parent(client, exp_id, spec.name),
+        create=lambda: tracking.start_run(
+            client, exp_id, spec.name, {tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}
+        ),
+    )
     client.set_tag(parent, "ablate.storage", tracking.redact(url))
     optuna.storages.fail_stale_trials(study)  # trials of dead workers: KILLED in MLflow, retried
     for stale in tracking.stale_running(client, exp_id, spec.name):  # runs whose trial is no longer running
@@ -160,8 +178,9 @@ def run_study(spec: StudySpec, base: dict[str, Any], *, storage: str | None = No
     client.update_run(parent, status="RUNNING")
     try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
-            teacher = teachers.ensure_teacher(spec, base, client, exp_id, uri, parent, rdb,
-                                              poll_s=min(5.0, spec.heartbeat))
+            teacher = teachers.ensure_teacher(
+                spec, base, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat)
+            )
             objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
             callbacks = [workers.stop_when_drained(spec)]
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
@@ -198,8 +217,9 @@ def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
     return trials[int(number)].state if number is not None and number.isdigit() and int(number) < len(trials) else None
 
 
-def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
-                    teacher: str | None) -> Callable[[optuna.Trial], float]:
+def trial_objective(
+    spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str, teacher: str | None
+) -> Callable[[optuna.Trial], float]:
     """The Optuna objective: train the sampled config as an MLflow run nested under ``parent``
     (distilling from ``teacher`` when given) and return its objective metric."""
 
@@ -211,8 +231,12 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
             trial.set_user_attr(FAIL_REASON, str(exc))
             raise
         cfg = trial_config(base, spec, params, teacher)
-        tags = {tracking.ROLE: "trial", tracking.STUDY: spec.name, tracking.TRIAL: str(trial.number),
-                tracking.WORKER: tracking.worker_id()}
+        tags = {
+            tracking.ROLE: "trial",
+            tracking.STUDY: spec.name,
+            tracking.TRIAL: str(trial.number),
+            tracking.WORKER: tracking.worker_id(),
+        }
         if teacher is not None:
             tags[tracking.TEACHER] = teachers.teacher_tag(teacher)
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
@@ -221,12 +245,30 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
             if spec.finetune:  # pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
-                result = chained_trial(cfg, spec.finetune, tracking_uri=uri, experiment=spec.name,
-                                       parent_run_id=parent, tags=run_tags, name=run_name(params),
-                                       callbacks=[pruning], extra_params=extra, checkpoint_dir=ckpt)
+                result = chained_trial(
+                    cfg,
+                    spec.finetune,
+                    tracking_uri=uri,
+                    experiment=spec.name,
+                    parent_run_id=parent,
+                    tags=run_tags,
+                    name=run_name(params),
+                    callbacks=[pruning],
+                    extra_params=extra,
+                    checkpoint_dir=ckpt,
+                )
             else:
-                result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=run_tags,
-                               name=run_name(params), callbacks=[pruning], extra_params=extra, checkpoint_dir=ckpt)
+                result = train(
+                    cfg,
+                    tracking_uri=uri,
+                    experiment=spec.name,
+                    parent_run_id=parent,
+                    tags=run_tags,
+                    name=run_name(params),
+                    callbacks=[pruning],
+                    extra_params=extra,
+                    checkpoint_dir=ckpt,
+                )
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise
@@ -237,24 +279,29 @@ def trial_objective(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: 
         trial.set_user_attr("mlflow_run_id", result.run_id)
         client.set_tag(result.run_id, tracking.STATE, "COMPLETE")
         if spec.objective.metric not in result.metrics:
-            raise KeyError(f"objective.metric: {spec.objective.metric!r} was not logged; "
-                           f"logged: {', '.join(sorted(result.metrics))}")
+            raise KeyError(
+                f"objective.metric: {spec.objective.metric!r} was not logged; "
+                f"logged: {', '.join(sorted(result.metrics))}"
+            )
         return result.metrics[spec.objective.metric]
 
     return objective
 
 
-def _tag_last_run(client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str,
-                  reason: str | None = None) -> None:
+def _tag_last_run(
+    client: Any, exp_id: str, study: str, trial: optuna.Trial, state: str, reason: str | None = None
+) -> None:
     """Record the Optuna outcome (and a failure's reason) on the trial and its MLflow run (if created)."""
     if reason is not None:
         trial.set_user_attr(FAIL_REASON, reason)
-    runs = client.search_runs([exp_id], filter_string=(
-        f"tags.`{tracking.STUDY}` = '{study}' and tags.`{tracking.TRIAL}` = '{trial.number}'"),
-        order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=(f"tags.`{tracking.STUDY}` = '{study}' and tags.`{tracking.TRIAL}` = '{trial.number}'"),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if runs:
         client.set_tag(runs[0].info.run_id, tracking.STATE, state)
         if reason is not None:
             client.set_tag(runs[0].info.run_id, FAIL_REASON, reason)
         trial.set_user_attr("mlflow_run_id", runs[0].info.run_id)
-

@@ -52,8 +52,16 @@ def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
         raise ConfigError(f"teacher.source: {source}: the run is {status}, not FINISHED")
 
 
-def ensure_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
-                   storage: Any, poll_s: float = 5.0) -> str | None:
+def ensure_teacher(
+    spec: StudySpec,
+    base: dict[str, Any],
+    client: Any,
+    exp_id: str,
+    uri: str,
+    parent: str,
+    storage: Any,
+    poll_s: float = 5.0,
+) -> str | None:
     """The study's teacher as a ``distill.teacher`` string (None: the study has no teacher).
 
     ``teacher.source`` is used as is; ``teacher.model`` is trained once for the study (or
@@ -72,23 +80,33 @@ def ensure_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: s
 
 def mark_killed(client: Any, exp_id: str, study_name: str) -> None:
     """End the RUNNING teacher run(s) of a study KILLED: their worker died."""
-    for run in client.search_runs([exp_id], filter_string=(
+    for run in client.search_runs(
+        [exp_id],
+        filter_string=(
             f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{study_name}' "
-            f"and attributes.status = 'RUNNING'")):
+            f"and attributes.status = 'RUNNING'"
+        ),
+    ):
         client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")
         tracking.end_run(client, run.info.run_id, "KILLED")
 
 
 def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | None:
-    found = client.search_runs([exp_id], filter_string=(
-        f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{study_name}' "
-        f"and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"),
-        order_by=["attributes.start_time DESC"], max_results=1)
+    found = client.search_runs(
+        [exp_id],
+        filter_string=(
+            f"tags.`{tracking.ROLE}` = 'teacher' and tags.`{tracking.STUDY}` = '{study_name}' "
+            f"and tags.`{TEACHER_CONFIG}` = '{digest}' and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return found[0].info.run_id if found else None
 
 
-def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str,
-                     storage: Any, poll_s: float) -> str:
+def _trained_teacher(
+    spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str, storage: Any, poll_s: float
+) -> str:
     """The run id of the study's teacher: the finished one with this config, or one trained now
     by this worker or by another one (waited for)."""
     cfg = teacher_config(base, spec)
@@ -101,9 +119,13 @@ def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id:
     def competing(trial: optuna.Trial) -> list[optuna.trial.FrozenTrial]:
         """Other attempts at this teacher that come first: finished, or running with a smaller number
         (one that has not said its config yet counts: it may be this one)."""
-        return [t for t in helper.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-                if t.number != trial.number and t.user_attrs.get(_DIGEST, digest) == digest
-                and (t.state == TrialState.COMPLETE or t.number < trial.number)]
+        return [
+            t
+            for t in helper.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            if t.number != trial.number
+            and t.user_attrs.get(_DIGEST, digest) == digest
+            and (t.state == TrialState.COMPLETE or t.number < trial.number)
+        ]
 
     def train_teacher(trial: optuna.Trial) -> float:
         trial.set_user_attr(_DIGEST, digest)
@@ -111,19 +133,30 @@ def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id:
             raise workers.DuplicateTrial("another worker trains the teacher")
         mark_killed(client, exp_id, spec.name)  # a RUNNING teacher run now is a dead attempt's
         what = spec.teacher.model.get("preset", "the teacher model")
-        _CONSOLE.print(f"teacher: training {what} once for the study (run 'teacher', "
-                       f"{cfg.trainer.max_steps} steps)", markup=False)
+        _CONSOLE.print(
+            f"teacher: training {what} once for the study (run 'teacher', {cfg.trainer.max_steps} steps)", markup=False
+        )
         tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
-        result = train(cfg, tracking_uri=uri, experiment=spec.name, parent_run_id=parent, tags=tags,
-                       name="teacher", checkpoint_dir=checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg))
+        result = train(
+            cfg,
+            tracking_uri=uri,
+            experiment=spec.name,
+            parent_run_id=parent,
+            tags=tags,
+            name="teacher",
+            checkpoint_dir=checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg),
+        )
         _CONSOLE.print(f"teacher: trained run {result.run_id}", markup=False)
         return 0.0
 
     told = False
     while (found := _finished(client, exp_id, spec.name, digest)) is None:
         optuna.storages.fail_stale_trials(helper)  # a dead worker's teacher: KILLED, retried below
-        running = [t for t in helper.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.user_attrs.get(_DIGEST, digest) == digest]
+        running = [
+            t
+            for t in helper.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.user_attrs.get(_DIGEST, digest) == digest
+        ]
         if not running:  # train it here (a failure is raised); a lost race means waiting instead
             helper.optimize(train_teacher, n_trials=1, catch=(workers.DuplicateTrial,))
             continue
@@ -134,8 +167,9 @@ def _trained_teacher(spec: StudySpec, base: dict[str, Any], client: Any, exp_id:
     return found
 
 
-def on_stale(client: Any, exp_id: str, study_name: str,
-             trial_killed: Callable[[optuna.trial.FrozenTrial], None]) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+def on_stale(
+    client: Any, exp_id: str, study_name: str, trial_killed: Callable[[optuna.trial.FrozenTrial], None]
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """What a stale trial of either study ends KILLED: the study's trial run, or the teacher run."""
 
     def mark(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

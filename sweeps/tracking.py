@@ -117,8 +117,7 @@ def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
         return found.experiment_id
 
 
-def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str],
-              parent_id: str | None = None) -> str:
+def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str], parent_id: str | None = None) -> str:
     """Create a RUNNING run (nested under ``parent_id`` if given) and return its id."""
     tags = dict(tags)
     if parent_id:
@@ -146,18 +145,21 @@ def package_tags() -> dict[str, str]:
         tags = {"ablate.version": "unknown"}
     try:
         here = Path(__file__).resolve().parent
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True,
-                               timeout=5, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
         tags["ablate.git_commit"] = commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return tags
 
 
-def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, float],
-                   tokenizer_path: Path | None) -> None:
+def log_run_inputs(
+    client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, float], tokenizer_path: Path | None
+) -> None:
     """Params (flattened resolved config), config YAML, tokenizer, parameter counts, tags."""
     params = [Param(k, str(v)) for k, v in flatten(cfg).items()]
     metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
@@ -173,15 +175,18 @@ def log_run_inputs(client: MlflowClient, run_id: str, cfg: ExperimentConfig, cou
 
 def find_parent(client: MlflowClient, exp_id: str, study: str) -> str | None:
     """The study's parent run, if an earlier invocation created one."""
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{ROLE}` = 'study' and tags.`{STUDY}` = '{study}'",
-                              max_results=1)
+    runs = client.search_runs(
+        [exp_id], filter_string=f"tags.`{ROLE}` = 'study' and tags.`{STUDY}` = '{study}'", max_results=1
+    )
     return runs[0].info.run_id if runs else None
 
 
 def stale_running(client: MlflowClient, exp_id: str, study: str) -> list[Any]:
     """Trial runs of ``study`` left RUNNING by a process that died without cleaning up."""
-    return client.search_runs([exp_id], filter_string=(
-        f"tags.`{STUDY}` = '{study}' and tags.`{ROLE}` = 'trial' and attributes.status = 'RUNNING'"))
+    return client.search_runs(
+        [exp_id],
+        filter_string=(f"tags.`{STUDY}` = '{study}' and tags.`{ROLE}` = 'trial' and attributes.status = 'RUNNING'"),
+    )
 
 
 def check_database(uri: str, timeout_s: int = 10) -> None:
@@ -225,17 +230,25 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def tracked_run(cfg: ExperimentConfig, uri: str, work: Callable[[Any, str], dict[str, float]], *,
-                experiment: str | None, name: str | None, parent_run_id: str | None, tags: dict[str, str],
-                inputs: dict[str, float], tokenizer: Path | None,
-                extra_params: dict[str, str] | None = None) -> RunResult:
+def tracked_run(
+    cfg: ExperimentConfig,
+    uri: str,
+    work: Callable[[Any, str], dict[str, float]],
+    *,
+    experiment: str | None,
+    name: str | None,
+    parent_run_id: str | None,
+    tags: dict[str, str],
+    inputs: dict[str, float],
+    tokenizer: Path | None,
+    extra_params: dict[str, str] | None = None,
+) -> RunResult:
     """Run ``work(client, run_id)`` inside a new MLflow run that logs ``cfg``, ``inputs`` (metrics at
     step 0) and the tokenizer first, and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised
     as KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
     client = connect(uri)
     exp_id = experiment_id(client, experiment or cfg.tracking.experiment, uri)
-    run_id = start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name,
-                                {ROLE: "run", **tags}, parent_run_id)
+    run_id = start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name, {ROLE: "run", **tags}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)
     try:
         log_run_inputs(client, run_id, cfg, inputs, tokenizer)

@@ -5,6 +5,7 @@ forked at ``fit``, Ctrl-C and a rank's error turned into what the caller expects
 from __future__ import annotations
 
 import builtins
+
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
@@ -52,9 +53,16 @@ def rank_error(exc: ProcessRaisedException) -> Exception:
     return RuntimeError(f"a DDP rank failed: {last}")
 
 
-def build_trainer(cfg: ExperimentConfig, logger: Logger | None, callbacks: list[Callback], *,
-                  max_steps: int | None = None, val_every: int | None = None, val_batches: int | float | None = None,
-                  checkpointing: bool = False) -> pl.Trainer:
+def build_trainer(
+    cfg: ExperimentConfig,
+    logger: Logger | None,
+    callbacks: list[Callback],
+    *,
+    max_steps: int | None = None,
+    val_every: int | None = None,
+    val_batches: int | float | None = None,
+    checkpointing: bool = False,
+) -> pl.Trainer:
     """A Lightning Trainer from ``cfg.trainer`` and ``cfg.optim.grad_clip``.
 
     ``max_steps``, ``val_every`` and ``val_batches`` default to the trainer section's (a
@@ -66,18 +74,29 @@ def build_trainer(cfg: ExperimentConfig, logger: Logger | None, callbacks: list[
     max_steps = max_steps or t.max_steps
     extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
     return pl.Trainer(
-        max_steps=max_steps, val_check_interval=min(val_every or t.val_every, max_steps), check_val_every_n_epoch=None,
-        limit_val_batches=t.val_batches if val_batches is None else val_batches, num_sanity_val_steps=0,
+        max_steps=max_steps,
+        val_check_interval=min(val_every or t.val_every, max_steps),
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches if val_batches is None else val_batches,
+        num_sanity_val_steps=0,
         gradient_clip_val=cfg.optim.grad_clip or None,
-        precision=t.precision, accelerator=t.accelerator, devices=t.devices, strategy=lightning_strategy(t),
-        logger=logger or False, callbacks=[*extra, *loop_callbacks(t), *callbacks], enable_checkpointing=checkpointing,
-        enable_progress_bar=t.progress, enable_model_summary=False, log_every_n_steps=t.log_every,
+        precision=t.precision,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        strategy=lightning_strategy(t),
+        logger=logger or False,
+        callbacks=[*extra, *loop_callbacks(t), *callbacks],
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=t.progress,
+        enable_model_summary=False,
+        log_every_n_steps=t.log_every,
         deterministic=False,
     )
 
 
-def fit(trainer: pl.Trainer, module: pl.LightningModule, data: pl.LightningDataModule,
-        ckpt_path: str | None = None) -> dict[str, float]:
+def fit(
+    trainer: pl.Trainer, module: pl.LightningModule, data: pl.LightningDataModule, ckpt_path: str | None = None
+) -> dict[str, float]:
     """``trainer.fit`` with MLflow's tracking URI scoped to the run; the final callback metrics.
 
     Raises:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,10 +97,10 @@ def _quiet_downloads() -> Iterator[None]:
 
 
 def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Source:
-    """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``): ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer
-    artifact is downloaded into ``workdir``) or a checkpoint folder (``tokenizer.json`` beside the
-    weights, when there is one). ConfigError/StorageError prefixed with ``field`` (the config key
-    that named it: ``distill.teacher`` or ``prune.source``)."""
+    """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``):
+    ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer artifact is downloaded into ``workdir``)
+    or a checkpoint folder (``tokenizer.json`` beside the weights, when there is one).
+    ConfigError/StorageError prefixed with ``field`` (the config key that named it)."""
     from ablate.sweeps import tracking
 
     try:
@@ -128,6 +128,8 @@ def check_same_tokenizer(teacher: Source, student_tokenizer: Path, field: str = 
         return  # a checkpoint without its tokenizer: the user vouches for it (README)
     theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
     if theirs.get_vocab() != mine.get_vocab():
-        raise ConfigError(f"{field}: {teacher.source} was trained with a different tokenizer than this run's "
-                          f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
-                          f"those it was trained with)")
+        raise ConfigError(
+            f"{field}: {teacher.source} was trained with a different tokenizer than this run's "
+            f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
+            f"those it was trained with)"
+        )

@@ -77,8 +77,13 @@ def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTr
     kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=heartbeat,
-                              grace_period=3 * heartbeat, heartbeat_stale_trial_callback=on_stale)
+            return RDBStorage(
+                url,
+                engine_kwargs=kwargs,
+                heartbeat_interval=heartbeat,
+                grace_period=3 * heartbeat,
+                heartbeat_stale_trial_callback=on_stale,
+            )
         except (IntegrityError, ProgrammingError):
             # Workers started together on an empty database race to create Optuna's tables
             # (PostgreSQL: duplicate pg_type / "relation already exists"); the loser retries
@@ -89,7 +94,9 @@ def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTr
     raise AssertionError("unreachable")
 
 
-def retry_stale(mark_killed: Callable[[optuna.Study, FrozenTrial], None]) -> Callable[[optuna.Study, FrozenTrial], None]:
+def retry_stale(
+    mark_killed: Callable[[optuna.Study, FrozenTrial], None],
+) -> Callable[[optuna.Study, FrozenTrial], None]:
     """The stale-trial callback: end the dead attempt's MLflow run KILLED, then enqueue a retry."""
     retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY, inherit_intermediate_values=True)
 
@@ -181,8 +188,9 @@ def wait_for_others(study: optuna.Study, poll_s: float, log: Callable[[str], Non
     return any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
 
 
-def shared_parent(study: optuna.Study, created: bool, create: Callable[[], str], find: Callable[[], str | None],
-                  wait_s: float = 120.0) -> str:
+def shared_parent(
+    study: optuna.Study, created: bool, create: Callable[[], str], find: Callable[[], str | None], wait_s: float = 120.0
+) -> str:
     """The study's MLflow parent run: made by the study's creator, found by the others."""
     if created:
         run_id = find() or create()
@@ -203,12 +211,18 @@ def mark_killed(client: Any, exp_id: str, study_name: str) -> Callable[[FrozenTr
     """End the MLflow run(s) of a dead trial attempt KILLED, state FAIL."""
 
     def mark(trial: FrozenTrial) -> None:
-        runs = client.search_runs([exp_id], filter_string=(
-            f"tags.`{tracking.STUDY}` = '{study_name}' and tags.`{tracking.TRIAL}` = '{trial.number}' "
-            f"and attributes.status = 'RUNNING'"))
+        runs = client.search_runs(
+            [exp_id],
+            filter_string=(
+                f"tags.`{tracking.STUDY}` = '{study_name}' and tags.`{tracking.TRIAL}` = '{trial.number}' "
+                f"and attributes.status = 'RUNNING'"
+            ),
+        )
         for run in runs:
-            for nested in client.search_runs([exp_id], filter_string=(
-                    f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'")):
+            for nested in client.search_runs(
+                [exp_id],
+                filter_string=(f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'"),
+            ):
                 tracking.end_run(client, nested.info.run_id, "KILLED")
             client.set_tag(run.info.run_id, tracking.STATE, "FAIL")
             client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")

@@ -40,8 +40,13 @@ def postgres_bin() -> Path:
     if not found:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"], check=True,
-                       env=env, capture_output=True, timeout=900)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=900,
+        )
         found = sorted(glob.glob(PG_GLOB), key=lambda p: int(Path(p).parent.name))
     if not found:
         raise RuntimeError("PostgreSQL is not installed and apt-get did not install it")
@@ -65,8 +70,20 @@ class Postgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
-        _as_postgres([str(postgres_bin() / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                      "-c", f'CREATE DATABASE "{name}"'], timeout=60)
+        _as_postgres(
+            [
+                str(postgres_bin() / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-c",
+                f'CREATE DATABASE "{name}"',
+            ],
+            timeout=60,
+        )
         return self.url(name)
 
 
@@ -80,11 +97,14 @@ def postgres_cluster() -> Iterator[Postgres]:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     try:
-        _as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                     timeout=120)
+        _as_postgres(
+            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"], timeout=120
+        )
         opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w",
-                      "-t", "60", "start"], timeout=90)
+        _as_postgres(
+            [str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "-t", "60", "start"],
+            timeout=90,
+        )
         yield Postgres(port, root)
     finally:
         if (data / "postmaster.pid").exists():
@@ -106,16 +126,33 @@ def mlflow_server(backend_uri: str, artifacts: Path) -> Iterator[MlflowServer]:
     exe = Path(sys.executable).with_name("mlflow")
     log = open(artifacts.parent / f"mlflow-server-{port}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [str(exe), "server", "--backend-store-uri", backend_uri, "--artifacts-destination", str(artifacts),
-         "--serve-artifacts", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(exe),
+            "server",
+            "--backend-store-uri",
+            backend_uri,
+            "--artifacts-destination",
+            str(artifacts),
+            "--serve-artifacts",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited {proc.returncode}: "
-                                   f"{(artifacts.parent / log.name).read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited {proc.returncode}: {(artifacts.parent / log.name).read_text()[-2000:]}"
+                )
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
                     if r.status == 200:

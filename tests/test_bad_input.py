@@ -18,10 +18,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from ablate.cli import main
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.interop import export
-from ablate.cli import main
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base
 
@@ -58,14 +58,20 @@ def _corpus(content: bytes, name: str, **data) -> Callable[[Path, Path], list[st
     def make(tmp: Path, ckpt: Path) -> list[str]:
         (tmp / name).write_bytes(content)
         return ["train", _write(tmp, _config(tmp, data={"corpus": str(tmp / name), **data}))]
+
     return make
 
 
 def _study(**changes) -> Callable[[Path, Path], list[str]]:
     def make(tmp: Path, ckpt: Path) -> list[str]:
-        study = {"name": "bad", "base": _config(tmp), "search": {"model.sharing": {"choices": ["all", "none"]}},
-                 **changes}
+        study = {
+            "name": "bad",
+            "base": _config(tmp),
+            "search": {"model.sharing": {"choices": ["all", "none"]}},
+            **changes,
+        }
         return ["sweep", _write(tmp, study, "study.yaml")]
+
     return make
 
 
@@ -73,6 +79,7 @@ def _sweep_with(*flags: str) -> Callable[[Path, Path], list[str]]:
     def make(tmp: Path, ckpt: Path) -> list[str]:
         study = {"name": "bad", "base": _config(tmp), "search": {"model.sharing": {"choices": ["all"]}}}
         return ["sweep", _write(tmp, study, "study.yaml"), *flags]
+
     return make
 
 
@@ -95,8 +102,9 @@ def _teacher_tokenizer_mismatch(tmp: Path, ckpt: Path) -> list[str]:
     shutil.copytree(ckpt, folder)
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordPiece({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "the": 5},
-                                     unk_token="[UNK]"))
+    tok = Tokenizer(
+        models.WordPiece({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "the": 5}, unk_token="[UNK]")
+    )
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
     return _train(distill={"teacher": str(folder)})(tmp, ckpt)
@@ -136,8 +144,10 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "corpus not utf-8": (_corpus(_latin1(), "latin1.txt"), "data.corpus"),
     "corpus one sentence": (_corpus(b"Just one short sentence here.\n", "one.txt"), "data.corpus"),
     "corpus gz not gzip": (_corpus(b"plain text, not gzip\n" * 50, "fake.jsonl.gz"), "data.corpus"),
-    "corpus jsonl without the field": (_corpus(gzip.compress(b'{"body": "x. y."}\n' * 50), "nofield.jsonl.gz"),
-                                       "data.text_field"),
+    "corpus jsonl without the field": (
+        _corpus(gzip.compress(b'{"body": "x. y."}\n' * 50), "nofield.jsonl.gz"),
+        "data.text_field",
+    ),
     "corpus glob matches nothing": (_train(data={"corpus": "/tmp/ablate-nothing-*.jsonl.gz"}), "data.corpus"),
     "hub corpus unreachable": (_train(data={"corpus": "someone/no-such-corpus"}), "data.corpus"),
     # checkpoints
@@ -147,13 +157,18 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "teacher run missing": (_train(distill={"teacher": "runs:/0123456789abcdef"}), "distill.teacher"),
     "teacher tokenizer mismatch": (_teacher_tokenizer_mismatch, "distill.teacher"),
     "prune source missing": (_train(prune={"source": "/nonexistent/model"}), "prune.source"),
-    "finetune source missing": (_train(finetune={"source": "/nonexistent/model", "task": "sst2",
-                                                 "train": str(SHARED_DATA / "sst2" / "train.tsv")}),
-                                "finetune.source"),
+    "finetune source missing": (
+        _train(
+            finetune={"source": "/nonexistent/model", "task": "sst2", "train": str(SHARED_DATA / "sst2" / "train.tsv")}
+        ),
+        "finetune.source",
+    ),
     # storage URLs
     "storage malformed": (_sweep_with("--storage", "postgresq://x"), "--storage postgresq://x"),
-    "storage unreachable": (_sweep_with("--storage", "postgresql://u:pw@127.0.0.1:1/optuna"),
-                            "--storage postgresql://u:***@127.0.0.1:1/optuna"),
+    "storage unreachable": (
+        _sweep_with("--storage", "postgresql://u:pw@127.0.0.1:1/optuna"),
+        "--storage postgresql://u:***@127.0.0.1:1/optuna",
+    ),
     "tracking uri unreachable": (_sweep_with("--tracking-uri", "http://127.0.0.1:1"), "http://127.0.0.1:1"),
     "tracking uri malformed": (_sweep_with("--tracking-uri", "nosuchscheme://x"), "nosuchscheme://x"),
 }

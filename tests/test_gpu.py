@@ -42,12 +42,22 @@ class _InterruptAt(pl.Callback):
 
 
 def _config(tmp_path: Path, corpus: Path, **trainer: object):
-    return build_config({
-        "model": {"preset": "bert-tiny", "vocab_size": 2048, "dropout": 0.1},
-        "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 32, "num_workers": 1},
-        "trainer": {"max_steps": STEPS, "val_every": STEPS // 2, "val_batches": 4, "accelerator": "gpu",
-                    "progress": False, "measure": False, **trainer},
-        "tracking": {"root": str(tmp_path / "runs")}})
+    return build_config(
+        {
+            "model": {"preset": "bert-tiny", "vocab_size": 2048, "dropout": 0.1},
+            "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 32, "num_workers": 1},
+            "trainer": {
+                "max_steps": STEPS,
+                "val_every": STEPS // 2,
+                "val_batches": 4,
+                "accelerator": "gpu",
+                "progress": False,
+                "measure": False,
+                **trainer,
+            },
+            "tracking": {"root": str(tmp_path / "runs")},
+        }
+    )
 
 
 def test_measuring_runs_on_the_gpu_under_the_runs_autocast_and_leaves_the_streams_alone() -> None:
@@ -58,8 +68,7 @@ def test_measuring_runs_on_the_gpu_under_the_runs_autocast_and_leaves_the_stream
     torch.manual_seed(0)
     cuda_rng, cpu_rng = torch.cuda.get_rng_state(device), torch.get_rng_state()
     fp32 = measure(model, 2048, seq_len=64, device=device, repeats=3, warmup=1, memory_batch=32)
-    bf16 = measure(model, 2048, seq_len=64, device=device, repeats=3, warmup=1, memory_batch=32,
-                   precision="bf16-mixed")
+    bf16 = measure(model, 2048, seq_len=64, device=device, repeats=3, warmup=1, memory_batch=32, precision="bf16-mixed")
     assert torch.equal(torch.cuda.get_rng_state(device), cuda_rng) and torch.equal(torch.get_rng_state(), cpu_rng)
     assert fp32.device == bf16.device == f"cuda:0 ({torch.cuda.get_device_name(0)})"
     assert next(model.parameters()).device.type == "cpu"  # moved back: the Trainer places it
@@ -69,8 +78,9 @@ def test_measuring_runs_on_the_gpu_under_the_runs_autocast_and_leaves_the_stream
 
 
 @pytest.mark.parametrize(("precision", "compile_mode"), [("32-true", "eager"), ("bf16-mixed", "reduce-overhead")])
-def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(tmp_path: Path, wiki_validation: Path,
-                                                                 precision: str, compile_mode: str) -> None:
+def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
+    tmp_path: Path, wiki_validation: Path, precision: str, compile_mode: str
+) -> None:
     compiled = {} if compile_mode == "eager" else {"compile": True, "compile_mode": compile_mode}
     cfg = _config(tmp_path, wiki_validation, precision=precision, **compiled)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -81,8 +91,9 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(tmp_path: Path
     assert on == f"cuda:0 ({torch.cuda.get_device_name(0)})"
     folder = tmp_path / "ckpt"
     with pytest.raises(KeyboardInterrupt):  # killed after the checkpoint at STEPS // 2
-        train(cfg, tracking_uri=uri, experiment="resumed", checkpoint_dir=folder,
-              callbacks=[_InterruptAt(STEPS // 2 + 5)])
+        train(
+            cfg, tracking_uri=uri, experiment="resumed", checkpoint_dir=folder, callbacks=[_InterruptAt(STEPS // 2 + 5)]
+        )
     ckpt = torch.load(folder / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == STEPS // 2
     assert len(ckpt["ablate_rng"]["cuda"]) == torch.cuda.device_count()

@@ -56,8 +56,13 @@ def test_every_module_imports_through_the_ablate_namespace() -> None:
     old = ("lightning_modules", "datamodules", "sweeps", "reports", "benchmarks")
     for module, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             assert not any(n.split(".")[0] in old for n in names), f"{module} imports {names} outside ablate.*"
 
 
@@ -67,8 +72,10 @@ def test_imports_point_one_way() -> None:
     assert upward == []
 
 
-CONFIG = {f"ablate.lightning_modules.{m}" for m in
-          ("errors", "config", "configio", "presets", "distill_config", "finetune_config", "pruning.config")}
+CONFIG = {
+    f"ablate.lightning_modules.{m}"
+    for m in ("errors", "config", "configio", "presets", "distill_config", "finetune_config", "pruning.config")
+}
 
 
 def test_the_config_layer_imports_no_model_code() -> None:
@@ -82,7 +89,7 @@ def test_no_import_cycles() -> None:
     def visit(module: str, stack: list[str]) -> None:
         seen[module] = 1
         for target in sorted(GRAPH[module]):
-            assert seen.get(target) != 1, " -> ".join([*stack[stack.index(target):], target])
+            assert seen.get(target) != 1, " -> ".join([*stack[stack.index(target) :], target])
             if target not in seen:
                 visit(target, [*stack, target])
         seen[module] = 2
@@ -110,8 +117,9 @@ print("torch imported" if "torch" in sys.modules else "no torch", code)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["params", "nope.yaml"],
-                                  ["train", "bad.yaml"], ["sweep", "bad.yaml"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["train", "--help"], ["params", "nope.yaml"], ["train", "bad.yaml"], ["sweep", "bad.yaml"]]
+)
 def test_help_and_config_errors_answer_without_torch(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "bad.yaml").write_text("model:\n  embed_dim: -3\n", encoding="utf-8")
     done = subprocess.run([sys.executable, "-c", _NO_TORCH, *args], capture_output=True, text=True, cwd=tmp_path)

@@ -35,15 +35,28 @@ class MultiHeadAttention(nn.Module):
         dropout_p: dropout on attention probabilities (training only).
     """
 
-    def __init__(self, qkv: nn.Linear, v: nn.Linear | None, out: nn.Linear, num_heads: int, qk_dim: int,
-                 v_dim: int, dropout_p: float = 0.0) -> None:
+    def __init__(
+        self,
+        qkv: nn.Linear,
+        v: nn.Linear | None,
+        out: nn.Linear,
+        num_heads: int,
+        qk_dim: int,
+        v_dim: int,
+        dropout_p: float = 0.0,
+    ) -> None:
         super().__init__()
         self.qkv, self.v, self.out = qkv, v, out
         self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
         self.dropout_p = dropout_p
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, x_v: torch.Tensor | None = None,
-                keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        x_v: torch.Tensor | None = None,
+        keep: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """x: (B, T, D) for Q and K (and V when fused); x_v: (B, T, D_v) for a separate V;
         mask: (B, 1, 1, T) bool, True = attend, or None for no padding -> (B, T, out).
 
@@ -73,13 +86,28 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
 
 
-def attention(dim: int, num_heads: int, qk_dim: int, v_dim: int, dropout_p: float, out_dim: int | None = None,
-              v_in_dim: int | None = None) -> MultiHeadAttention:
+def attention(
+    dim: int,
+    num_heads: int,
+    qk_dim: int,
+    v_dim: int,
+    dropout_p: float,
+    out_dim: int | None = None,
+    v_in_dim: int | None = None,
+) -> MultiHeadAttention:
     """Build attention from numbers: Q, K (and V) read ``dim``-wide input; a separate V
     projection reads ``v_in_dim``-wide input when given; the output is ``out_dim`` (= dim)."""
     out = nn.Linear(num_heads * v_dim, out_dim or dim)
     if v_in_dim is None:
-        return MultiHeadAttention(nn.Linear(dim, num_heads * (2 * qk_dim + v_dim)), None, out, num_heads, qk_dim,
-                                  v_dim, dropout_p)
-    return MultiHeadAttention(nn.Linear(dim, num_heads * 2 * qk_dim), nn.Linear(v_in_dim, num_heads * v_dim), out,
-                              num_heads, qk_dim, v_dim, dropout_p)
+        return MultiHeadAttention(
+            nn.Linear(dim, num_heads * (2 * qk_dim + v_dim)), None, out, num_heads, qk_dim, v_dim, dropout_p
+        )
+    return MultiHeadAttention(
+        nn.Linear(dim, num_heads * 2 * qk_dim),
+        nn.Linear(v_in_dim, num_heads * v_dim),
+        out,
+        num_heads,
+        qk_dim,
+        v_dim,
+        dropout_p,
+    )

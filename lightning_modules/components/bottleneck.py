@@ -30,8 +30,15 @@ class Bottleneck(nn.Module):
         wide_attention: Q, K and V read the H-wide block input (IB-BERT).
     """
 
-    def __init__(self, enter: Projection, exit: nn.Linear, exit_norm: nn.Module, dropout: nn.Module,
-                 shared_qk: Projection | None = None, wide_attention: bool = False) -> None:
+    def __init__(
+        self,
+        enter: Projection,
+        exit: nn.Linear,
+        exit_norm: nn.Module,
+        dropout: nn.Module,
+        shared_qk: Projection | None = None,
+        wide_attention: bool = False,
+    ) -> None:
         super().__init__()
         self.enter, self.exit, self.exit_norm, self.dropout = enter, exit, exit_norm, dropout
         self.shared_qk, self.wide_attention = shared_qk, wide_attention

@@ -39,9 +39,16 @@ class Embeddings(nn.Module):
         projection: E -> H linear for a plain embedding with E != H, else None.
     """
 
-    def __init__(self, word: nn.Embedding, trigram: Trigram | None, position: nn.Embedding | None,
-                 token_type: nn.Embedding | None, norm: nn.Module, dropout: nn.Module,
-                 projection: nn.Linear | None) -> None:
+    def __init__(
+        self,
+        word: nn.Embedding,
+        trigram: Trigram | None,
+        position: nn.Embedding | None,
+        token_type: nn.Embedding | None,
+        norm: nn.Module,
+        dropout: nn.Module,
+        projection: nn.Linear | None,
+    ) -> None:
         super().__init__()
         self.word, self.trigram = word, trigram
         self.position, self.token_type = position, token_type

@@ -41,8 +41,9 @@ class _Rule:
     def of(cls, cfg: ModelConfig) -> _Rule:
         for name, (wanted, what) in _SCOPE.items():
             if getattr(cfg, name) != wanted:
-                raise ConfigError(f"model.{name}: schuBERT budgets cover plain encoders, not {what} "
-                                  f"({getattr(cfg, name)!r})")
+                raise ConfigError(
+                    f"model.{name}: schuBERT budgets cover plain encoders, not {what} ({getattr(cfg, name)!r})"
+                )
         rows = cfg.vocab_size + (cfg.max_position if cfg.position == "learned" else 0) + cfg.token_types
         return cls(rows, cfg.embed_norm, cfg.embed_dim == cfg.hidden_dim, cfg.embed_dim, cfg.num_ffn)
 
@@ -165,15 +166,22 @@ def choose(cfg: ModelConfig, gates: dict[str, list[torch.Tensor]], remove: int, 
             H -= 1
         else:
             layers[layer][_SLOT[dim]] -= 1
-    kept = {dim: tuple(torch.tensor([j for j in alive[dim][i] if j not in dead[dim][i]], dtype=torch.long)
-                       for i in range(len(alive[dim]))) for dim in DIMS}
+    kept = {
+        dim: tuple(
+            torch.tensor([j for j in alive[dim][i] if j not in dead[dim][i]], dtype=torch.long)
+            for i in range(len(alive[dim]))
+        )
+        for dim in DIMS
+    }
     return Keep(h=kept["h"][0], **{dim: kept[dim] for dim in LAYER_DIMS})
 
 
 def _scaled(H: int, layers: list[Dims], s: float) -> tuple[int, list[Dims]]:
     """H and every layer's qk, v and ffn widths times ``s``, rounded half up, at least 1; heads kept."""
+
     def scale(n: int) -> int:
         return max(1, int(n * s + 0.5))
+
     return scale(H), [[a, scale(k), scale(v), scale(f)] for a, k, v, f in layers]
 
 
@@ -264,7 +272,11 @@ def magnitude_keep(model: PretrainingModel | Encoder, cfg: ModelConfig, new_cfg:
         The kept units, with ``keep.config(cfg)`` shaped like ``new_cfg``.
     """
     rule, (H, layers), (H2, layers2) = _Rule.of(cfg), _shape(cfg), _shape(new_cfg)
-    if len(layers2) != len(layers) or H2 > H or any(n > o for l2, l1 in zip(layers2, layers) for n, o in zip(l2, l1)):
+    if (
+        len(layers2) != len(layers)
+        or H2 > H
+        or any(n > o for l2, l1 in zip(layers2, layers, strict=False) for n, o in zip(l2, l1, strict=False))
+    ):
         raise ValueError(f"new_cfg: needs the same {len(layers)} layers and no dimension wider than cfg's")
     encoder = model.encoder if isinstance(model, PretrainingModel) else model
     with torch.no_grad():

@@ -5,12 +5,12 @@ A run prunes when ``prune.source`` names a trained model; otherwise the section 
 
 from __future__ import annotations
 
-from ablate.lightning_modules.errors import STRICT
-
 from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
+
+from ablate.lightning_modules.errors import STRICT
 
 Method = Literal["schubert-h", "schubert-f", "schubert-a", "schubert-all", "uniform", "fewer-layers"]
 

@@ -67,7 +67,10 @@ from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
 
 # per-layer dimension -> its size in a layer
 LAYER_SIZE: dict[str, Callable[[LayerSpec], int]] = {
-    "heads": lambda s: s.num_heads, "qk": lambda s: s.qk_dim, "v": lambda s: s.v_dim, "ffn": lambda s: s.ffn_dim,
+    "heads": lambda s: s.num_heads,
+    "qk": lambda s: s.qk_dim,
+    "v": lambda s: s.v_dim,
+    "ffn": lambda s: s.ffn_dim,
 }
 # model field -> (the value schuBERT pruning needs, why)
 SUPPORTED: dict[str, tuple[object, str]] = {
@@ -129,7 +132,7 @@ class Gates(nn.Module):
         """Set to zero every gate whose unit is not in ``keep`` (e.g. after thresholding)."""
         for dim, vectors in self.vectors().items():
             kept = (keep.h,) if dim == "h" else getattr(keep, dim)
-            for vector, idx in zip(vectors, kept):
+            for vector, idx in zip(vectors, kept, strict=False):
                 mask = torch.zeros_like(vector, dtype=torch.bool)
                 mask[idx.to(vector.device)] = True
                 vector.masked_fill_(~mask, 0.0)
@@ -168,8 +171,9 @@ def sites(model: nn.Module, gates: Gates) -> tuple[list[Site], list[str]]:
     cfg, tied = gates.cfg, gates.cfg.embed_dim == gates.cfg.hidden_dim
     out: list[Site] = []
 
-    def add(path: str, gate: Callable[[], torch.Tensor], names: tuple[str, ...] = ("weight", "bias"),
-            axis: int = 0) -> None:
+    def add(
+        path: str, gate: Callable[[], torch.Tensor], names: tuple[str, ...] = ("weight", "bias"), axis: int = 0
+    ) -> None:
         out.extend(Site(path, name, axis, gate) for name in names)
 
     norms: list[str] = []  # h writers that are norms over H
@@ -215,8 +219,9 @@ class _Scale(nn.Module):
         return w * self.gate().view(shape).to(w.dtype)
 
 
-def masked_layer_norm(x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                      eps: float) -> torch.Tensor:
+def masked_layer_norm(
+    x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
     """LayerNorm of x (..., H) with statistics over the dims where ``keep`` (H,) is True only.
 
     Equals ``nn.LayerNorm`` over ``x[..., keep]`` at the kept dims; the others come out as
@@ -230,8 +235,9 @@ def masked_layer_norm(x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor,
     return (xc * torch.rsqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
 
 
-_ATTACHED: weakref.WeakKeyDictionary[nn.Module, list[tuple[nn.Module, str | RemovableHandle]]] = \
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, list[tuple[nn.Module, str | RemovableHandle]]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def attached(model: nn.Module) -> bool:

@@ -7,7 +7,6 @@ shared by the layer's heads), ``v`` (value width per head, v_i) and ``ffn`` (f_i
 
 from __future__ import annotations
 
-
 import dataclasses
 
 import torch
@@ -39,16 +38,20 @@ class Keep:
     def everything(cls, cfg: ModelConfig) -> Keep:
         """Keep every unit of ``cfg``'s model."""
         specs = cfg.layer_specs()
-        return cls(h=torch.arange(cfg.hidden_dim),
-                   heads=tuple(torch.arange(s.num_heads) for s in specs),
-                   qk=tuple(torch.arange(s.qk_dim) for s in specs),
-                   v=tuple(torch.arange(s.v_dim) for s in specs),
-                   ffn=tuple(torch.arange(s.ffn_dim) for s in specs))
+        return cls(
+            h=torch.arange(cfg.hidden_dim),
+            heads=tuple(torch.arange(s.num_heads) for s in specs),
+            qk=tuple(torch.arange(s.qk_dim) for s in specs),
+            v=tuple(torch.arange(s.v_dim) for s in specs),
+            ffn=tuple(torch.arange(s.ffn_dim) for s in specs),
+        )
 
     def config(self, cfg: ModelConfig) -> ModelConfig:
         """``cfg`` shrunk to the kept units: per-layer ``model.layers``, H (and E when E = H)."""
-        layers = tuple(LayerSpec(num_heads=len(a), qk_dim=len(k), v_dim=len(v), ffn_dim=len(f))
-                       for a, k, v, f in zip(self.heads, self.qk, self.v, self.ffn))
+        layers = tuple(
+            LayerSpec(num_heads=len(a), qk_dim=len(k), v_dim=len(v), ffn_dim=len(f))
+            for a, k, v, f in zip(self.heads, self.qk, self.v, self.ffn, strict=False)
+        )
         H = len(self.h)
         fields = {"hidden_dim": H, "layers": layers}
         if cfg.embed_dim == cfg.hidden_dim:

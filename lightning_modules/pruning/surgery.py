@@ -66,11 +66,16 @@ def slices(cfg: ModelConfig, keep: Keep) -> dict[str, Index]:
     e = h if cfg.embed_dim == cfg.hidden_dim else None  # E dims are h dims when E = H
     plan: dict[str, Index] = {
         **{f"encoder.embeddings.{n}.weight": (None, e) for n in ("word", "position", "token_type")},
-        "encoder.embeddings.norm.weight": (e,), "encoder.embeddings.norm.bias": (e,),
-        "encoder.embeddings.projection.weight": (h, None), "encoder.embeddings.projection.bias": (h,),
-        "mlm_head.transform.weight": (e, h), "mlm_head.transform.bias": (e,),
-        "mlm_head.norm.weight": (e,), "mlm_head.norm.bias": (e,),
-        "sentence_head.pooler.weight": (h, h), "sentence_head.pooler.bias": (h,),
+        "encoder.embeddings.norm.weight": (e,),
+        "encoder.embeddings.norm.bias": (e,),
+        "encoder.embeddings.projection.weight": (h, None),
+        "encoder.embeddings.projection.bias": (h,),
+        "mlm_head.transform.weight": (e, h),
+        "mlm_head.transform.bias": (e,),
+        "mlm_head.norm.weight": (e,),
+        "mlm_head.norm.bias": (e,),
+        "sentence_head.pooler.weight": (h, h),
+        "sentence_head.pooler.bias": (h,),
         "sentence_head.classifier.weight": (None, h),
     }
     for i, spec in enumerate(cfg.layer_specs()):
@@ -78,14 +83,24 @@ def slices(cfg: ModelConfig, keep: Keep) -> dict[str, Index]:
         a, kq, kv, f = keep.heads[i], keep.qk[i], keep.v[i], keep.ffn[i]
         rows = torch.cat([_head_rows(a, kq, k), _head_rows(a, kq, k, A * k), _head_rows(a, kv, v, 2 * A * k)])
         p = f"encoder.attentions.{i}."
-        plan |= {p + "inner.qkv.weight": (rows, h), p + "inner.qkv.bias": (rows,),
-                 p + "inner.out.weight": (h, _head_rows(a, kv, v)), p + "inner.out.bias": (h,),
-                 p + "norm.weight": (h,), p + "norm.bias": (h,)}
+        plan |= {
+            p + "inner.qkv.weight": (rows, h),
+            p + "inner.qkv.bias": (rows,),
+            p + "inner.out.weight": (h, _head_rows(a, kv, v)),
+            p + "inner.out.bias": (h,),
+            p + "norm.weight": (h,),
+            p + "norm.bias": (h,),
+        }
         for j in range(cfg.num_ffn):
             p = f"encoder.ffn_stacks.{i}.{j}."
-            plan |= {p + "inner.up.weight": (f, h), p + "inner.up.bias": (f,),
-                     p + "inner.down.weight": (h, f), p + "inner.down.bias": (h,),
-                     p + "norm.weight": (h,), p + "norm.bias": (h,)}
+            plan |= {
+                p + "inner.up.weight": (f, h),
+                p + "inner.up.bias": (f,),
+                p + "inner.down.weight": (h, f),
+                p + "inner.down.bias": (h,),
+                p + "norm.weight": (h,),
+                p + "norm.bias": (h,),
+            }
     return plan
 
 
@@ -97,8 +112,13 @@ def _select(t: torch.Tensor, index: Index) -> torch.Tensor:
     return t
 
 
-def shrink(model: PretrainingModel, cfg: ModelConfig, keep: Keep, gates: Gates | None = None,
-           objective: ObjectiveConfig | None = None) -> tuple[ModelConfig, PretrainingModel]:
+def shrink(
+    model: PretrainingModel,
+    cfg: ModelConfig,
+    keep: Keep,
+    gates: Gates | None = None,
+    objective: ObjectiveConfig | None = None,
+) -> tuple[ModelConfig, PretrainingModel]:
     """A new, smaller model holding the kept units of ``model`` (which is left as it is).
 
     Args:
@@ -124,15 +144,17 @@ def shrink(model: PretrainingModel, cfg: ModelConfig, keep: Keep, gates: Gates |
     if len(keep.heads) != cfg.num_layers:
         raise ValueError(f"shrink: keep has {len(keep.heads)} layers, the model {cfg.num_layers}")
     if cfg.embed_dim != cfg.hidden_dim and len(keep.h) == cfg.embed_dim:
-        raise ConfigError(f"model.embed_dim: keeping {len(keep.h)} h dims = E would drop the E -> H projection, "
-                          "which a model with E = H does not have; keep one h dim more or less")
+        raise ConfigError(
+            f"model.embed_dim: keeping {len(keep.h)} h dims = E would drop the E -> H projection, "
+            "which a model with E = H does not have; keep one h dim more or less"
+        )
     if objective is None:
         sentence = "sop" if model.sentence_head is not None else "none"
         objective = ObjectiveConfig(sentence=sentence, sentence_weight=model.sentence_weight)
     new_cfg = keep.config(cfg)
     with torch.no_grad():
         state = {key: t.detach().clone() for key, t in model.state_dict().items()}  # the input stays untouched
-        for site in (sites(model, gates)[0] if gates is not None else []):
+        for site in sites(model, gates)[0] if gates is not None else []:
             t = state[site.key]
             shape = [1] * t.dim()
             shape[site.axis] = -1
@@ -140,11 +162,12 @@ def shrink(model: PretrainingModel, cfg: ModelConfig, keep: Keep, gates: Gates |
         for key, index in slices(cfg, keep).items():
             if key in state:
                 state[key] = _select(state[key], index)
-        for i, (spec, new) in enumerate(zip(cfg.layer_specs(), new_cfg.layer_specs())):
+        for i, (spec, new) in enumerate(zip(cfg.layer_specs(), new_cfg.layer_specs(), strict=False)):
             if new.qk_dim != spec.qk_dim:  # keep the gated model's 1/sqrt(k) score scale
                 for name in ("weight", "bias"):
-                    state[f"encoder.attentions.{i}.inner.qkv.{name}"][: new.num_heads * new.qk_dim] *= \
-                        math.sqrt(new.qk_dim / spec.qk_dim)
+                    state[f"encoder.attentions.{i}.inner.qkv.{name}"][: new.num_heads * new.qk_dim] *= math.sqrt(
+                        new.qk_dim / spec.qk_dim
+                    )
     with torch.device("meta"):
         shrunk = build_pretraining_model(new_cfg, objective)
     shrunk.load_state_dict(state, assign=True)

@@ -14,8 +14,14 @@ from ablate.benchmarks.train_speed import Side
 def test_step_flops_counts_forward_and_backward() -> None:
     layer = torch.nn.Linear(64, 32, bias=False)
     x = torch.randn(8, 64)
-    side = Side("linear", "ablate", "fp32", step=lambda b: 0.0, loss_only=lambda b: layer(b["x"]).sum(),
-                params=list(layer.parameters()))
+    side = Side(
+        "linear",
+        "ablate",
+        "fp32",
+        step=lambda b: 0.0,
+        loss_only=lambda b: layer(b["x"]).sum(),
+        params=list(layer.parameters()),
+    )
     # forward x @ W^T, backward grad_W only (x needs no grad): 2 matmuls of 2 * 8 * 64 * 32
     assert step_flops(side, {"x": x}) == 2 * (2 * 8 * 64 * 32)
     assert layer.weight.grad is None  # gradients are cleared for the timed steps

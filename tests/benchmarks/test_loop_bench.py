@@ -23,8 +23,7 @@ def test_turns_split_the_steady_state_into_equal_blocks():
 
 def test_a_tiny_run_reports_loop_over_step(wiki_validation):
     tiny = CASES["albert-tiny"]()
-    case = replace(tiny, model=replace(tiny.model, vocab_size=2048, num_layers=1, max_position=32), seq_len=32,
-                   batch=4)
+    case = replace(tiny, model=replace(tiny.model, vocab_size=2048, num_layers=1, max_position=32), seq_len=32, batch=4)
     r = measure(case, str(wiki_validation), torch.device("cpu"), warmup=2, steps=6, block=2)
     # steps 4 to 8 (1-based) in turns of 2, 2 and 1, and as many of the step alone
     assert [n for _, n in r.loop.blocks] == [n for _, n in r.step.blocks] == [2, 2, 1]
@@ -35,8 +34,15 @@ def test_a_tiny_run_reports_loop_over_step(wiki_validation):
         assert side.tokens_per_s == pytest.approx(side.tokens / 5 / side.median_step_s)
     assert r.efficiency == pytest.approx(r.loop.tokens_per_s / r.step.tokens_per_s)
     p = r.phases
-    parts = ["data, tokenizer, model", "measurement", "run and Trainer", "first step", "training", "validation",
-             "teardown"]
+    parts = [
+        "data, tokenizer, model",
+        "measurement",
+        "run and Trainer",
+        "first step",
+        "training",
+        "validation",
+        "teardown",
+    ]
     assert all(p[k] >= 0 for k in parts)
     assert sum(p[k] for k in parts) == pytest.approx(p["total"], rel=1e-6)
     assert p["measurement"] > 0 and p["validation"] > 0  # the run measured latency and validated

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from ablate.benchmarks.cases import CASES, Case
-from ablate.benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
 from ablate.benchmarks.ceiling import step_flops
+from ablate.benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
 from ablate.benchmarks.train_table import FP32, _block
 
 

@@ -74,8 +74,9 @@ def sst2_dm(sst2: Path, tokenizer_file: Path) -> ClassificationDataModule:
 @pytest.fixture()
 def make_dm(sst2: Path, tokenizer_file: Path) -> Callable[..., ClassificationDataModule]:
     def make(seed: int = 0, limit_train: int | None = 200, **fields: Any) -> ClassificationDataModule:
-        cfg = FinetuneConfig(**{"train": str(sst2 / "train.tsv"), "validation": str(sst2 / "validation.tsv"),
-                                "batch_size": 16, **fields})
+        cfg = FinetuneConfig(
+            **{"train": str(sst2 / "train.tsv"), "validation": str(sst2 / "validation.tsv"), "batch_size": 16, **fields}
+        )
         return ClassificationDataModule(cfg, tokenizer_file, seed=seed, limit_train=limit_train)
 
     return make
@@ -135,8 +136,9 @@ def test_same_seed_same_batches(make_dm: Callable[..., ClassificationDataModule]
     assert first == again != other
     dm = make_dm(seed=1)
     assert dm.num_train == 200 and sum(len(b["labels"]) for b in dm.train_dataloader()) == 200
-    assert order(dm) != [b["input_ids"][:, 1].tolist() + b["labels"].tolist()
-                         for b in dm._loader(dm.train_set, shuffle=False)]  # type: ignore[arg-type]
+    assert order(dm) != [
+        b["input_ids"][:, 1].tolist() + b["labels"].tolist() for b in dm._loader(dm.train_set, shuffle=False)
+    ]  # type: ignore[arg-type]
 
 
 def test_truncation_to_max_length(make_dm: Callable[..., ClassificationDataModule], tok: Tokenizer) -> None:
@@ -149,10 +151,13 @@ def test_truncation_to_max_length(make_dm: Callable[..., ClassificationDataModul
 
 def test_sentence_pairs(tmp_path: Path, tokenizer_file: Path, tok: Tokenizer) -> None:
     path = _pairs_file(tmp_path)
-    enc = [(tok.encode(a, add_special_tokens=False).ids, tok.encode(b, add_special_tokens=False).ids) for a, b, _ in PAIRS]
+    enc = [
+        (tok.encode(a, add_special_tokens=False).ids, tok.encode(b, add_special_tokens=False).ids) for a, b, _ in PAIRS
+    ]
     assert len(enc[0][0]) > len(enc[0][1]) + 2 and len(enc[1][1]) > len(enc[1][0]) + 2  # both sides get trimmed
-    cfg = FinetuneConfig(train=str(path), validation=str(path), text_fields=("premise", "hypothesis"),
-                         num_labels=3, batch_size=4)
+    cfg = FinetuneConfig(
+        train=str(path), validation=str(path), text_fields=("premise", "hypothesis"), num_labels=3, batch_size=4
+    )
     batch = next(iter(ClassificationDataModule(cfg, tokenizer_file).val_dataloader()))
     assert batch["labels"].tolist() == [y for _, _, y in PAIRS]
     for i, (a, b) in enumerate(enc):
@@ -196,12 +201,27 @@ def _tsv(tmp_path: Path, name: str, text: str) -> str:
         ({"validation": None}, ConfigError, r"finetune\.validation: required for a local train file$"),
         ({"train": "missing.tsv"}, DataError, r"finetune\.train: .*missing\.tsv: no such file$"),
         ({"validation": "dev.txt"}, DataError, r"finetune\.validation: .*dev\.txt: unknown extension"),
-        ({"text_fields": ("question",)}, DataError,
-         r"finetune\.text_fields: 'question' is not a column of .*ok\.tsv \(columns: sentence, label\)$"),
-        ({"label_field": "y"}, DataError, r"finetune\.label_field: 'y' is not a column of .*\(columns: sentence, label\)$"),
-        ({"validation": "bad_label.tsv"}, DataError, r"finetune\.num_labels: .*bad_label\.tsv has label 2 outside \[0, 2\)$"),
+        (
+            {"text_fields": ("question",)},
+            DataError,
+            r"finetune\.text_fields: 'question' is not a column of .*ok\.tsv \(columns: sentence, label\)$",
+        ),
+        (
+            {"label_field": "y"},
+            DataError,
+            r"finetune\.label_field: 'y' is not a column of .*\(columns: sentence, label\)$",
+        ),
+        (
+            {"validation": "bad_label.tsv"},
+            DataError,
+            r"finetune\.num_labels: .*bad_label\.tsv has label 2 outside \[0, 2\)$",
+        ),
         ({"validation": "neg_label.tsv"}, DataError, r"finetune\.num_labels: .*neg_label\.tsv has label -1 outside"),
-        ({"validation": "word_label.tsv"}, DataError, r"finetune\.label_field: .*word_label\.tsv has a non-integer label 'pos'$"),
+        (
+            {"validation": "word_label.tsv"},
+            DataError,
+            r"finetune\.label_field: .*word_label\.tsv has a non-integer label 'pos'$",
+        ),
         ({"validation": "header_only.tsv"}, DataError, r"finetune\.validation: .*header_only\.tsv: no examples$"),
         ({"train": "empty.jsonl"}, DataError, r"finetune\.train: .*empty\.jsonl: no examples$"),
     ],
@@ -209,9 +229,14 @@ def _tsv(tmp_path: Path, name: str, text: str) -> str:
 def test_errors_are_one_line_and_name_the_key_or_file(
     tmp_path: Path, tokenizer_file: Path, fields: dict[str, Any], error: type[Exception], pattern: str
 ) -> None:
-    files = {"ok.tsv": "sentence\tlabel\ngood film\t1\n", "bad_label.tsv": "sentence\tlabel\na\t1\nb\t2\n",
-             "neg_label.tsv": "sentence\tlabel\na\t-1\n", "word_label.tsv": "sentence\tlabel\na\tpos\n",
-             "header_only.tsv": "sentence\tlabel\n", "empty.jsonl": ""}
+    files = {
+        "ok.tsv": "sentence\tlabel\ngood film\t1\n",
+        "bad_label.tsv": "sentence\tlabel\na\t1\nb\t2\n",
+        "neg_label.tsv": "sentence\tlabel\na\t-1\n",
+        "word_label.tsv": "sentence\tlabel\na\tpos\n",
+        "header_only.tsv": "sentence\tlabel\n",
+        "empty.jsonl": "",
+    }
     for name, text in files.items():
         _tsv(tmp_path, name, text)
     given = {"train": "ok.tsv", "validation": "ok.tsv", **fields}
@@ -222,9 +247,7 @@ def test_errors_are_one_line_and_name_the_key_or_file(
     assert "\n" not in message and re.match(pattern, message), message
 
 
-def test_hub_names_and_unreachable_hub(
-    tmp_path: Path, tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_hub_names_and_unreachable_hub(tmp_path: Path, tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
     def unreachable(path: str, name: str | None = None, **kwargs: Any) -> None:
@@ -233,8 +256,11 @@ def test_hub_names_and_unreachable_hub(
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     dm = ClassificationDataModule(FinetuneConfig(train="glue/sst2"), tokenizer_file)  # validation: the hub's
-    with pytest.raises(DataError, match=r"^finetune\.train: glue/sst2: cannot load .*'train' split: "
-                       r"ConnectionError: Couldn't reach 'glue' on the Hub \(OfflineModeIsEnabled\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"^finetune\.train: glue/sst2: cannot load .*'train' split: "
+        r"ConnectionError: Couldn't reach 'glue' on the Hub \(OfflineModeIsEnabled\)$",
+    ):
         dm.setup("fit")
     with pytest.raises(DataError, match=r"^finetune\.train: nyu-mll/glue/sst2: cannot load"):
         ClassificationDataModule(FinetuneConfig(train="nyu-mll/glue/sst2"), tokenizer_file).prepare_data()

@@ -13,7 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from torch.utils.data import DataLoader
 
-from ablate.datamodules.corpus import DOC_SHUFFLE_BUFFER, check_corpus, is_validation, iter_documents, num_shards, resolve_corpus
+from ablate.datamodules.corpus import (
+    DOC_SHUFFLE_BUFFER,
+    check_corpus,
+    is_validation,
+    iter_documents,
+    num_shards,
+    resolve_corpus,
+)
 from ablate.datamodules.stream import DocumentStream
 from ablate.lightning_modules.config import DataConfig
 from ablate.lightning_modules.errors import DataError

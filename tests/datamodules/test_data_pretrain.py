@@ -91,8 +91,9 @@ def test_train_stream_is_endless(tmp_path: Path) -> None:
         "\n\n".join(f"Paragraph {i} starts here. It has a second sentence. And a third one." for i in range(40)),
         encoding="utf-8",
     )
-    data = DataConfig(corpus=str(corpus), cache_dir=str(tmp_path), max_length=16, batch_size=4, val_fraction=0.2,
-                      text_doc_chars=0)
+    data = DataConfig(
+        corpus=str(corpus), cache_dir=str(tmp_path), max_length=16, batch_size=4, val_fraction=0.2, text_doc_chars=0
+    )
     dm = _dm(data)
     assert len(_take(dm.train_dataloader(), 200)) == 200  # many epochs of a tiny corpus
 
@@ -121,16 +122,20 @@ def test_corpus_errors_before_training(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("device", "pinned"), [("cpu", False), ("cuda", True)])
-def test_loader_workers_and_pinned_memory_follow_the_trainer(wiki_data: Callable[..., DataConfig], device: str,
-                                                             pinned: bool) -> None:
+def test_loader_workers_and_pinned_memory_follow_the_trainer(
+    wiki_data: Callable[..., DataConfig], device: str, pinned: bool
+) -> None:
     """Batches are page-locked when the trainer trains on CUDA (Lightning then copies them with
     non_blocking=True), not on a CPU; the loader uses ``data.num_workers`` resolved for the
     trainer's devices. The trainer stands in for one that placed the run (no GPU needed)."""
     from types import SimpleNamespace
 
     dm = _dm(wiki_data(num_workers="auto"))
-    dm.trainer = SimpleNamespace(global_rank=0, world_size=1,  # type: ignore[assignment]
-                                 strategy=SimpleNamespace(root_device=torch.device(device)))
+    dm.trainer = SimpleNamespace(
+        global_rank=0,
+        world_size=1,  # type: ignore[assignment]
+        strategy=SimpleNamespace(root_device=torch.device(device)),
+    )
     loader = dm.train_dataloader()
     assert loader.pin_memory is pinned
     assert loader.num_workers == dm.data.workers(1) >= 1 and loader.persistent_workers

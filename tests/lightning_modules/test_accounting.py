@@ -19,11 +19,19 @@ TOL = 1.1 * M
 
 # (preset, overrides, published millions): ALBERT paper Tables 2, 3 and 4
 PUBLISHED = [
-    ("bert-base", {}, 108), ("albert-base", {}, 12), ("albert-large", {}, 18),
+    ("bert-base", {}, 108),
+    ("albert-base", {}, 12),
+    ("albert-large", {}, 18),
     *[("albert-base", {"embed_dim": e, "sharing": "none"}, p) for e, p in [(64, 87), (128, 89), (256, 93), (768, 108)]],
     *[("albert-base", {"embed_dim": e, "sharing": "all"}, p) for e, p in [(64, 10), (128, 12), (256, 16), (768, 31)]],
-    *[("albert-base", {"embed_dim": 768, "sharing": s}, p) for s, p in [("all", 31), ("attn", 83), ("ffn", 57), ("none", 108)]],
-    *[("albert-base", {"embed_dim": 128, "sharing": s}, p) for s, p in [("all", 12), ("attn", 64), ("ffn", 38), ("none", 89)]],
+    *[
+        ("albert-base", {"embed_dim": 768, "sharing": s}, p)
+        for s, p in [("all", 31), ("attn", 83), ("ffn", 57), ("none", 108)]
+    ],
+    *[
+        ("albert-base", {"embed_dim": 128, "sharing": s}, p)
+        for s, p in [("all", 12), ("attn", 64), ("ffn", 38), ("none", 89)]
+    ],
 ]
 
 
@@ -41,8 +49,9 @@ def test_large_models_where_the_paper_rounds_up():
     assert report_for(get_preset("albert-xxlarge")).paper_count == 222_595_584
 
 
-@pytest.mark.parametrize(("preset", "published"), [("mobilebert", 25.3), ("mobilebert-tiny", 15.1),
-                                                   ("ibbert-large", 293)])
+@pytest.mark.parametrize(
+    ("preset", "published"), [("mobilebert", 25.3), ("mobilebert-tiny", 15.1), ("ibbert-large", 293)]
+)
 def test_mobilebert_family_within_4_percent(preset, published):
     """MobileBERT paper Table 1, compared by backbone (embeddings + encoder, no pooler, no heads)."""
     backbone = report_for(get_preset(preset)).backbone
@@ -56,15 +65,26 @@ def test_backbone_excludes_pooler_and_heads():
     assert r.heads == r.mlm_head + r.sentence_head and r.sentence_head == r.pooler + 768 * 2 + 2
 
 
-@pytest.mark.parametrize("overrides", [
-    {"preset": "bert-tiny"}, {"preset": "albert-tiny"},
-    {"preset": "albert-tiny", "num_ffn": 3, "sharing": "attn", "embed_dim": 32},
-    {"preset": "mobilebert-mini"},
-    {"preset": "mobilebert-mini", "attention_input": "hidden", "intra_dim": 256, "sharing": "all"},
-    {"preset": "albert-tiny", "sharing": "none", "layers": [
-        {"num_heads": 2, "qk_dim": 16, "v_dim": 48, "ffn_dim": 300}, {"num_heads": 4, "qk_dim": 8, "v_dim": 8, "ffn_dim": 64},
-        {"num_heads": 1, "qk_dim": 32, "v_dim": 16, "ffn_dim": 128}, {"num_heads": 3, "qk_dim": 24, "v_dim": 40, "ffn_dim": 10}]},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"preset": "bert-tiny"},
+        {"preset": "albert-tiny"},
+        {"preset": "albert-tiny", "num_ffn": 3, "sharing": "attn", "embed_dim": 32},
+        {"preset": "mobilebert-mini"},
+        {"preset": "mobilebert-mini", "attention_input": "hidden", "intra_dim": 256, "sharing": "all"},
+        {
+            "preset": "albert-tiny",
+            "sharing": "none",
+            "layers": [
+                {"num_heads": 2, "qk_dim": 16, "v_dim": 48, "ffn_dim": 300},
+                {"num_heads": 4, "qk_dim": 8, "v_dim": 8, "ffn_dim": 64},
+                {"num_heads": 1, "qk_dim": 32, "v_dim": 16, "ffn_dim": 128},
+                {"num_heads": 3, "qk_dim": 24, "v_dim": 40, "ffn_dim": 10},
+            ],
+        },
+    ],
+)
 def test_flops_per_token_matches_torch_flop_counter(overrides):
     cfg = build_config({"model": overrides}).model
     encoder = build_encoder(cfg).eval()

@@ -19,8 +19,9 @@ def _ids(B=2, T=16):
     return torch.randint(5, 8192, (B, T), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize(("wiring", "qk_in", "v_in"), [("shared_qk", 32, 128), ("bottleneck", 32, None),
-                                                      ("hidden", 128, None)])
+@pytest.mark.parametrize(
+    ("wiring", "qk_in", "v_in"), [("shared_qk", 32, 128), ("bottleneck", 32, None), ("hidden", 128, None)]
+)
 def test_attention_reads_what_the_wiring_says(wiring, qk_in, v_in):
     enc = build_encoder(_model(attention_input=wiring))
     attn = enc.attentions[0].inner
@@ -58,10 +59,12 @@ def test_trigram_embedding_concatenates_neighbours():
 
 
 def test_per_layer_dimensions_with_k_not_v():
-    layers = [{"num_heads": 2, "qk_dim": 16, "v_dim": 48, "ffn_dim": 300},
-              {"num_heads": 4, "qk_dim": 8, "v_dim": 8, "ffn_dim": 64},
-              {"num_heads": 1, "qk_dim": 32, "v_dim": 16, "ffn_dim": 128},
-              {"num_heads": 3, "qk_dim": 24, "v_dim": 40, "ffn_dim": 10}]
+    layers = [
+        {"num_heads": 2, "qk_dim": 16, "v_dim": 48, "ffn_dim": 300},
+        {"num_heads": 4, "qk_dim": 8, "v_dim": 8, "ffn_dim": 64},
+        {"num_heads": 1, "qk_dim": 32, "v_dim": 16, "ffn_dim": 128},
+        {"num_heads": 3, "qk_dim": 24, "v_dim": 40, "ffn_dim": 10},
+    ]
     cfg = build_config({"model": {"preset": "bert-tiny", "layers": layers}}).model
     enc = build_encoder(cfg)
     for spec, attn, stack in zip(layers, enc.attentions, enc.ffn_stacks, strict=True):
@@ -72,8 +75,10 @@ def test_per_layer_dimensions_with_k_not_v():
     assert enc(_ids(2, 8)).shape == (2, 8, 128)
 
 
-@pytest.mark.parametrize(("fields", "gone"), [({"position": "none"}, "position"), ({"token_types": 0}, "token_type"),
-                                             ({"embed_norm": False}, "norm")])
+@pytest.mark.parametrize(
+    ("fields", "gone"),
+    [({"position": "none"}, "position"), ({"token_types": 0}, "token_type"), ({"embed_norm": False}, "norm")],
+)
 def test_embedding_simplifications_remove_modules(fields, gone):
     base = build_config({"model": {"preset": "bert-tiny"}}).model
     simple = build_config({"model": {"preset": "bert-tiny", **fields}}).model

@@ -20,9 +20,13 @@ FAMILIES = {
     "bert": {"preset": "bert-tiny", "dropout": 0.1},
     "mobilebert": {"preset": "mobilebert-mini"},
     "ibbert": {"preset": "ibbert-mini"},
-    "schubert": {"preset": "bert-tiny", "layers": [{"num_heads": h, "qk_dim": k, "v_dim": v, "ffn_dim": f}
-                                                    for h, k, v, f in [(4, 32, 32, 512), (2, 16, 48, 256),
-                                                                       (3, 24, 32, 384), (1, 32, 16, 128)]]},
+    "schubert": {
+        "preset": "bert-tiny",
+        "layers": [
+            {"num_heads": h, "qk_dim": k, "v_dim": v, "ffn_dim": f}
+            for h, k, v, f in [(4, 32, 32, 512), (2, 16, 48, 256), (3, 24, 32, 384), (1, 32, 16, 128)]
+        ],
+    },
 }
 
 

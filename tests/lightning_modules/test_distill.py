@@ -22,7 +22,11 @@ TEACHER = {"preset": "ibbert-mini", "vocab_size": V, "max_position": 64, "intra_
 
 
 def _cfg(model: dict | None = None, **distill):
-    overrides = {"distill.teacher": "runs:/teacher", "trainer.max_steps": 40, **{f"distill.{k}": v for k, v in distill.items()}}
+    overrides = {
+        "distill.teacher": "runs:/teacher",
+        "trainer.max_steps": 40,
+        **{f"distill.{k}": v for k, v in distill.items()},
+    }
     return build_config({"model": model or STUDENT, "objective": {"sentence": "sop"}}, overrides)
 
 
@@ -39,8 +43,13 @@ def _batch(B: int = 4, T: int = 16) -> dict[str, torch.Tensor]:
     mask[1, 11:] = False
     labels = torch.full((B, T), -100)
     labels[:, [2, 5, 7]] = ids[:, [2, 5, 7]]
-    return {"input_ids": ids, "token_type_ids": (torch.arange(T) >= T // 2).long().expand(B, T).clone(),
-            "attention_mask": mask, "mlm_labels": labels, "sentence_label": torch.tensor([0, 1, 0, 1])}
+    return {
+        "input_ids": ids,
+        "token_type_ids": (torch.arange(T) >= T // 2).long().expand(B, T).clone(),
+        "attention_mask": mask,
+        "mlm_labels": labels,
+        "sentence_label": torch.tensor([0, 1, 0, 1]),
+    }
 
 
 TRANSFER = {"fmt_weight": 1.0, "at_weight": 1.0, "embed_weight": 1.0}
@@ -99,9 +108,13 @@ def test_layer_and_head_maps_when_depths_and_head_counts_differ():
     with torch.no_grad():
         module.model.encoder(*args, trace=s)
         teacher.encoder(*args, trace=t)
-    expected = (feature_map_loss(s.hidden[0], t.hidden[1], args[2]) + feature_map_loss(s.hidden[1], t.hidden[3], args[2])) / 2
+    expected = (
+        feature_map_loss(s.hidden[0], t.hidden[1], args[2]) + feature_map_loss(s.hidden[1], t.hidden[3], args[2])
+    ) / 2
     assert losses["fmt"].item() == pytest.approx(expected.item(), rel=1e-6)
-    wrong = (feature_map_loss(s.hidden[0], t.hidden[0], args[2]) + feature_map_loss(s.hidden[1], t.hidden[1], args[2])) / 2
+    wrong = (
+        feature_map_loss(s.hidden[0], t.hidden[0], args[2]) + feature_map_loss(s.hidden[1], t.hidden[1], args[2])
+    ) / 2
     assert abs(losses["fmt"].item() - wrong.item()) > 1e-4  # the identity pairing gives another value
 
 
@@ -112,8 +125,7 @@ def test_an_explicit_layer_map_and_its_errors():
     with pytest.raises(ConfigError, match="distill.layer_map: teacher layer 7 does not exist"):
         DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 7]), teacher, teacher_cfg)
     with pytest.raises(ConfigError, match="distill.at_weight: .*3 heads, the teacher 4"):
-        DistillModule(_cfg({**STUDENT, "num_layers": 2, "intra_dim": 48, "num_heads": 3}),
-                      teacher, teacher_cfg)
+        DistillModule(_cfg({**STUDENT, "num_layers": 2, "intra_dim": 48, "num_heads": 3}), teacher, teacher_cfg)
 
 
 def test_widths_that_differ_get_learned_projections():
@@ -160,19 +172,41 @@ class _Snapshots(pl.Callback):
 def test_progressive_freezes_finished_layers_bit_for_bit(tmp_path, wiki_validation):
     s = 3
     cfg = build_config(
-        {"model": {**STUDENT, "num_layers": 2}, "objective": {"sentence": "sop"},
-         "data": {"corpus": str(wiki_validation), "max_length": 32, "batch_size": 4, "tokenizer_docs": 200,
-                  "num_workers": 0, "shuffle_buffer": 20, "cache_dir": str(tmp_path / "cache")},
-         "optim": {"lr": 1e-2, "warmup_steps": 0, "weight_decay": 0.1}},
-        {"distill.teacher": "runs:/teacher", "distill.strategy": "progressive", "distill.stage_steps": s,
-         "trainer.max_steps": 3 * s})
+        {
+            "model": {**STUDENT, "num_layers": 2},
+            "objective": {"sentence": "sop"},
+            "data": {
+                "corpus": str(wiki_validation),
+                "max_length": 32,
+                "batch_size": 4,
+                "tokenizer_docs": 200,
+                "num_workers": 0,
+                "shuffle_buffer": 20,
+                "cache_dir": str(tmp_path / "cache"),
+            },
+            "optim": {"lr": 1e-2, "warmup_steps": 0, "weight_decay": 0.1},
+        },
+        {
+            "distill.teacher": "runs:/teacher",
+            "distill.strategy": "progressive",
+            "distill.stage_steps": s,
+            "trainer.max_steps": 3 * s,
+        },
+    )
     teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 2})
     module = DistillModule(cfg, teacher, teacher_cfg)
     assert [st.name for st in module.stages] == ["layer 0", "layer 1", "pd"]
     data = PretrainDataModule(cfg.data, cfg.objective, V, 0)
     snaps = _Snapshots({0, s, 2 * s})
-    trainer = pl.Trainer(max_steps=3 * s, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, callbacks=[snaps])
+    trainer = pl.Trainer(
+        max_steps=3 * s,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[snaps],
+    )
     teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
     trainer.fit(module, datamodule=data)
     end_of_0, end_of_1, final = snaps.at[s], snaps.at[2 * s], module.model.state_dict()

@@ -18,8 +18,13 @@ def _batch(V=8192, B=4, T=32, seed=0):
     ids = torch.randint(5, V, (B, T), generator=g)
     labels = torch.full((B, T), -100)
     labels[:, 1::5] = ids[:, 1::5]
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones(B, T, dtype=torch.bool),
-            "mlm_labels": labels, "sentence_label": torch.randint(0, 2, (B,), generator=g)}
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": torch.ones(B, T, dtype=torch.bool),
+        "mlm_labels": labels,
+        "sentence_label": torch.randint(0, 2, (B,), generator=g),
+    }
 
 
 @pytest.mark.parametrize(("sharing", "n_attn", "n_ffn"), [("none", 4, 4), ("all", 1, 1), ("attn", 1, 4), ("ffn", 4, 1)])
@@ -89,11 +94,12 @@ def test_mlm_logits_only_at_masked_positions_and_decoder_is_tied():
     slots = prediction_slots(labels.numel(), 0.2)  # a static number of rows, not the whole sequence
     assert out.mlm_logits.shape == (slots, 8192) and slots < labels.numel()
     assert torch.equal(out.mlm_targets[: selected.numel()], selected)  # the masked positions first, in order
-    assert (out.mlm_targets[selected.numel():] == -100).all() and out.mlm_valid.sum() == selected.numel()
+    assert (out.mlm_targets[selected.numel() :] == -100).all() and out.mlm_valid.sum() == selected.numel()
     assert out.sentence_logits.shape == (4, 2)
     names = [n for n, _ in model.named_parameters()]
-    assert not any(n.startswith("mlm_head") and "weight" in n and p.shape == (8192, 32)
-                   for n, p in model.named_parameters())
+    assert not any(
+        n.startswith("mlm_head") and "weight" in n and p.shape == (8192, 32) for n, p in model.named_parameters()
+    )
     assert "encoder.embeddings.word.weight" in names
     out.loss.backward()
     assert model.encoder.embeddings.word.weight.grad is not None

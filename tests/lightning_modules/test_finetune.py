@@ -10,17 +10,32 @@ from ablate.lightning_modules.heads import build_pretraining_model
 
 
 def _cfg(sentence: str = "sop", **finetune):
-    return build_config({"model": {"preset": "albert-tiny", "vocab_size": 200, "hidden_dim": 32, "embed_dim": 16,
-                                   "num_heads": 2, "ffn_dim": 64, "max_position": 32},
-                         "objective": {"sentence": sentence}},
-                        {"finetune.source": "runs:/x", **{f"finetune.{k}": v for k, v in finetune.items()}})
+    return build_config(
+        {
+            "model": {
+                "preset": "albert-tiny",
+                "vocab_size": 200,
+                "hidden_dim": 32,
+                "embed_dim": 16,
+                "num_heads": 2,
+                "ffn_dim": 64,
+                "max_position": 32,
+            },
+            "objective": {"sentence": sentence},
+        },
+        {"finetune.source": "runs:/x", **{f"finetune.{k}": v for k, v in finetune.items()}},
+    )
 
 
 def _batch(C: int = 2) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 200, (4, 10), generator=g)
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids).bool(),
-            "labels": torch.arange(4) % C}
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": torch.ones_like(ids).bool(),
+        "labels": torch.arange(4) % C,
+    }
 
 
 def test_the_encoder_and_pooler_come_from_the_pretrained_model_which_stays_unchanged():
@@ -42,4 +57,3 @@ def test_a_model_without_sentence_head_gets_a_fresh_pooler_and_more_classes():
     module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
     assert module.model.head.pooler.in_features == 32 and module.model.head.classifier.out_features == 3
     assert module.model(_batch(3)).shape == (4, 3)
-

@@ -29,12 +29,21 @@ def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():
 
 
 def _cfg(tmp_path: Path, corpus: Path, **trainer: object):
-    return build_config({
-        "model": {"preset": "albert-tiny", "vocab_size": 2048},
-        "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 8, "num_workers": 0},
-        "trainer": {"max_steps": 12, "val_every": 6, "val_batches": 2, "progress": False, "measure": False,
-                    **trainer},
-        "tracking": {"root": str(tmp_path / "runs")}})
+    return build_config(
+        {
+            "model": {"preset": "albert-tiny", "vocab_size": 2048},
+            "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 8, "num_workers": 0},
+            "trainer": {
+                "max_steps": 12,
+                "val_every": 6,
+                "val_batches": 2,
+                "progress": False,
+                "measure": False,
+                **trainer,
+            },
+            "tracking": {"root": str(tmp_path / "runs")},
+        }
+    )
 
 
 def test_bf16_with_gradient_clipping_trains_with_the_fused_optimizer(tmp_path, wiki_validation):
@@ -52,7 +61,6 @@ def test_a_loss_that_turns_nan_fails_the_run_at_that_step(tmp_path, wiki_validat
     with pytest.raises(FloatingPointError, match=r"training loss became .* at step (\d+)") as err:
         train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert int(err.value.args[0].rsplit("step ", 1)[1]) < 12
-
 
 
 class _PoisonAt(pl.Callback):

@@ -8,19 +8,29 @@ import torch
 from ablate.lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
 
 
-@pytest.mark.parametrize(("student", "teacher", "expected"), [
-    (4, 4, [0, 1, 2, 3]), (4, 8, [1, 3, 5, 7]), (3, 12, [3, 7, 11]), (2, 24, [11, 23]), (1, 5, [4]),
-])
+@pytest.mark.parametrize(
+    ("student", "teacher", "expected"),
+    [
+        (4, 4, [0, 1, 2, 3]),
+        (4, 8, [1, 3, 5, 7]),
+        (3, 12, [3, 7, 11]),
+        (2, 24, [11, 23]),
+        (1, 5, [4]),
+    ],
+)
 def test_layer_map_spreads_evenly_and_ends_on_the_last_layer(student, teacher, expected):
     assert layer_map(student, teacher) == expected
 
 
-@pytest.mark.parametrize(("student", "teacher", "expected"), [
-    (4, 4, [[0], [1], [2], [3]]),
-    (2, 4, [[0, 1], [2, 3]]),
-    (1, 3, [[0, 1, 2]]),
-    (4, 2, [[0], [0], [1], [1]]),
-])
+@pytest.mark.parametrize(
+    ("student", "teacher", "expected"),
+    [
+        (4, 4, [[0], [1], [2], [3]]),
+        (2, 4, [[0, 1], [2, 3]]),
+        (1, 3, [[0, 1, 2]]),
+        (4, 2, [[0], [0], [1], [1]]),
+    ],
+)
 def test_head_map_groups_or_shares_teacher_heads(student, teacher, expected):
     assert head_map(student, teacher) == expected
 

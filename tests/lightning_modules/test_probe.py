@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.config import DataConfig, ModelConfig, ObjectiveConfig
+from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules import probe
+from ablate.lightning_modules.config import DataConfig, ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.datamodules.pretrain import probe_streams
-from ablate.lightning_modules.probe import (IntrinsicScores, cls_features, intrinsic_eval, linear_probe, mlm_accuracy)
+from ablate.lightning_modules.probe import IntrinsicScores, cls_features, intrinsic_eval, linear_probe, mlm_accuracy
 
 VOCAB = 1000
 
@@ -53,19 +52,30 @@ def test_probe_rejects_empty_sets() -> None:
 
 def test_scores_as_metrics() -> None:
     assert IntrinsicScores(0.1, 0.6, 0.7).as_metrics() == {
-        "intrinsic/mlm_acc": 0.1, "intrinsic/nsp_acc": 0.6, "intrinsic/sop_acc": 0.7}
+        "intrinsic/mlm_acc": 0.1,
+        "intrinsic/nsp_acc": 0.6,
+        "intrinsic/sop_acc": 0.7,
+    }
 
 
 @pytest.fixture(scope="module")
 def tiny_data(wiki_validation: Path, tmp_path_factory: pytest.TempPathFactory) -> DataConfig:
-    return DataConfig(corpus=str(wiki_validation), max_length=64, batch_size=8, tokenizer_docs=300, num_workers=0,
-                      shuffle_buffer=50, cache_dir=str(tmp_path_factory.mktemp("probe-cache")))
+    return DataConfig(
+        corpus=str(wiki_validation),
+        max_length=64,
+        batch_size=8,
+        tokenizer_docs=300,
+        num_workers=0,
+        shuffle_buffer=50,
+        cache_dir=str(tmp_path_factory.mktemp("probe-cache")),
+    )
 
 
 def _tiny_model(sentence: str = "sop") -> PretrainingModel:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=VOCAB, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2, ffn_dim=64,
-                      max_position=64)
+    cfg = ModelConfig(
+        vocab_size=VOCAB, embed_dim=16, hidden_dim=32, num_layers=2, num_heads=2, ffn_dim=64, max_position=64
+    )
     return build_pretraining_model(cfg, ObjectiveConfig(sentence=sentence))
 
 

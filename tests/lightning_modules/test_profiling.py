@@ -12,8 +12,15 @@ import torch
 
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.profiling import (Measured, autocast_for, describe_device, measure, measure_latency,
-                                         peak_train_memory, training_device)
+from ablate.lightning_modules.profiling import (
+    Measured,
+    autocast_for,
+    describe_device,
+    measure,
+    measure_latency,
+    peak_train_memory,
+    training_device,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 V = 8192  # albert-tiny's vocabulary
@@ -71,11 +78,18 @@ def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
 
 
 def test_params_measure_json_has_measured_keys() -> None:
-    out = subprocess.run([sys.executable, "-m", "ablate", "params", "albert-tiny", "data.max_length=32",
-                          "--measure", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ablate", "params", "albert-tiny", "data.max_length=32", "--measure", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(data)
+    assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(
+        data
+    )
     # the CLI's plumbing; their order is test_latency_positive_and_grows_with_batch's (robust to a busy machine)
     assert data["device"].startswith(("cpu (", "cuda:")) and data["latency_ms_b1"] > 0 and data["latency_ms_b32"] > 0
     assert data["train_activation_mb"] > 0

@@ -49,8 +49,12 @@ def export(tracking_uri: str, studies: list[str]) -> dict[str, Any]:
         exp = client.get_experiment_by_name(study)
         if exp is None:
             raise SystemExit(f"error: {study}: no such experiment in {tracking_uri}")
-        runs = client.search_runs([exp.experiment_id], f"tags.`ablate.study` = '{study}'",
-                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000)
+        runs = client.search_runs(
+            [exp.experiment_id],
+            f"tags.`ablate.study` = '{study}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+        )
         parents = [r for r in runs if r.data.tags.get("ablate.role") == "study"]
         trials = [r for r in runs if r.data.tags.get("ablate.role") == "trial"]
         out["studies"][study] = {
@@ -80,8 +84,12 @@ def _log(client: MlflowClient, exp_id: str, rec: dict[str, Any], extra_tags: dic
     params = [Param(k, v) for k, v in rec["params"].items()]
     metrics = [Metric(k, v, 0, 0) for k, v in rec["metrics"].items()]
     for i in range(0, max(len(params), len(metrics)), 100):  # MLflow's batch limit is 100 params
-        client.log_batch(rid, metrics=metrics[i:i + 100], params=params[i:i + 100],
-                         tags=[RunTag("ablate.recorded_from", rec["source_run_id"])] if i == 0 else [])
+        client.log_batch(
+            rid,
+            metrics=metrics[i : i + 100],
+            params=params[i : i + 100],
+            tags=[RunTag("ablate.recorded_from", rec["source_run_id"])] if i == 0 else [],
+        )
     client.set_terminated(rid, rec["status"])
     return rid
 

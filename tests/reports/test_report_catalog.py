@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ablate.cli import main
 from ablate.lightning_modules.errors import ConfigError
 from ablate.reports import catalog
-from ablate.reports.spec import ReportSpec
-from ablate.cli import main
 from ablate.reports.catalog import study_report
+from ablate.reports.spec import ReportSpec
 from ablate.sweeps.spec import load_study
 
 STUDY = {
@@ -41,18 +41,25 @@ def test_a_study_names_a_shipped_report(tmp_path):
 
 
 def test_a_study_names_a_report_file_beside_it(tmp_path):
-    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(
-        {"title": "Mine", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}]}), encoding="utf-8")
+    (tmp_path / "mine.yaml").write_text(
+        yaml.safe_dump({"title": "Mine", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}]}),
+        encoding="utf-8",
+    )
     spec, _ = load_study(_write(tmp_path, "mine.yaml"))
     assert study_report(spec, tmp_path / "study.yaml").title == "Mine"
 
 
-@pytest.mark.parametrize(("report", "message"), [
-    ("albert-table9", "report: albert-table9: not a shipped report (one of albert-table3"),
-    ("nope.yaml", "report: nope.yaml: no such report spec file"),
-    ({"title": "t", "rows": ["model.sharing"], "metrics": [{"name": "m", "format": "pct"}]},
-     "report.metrics[0].format: Input should be"),
-])
+@pytest.mark.parametrize(
+    ("report", "message"),
+    [
+        ("albert-table9", "report: albert-table9: not a shipped report (one of albert-table3"),
+        ("nope.yaml", "report: nope.yaml: no such report spec file"),
+        (
+            {"title": "t", "rows": ["model.sharing"], "metrics": [{"name": "m", "format": "pct"}]},
+            "report.metrics[0].format: Input should be",
+        ),
+    ],
+)
 def test_a_bad_report_fails_when_the_study_is_read(tmp_path, capsys, monkeypatch, report, message):
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, report)

@@ -34,8 +34,13 @@ def test_unknown_experiment_is_empty(store):
     assert list(runs.columns) == BASE_COLUMNS
 
 
-@pytest.mark.parametrize(("uri", "shown"), [("http://127.0.0.1:9", "http://127.0.0.1:9"),
-                                            ("postgresql://u:p@127.0.0.1:1/x", "postgresql://u:***@127.0.0.1:1/x")])
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("http://127.0.0.1:9", "http://127.0.0.1:9"),
+        ("postgresql://u:p@127.0.0.1:1/x", "postgresql://u:***@127.0.0.1:1/x"),
+    ],
+)
 def test_unreachable_store_fails_fast(uri, shown):
     start = time.monotonic()
     with pytest.raises(StorageError, match="^" + re.escape(shown)):

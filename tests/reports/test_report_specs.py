@@ -33,8 +33,16 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict[
 
 
 def test_the_paper_tables_are_shipped():
-    assert set(NAMES) >= {"albert-table3", "albert-table4", "albert-table5", "mobilebert-operational",
-                          "distill-losses", "distill-strategies", "schubert", "embedding-simplification"}
+    assert set(NAMES) >= {
+        "albert-table3",
+        "albert-table4",
+        "albert-table5",
+        "mobilebert-operational",
+        "distill-losses",
+        "distill-strategies",
+        "schubert",
+        "embedding-simplification",
+    }
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
@@ -50,8 +58,11 @@ def test_shipped_spec_builds_from_recorded_runs(name, recorded, tmp_path):
     uri, _, ids = recorded
     spec = catalog.load_named(name)
     trials = RECORDED[spec.study]["trials"]
-    complete = [(rid, t) for rid, t in zip(ids[spec.study], trials, strict=True)
-                if t["tags"]["ablate.state"] in spec.include_states]
+    complete = [
+        (rid, t)
+        for rid, t in zip(ids[spec.study], trials, strict=True)
+        if t["tags"]["ablate.state"] in spec.include_states
+    ]
     assert complete, f"the recording holds no {spec.include_states} trial of {spec.study}"
 
     result = build_report(spec, spec.study, uri, tmp_path / name)
@@ -64,8 +75,9 @@ def test_shipped_spec_builds_from_recorded_runs(name, recorded, tmp_path):
     for key in keys:  # each cell is the mean of the row's recorded values
         row = result.table.stats.iloc[order.index(key)]
         for m in spec.metrics:
-            values = [t["metrics"][m.name] for _, t in complete
-                      if tuple(_value(t["params"].get(r)) for r in spec.rows) == key]
+            values = [
+                t["metrics"][m.name] for _, t in complete if tuple(_value(t["params"].get(r)) for r in spec.rows) == key
+            ]
             assert row[f"{m.name}.mean"] == pytest.approx(sum(values) / len(values))
     md = result.markdown.read_text()
     assert md.startswith(f"# {spec.title}") and all(m.display in md for m in spec.metrics)
@@ -84,20 +96,35 @@ def test_report_from_mlflow_alone(recorded, tmp_path):
     shutil.copy(root / "mlflow.db", tmp_path / "ablate-runs" / "mlflow.db")
     ablate = [sys.executable, "-m", "ablate"]
     env_path = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([*ablate, "report", "albert-table5"], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)
+    proc = subprocess.run(
+        [*ablate, "report", "albert-table5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "ablate-runs" / "reports" / "albert-table5" / "report.md").read_text()
     assert all(rid in md for rid in ids["albert-table5"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ablate-runs"]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/ablate-runs/mlflow.db")
-    parent = client.search_runs([client.get_experiment_by_name("albert-table5").experiment_id],
-                                "tags.`ablate.role` = 'study'")[0]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {"report/report.md",
-                                                                                       "report/report.tex"}
+    parent = client.search_runs(
+        [client.get_experiment_by_name("albert-table5").experiment_id], "tags.`ablate.role` = 'study'"
+    )[0]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {
+        "report/report.md",
+        "report/report.tex",
+    }
 
-    bad = subprocess.run([*ablate, "report", "albert-table9"], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)
+    bad = subprocess.run(
+        [*ablate, "report", "albert-table9"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert bad.stderr.startswith("error: albert-table9: not a shipped report (one of albert-table3")
 

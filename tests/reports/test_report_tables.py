@@ -124,8 +124,13 @@ def test_formats():
 
 
 def test_details_are_text_columns_beside_the_keys(runs):
-    spec = ReportSpec(title="t", rows=("model.sharing",), details=("model.embed_dim",),
-                      row_labels={"model.embed_dim": "E seen"}, metrics=(MetricSpec(name="val/mlm_acc"),))
+    spec = ReportSpec(
+        title="t",
+        rows=("model.sharing",),
+        details=("model.embed_dim",),
+        row_labels={"model.embed_dim": "E seen"},
+        metrics=(MetricSpec(name="val/mlm_acc"),),
+    )
     table = aggregate(runs, spec)
     assert table.keys() == [("all",), ("attn",), ("ffn",), ("none",)]  # details do not group
     by_key = dict(zip(table.keys(), table.stats["model.embed_dim"], strict=True))
@@ -140,8 +145,16 @@ def test_details_are_text_columns_beside_the_keys(runs):
 
 
 def test_a_column_of_equal_values_has_no_bold_cell(runs):
-    spec = ReportSpec.from_mapping({"title": "t", "rows": ["model.sharing"], "metrics": [
-        {"name": "model.num_ffn_metric", "better": "lower"}, {"name": "val/mlm_acc", "better": "higher"}]})
+    spec = ReportSpec.from_mapping(
+        {
+            "title": "t",
+            "rows": ["model.sharing"],
+            "metrics": [
+                {"name": "model.num_ffn_metric", "better": "lower"},
+                {"name": "val/mlm_acc", "better": "higher"},
+            ],
+        }
+    )
     runs = runs.assign(**{"model.num_ffn_metric": 1.0})
     md = to_markdown(aggregate(runs, spec))
     body = md.splitlines()[2:]

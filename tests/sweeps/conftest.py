@@ -10,19 +10,35 @@ import yaml
 
 def tiny_base(tmp_path: Path, corpus: Path, **trainer) -> dict:
     return {
-        "model": {"preset": "albert-tiny", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "num_layers": 2,
-                  "num_heads": 2, "ffn_dim": 64, "max_position": 64},
+        "model": {
+            "preset": "albert-tiny",
+            "vocab_size": 1000,
+            "embed_dim": 16,
+            "hidden_dim": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "ffn_dim": 64,
+            "max_position": 64,
+        },
         "objective": {"sentence": "sop"},
-        "data": {"corpus": str(corpus), "max_length": 64, "batch_size": 8, "tokenizer_docs": 300,
-                 "num_workers": 0, "shuffle_buffer": 50, "cache_dir": str(tmp_path / "cache")},
+        "data": {
+            "corpus": str(corpus),
+            "max_length": 64,
+            "batch_size": 8,
+            "tokenizer_docs": 300,
+            "num_workers": 0,
+            "shuffle_buffer": 50,
+            "cache_dir": str(tmp_path / "cache"),
+        },
         "optim": {"lr": 1e-3, "warmup_steps": 2},
         "trainer": {"max_steps": 6, "val_every": 3, "val_batches": 2, "log_every": 2, "progress": False, **trainer},
         "tracking": {"root": str(tmp_path / "runs")},
     }
 
 
-def write_study(tmp_path: Path, corpus: Path, name: str = "tiny", search: dict | None = None,
-                trainer: dict | None = None, **extra) -> Path:
+def write_study(
+    tmp_path: Path, corpus: Path, name: str = "tiny", search: dict | None = None, trainer: dict | None = None, **extra
+) -> Path:
     study = {
         "name": name,
         "base": tiny_base(tmp_path, corpus, **(trainer or {})),
@@ -34,10 +50,12 @@ def write_study(tmp_path: Path, corpus: Path, name: str = "tiny", search: dict |
         "report": {
             "title": "tiny",
             "rows": ["model.sharing"],
-            "metrics": [{"name": "params.backbone", "format": "millions", "better": "lower"},
-                        {"name": "val/mlm_acc", "format": "percent", "better": "higher"},
-                        {"name": "val/sentence_acc", "format": "percent"},
-                        {"name": "val/loss", "better": "lower"}],
+            "metrics": [
+                {"name": "params.backbone", "format": "millions", "better": "lower"},
+                {"name": "val/mlm_acc", "format": "percent", "better": "higher"},
+                {"name": "val/sentence_acc", "format": "percent"},
+                {"name": "val/loss", "better": "lower"},
+            ],
             "plots": [{"x": "params.backbone", "y": "val/mlm_acc"}],
         },
         **extra,

@@ -19,11 +19,26 @@ SST2 = SHARED_DATA / "sst2"
 def _study(tmp_path, corpus, choices=("sop", "nsp"), **finetune):
     lines = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:601]) + "\n", encoding="utf-8")
-    task = {"task": "sst2", "train": str(tmp_path / "train.tsv"), "validation": str(SST2 / "validation.tsv"),
-            "max_length": 32, "batch_size": 32, "lr": 1e-3, "max_steps": 4, "val_every": 4, **finetune}
-    return write_study(tmp_path, corpus, name="chain", search={"objective.sentence": {"choices": list(choices)}},
-                       trainer={"measure": False, "intrinsic": True}, finetune=[task],
-                       objective={"metric": "downstream/avg", "direction": "maximize"})
+    task = {
+        "task": "sst2",
+        "train": str(tmp_path / "train.tsv"),
+        "validation": str(SST2 / "validation.tsv"),
+        "max_length": 32,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "max_steps": 4,
+        "val_every": 4,
+        **finetune,
+    }
+    return write_study(
+        tmp_path,
+        corpus,
+        name="chain",
+        search={"objective.sentence": {"choices": list(choices)}},
+        trainer={"measure": False, "intrinsic": True},
+        finetune=[task],
+        objective={"metric": "downstream/avg", "direction": "maximize"},
+    )
 
 
 def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wiki_validation):
@@ -38,8 +53,15 @@ def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wi
     for trial in trials:
         assert trial.info.status == "FINISHED" and trial.data.tags["mlflow.parentRunId"] == result.parent_run_id
         m = trial.data.metrics
-        for name in ("val/mlm_acc", "intrinsic/nsp_acc", "intrinsic/sop_acc", "sst2/best_accuracy", "downstream/avg",
-                     "params.backbone", "flops_per_token"):
+        for name in (
+            "val/mlm_acc",
+            "intrinsic/nsp_acc",
+            "intrinsic/sop_acc",
+            "sst2/best_accuracy",
+            "downstream/avg",
+            "params.backbone",
+            "flops_per_token",
+        ):
             assert name in m, name
         assert m["downstream/avg"] == m["sst2/best_accuracy"]
         stages = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
@@ -69,7 +91,7 @@ def test_fine_tuning_seeds_give_mean_and_std(tmp_path, wiki_validation):
     client = MlflowClient(result.tracking_uri)
     exp = client.get_experiment_by_name("chain").experiment_id
     (trial,) = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
-    stages = client.search_runs([exp], f"tags.`ablate.stage` = 'finetune:sst2'")
+    stages = client.search_runs([exp], "tags.`ablate.stage` = 'finetune:sst2'")
     assert sorted(s.info.run_name.rsplit("| ", 1)[1] for s in stages) == ["sst2 seed=3", "sst2 seed=4"]
     assert sorted(s.data.params["seed"] for s in stages) == ["3", "4"]
     best = [s.data.metrics["sst2/best_accuracy"] for s in stages]

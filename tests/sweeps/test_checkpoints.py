@@ -48,8 +48,13 @@ def test_a_checkpoint_without_cuda_state_or_from_other_devices_still_loads() -> 
     RngState().on_load_checkpoint(None, None, old)  # type: ignore[arg-type]  # written before CUDA state was saved
     assert _draws() == expected
     # from a machine with another number of GPUs (or here, without any): CPU streams restored, CUDA's left alone
-    other = {**checkpoint, "ablate_rng": {**checkpoint["ablate_rng"],
-                                          "cuda": [torch.zeros(16, dtype=torch.uint8)] * (torch.cuda.device_count() + 1)}}
+    other = {
+        **checkpoint,
+        "ablate_rng": {
+            **checkpoint["ablate_rng"],
+            "cuda": [torch.zeros(16, dtype=torch.uint8)] * (torch.cuda.device_count() + 1),
+        },
+    }
     RngState().on_load_checkpoint(None, None, other)  # type: ignore[arg-type]
     assert _draws() == expected
     RngState().on_load_checkpoint(None, None, {"global_step": 3})  # type: ignore[arg-type]  # no ablate state at all

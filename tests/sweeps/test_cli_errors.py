@@ -14,8 +14,7 @@ from tests.sweeps.conftest import write_study
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 def test_params_json_matches_published_cell():
@@ -27,23 +26,42 @@ def test_params_json_matches_published_cell():
     assert out["backbone"] == out["embedding"] + out["encoder"]
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["params", "albert-base", "model.num_heads=7"], "error: model.num_heads:"),
-    (["params", "albert-base", "model.embed_dim=0"], "error: model.embed_dim:"),
-    (["params", "albert-base", "model.sharing=half"], "error: model.sharing:"),
-    (["params", "albert-base", "model.colour=red"], "error: model.colour: unknown key"),
-    (["params", "albert-base", "model.embed_dim"], "expected key=value"),
-    (["params", "no-such-preset"], "error: no-such-preset:"),
-    (["train", "missing.yaml"], "error: missing.yaml: no such file"),
-    (["params", "mobilebert", "model.num_heads=3"], "error: model.num_heads: intra_dim 128 is not divisible"),
-    (["params", "mobilebert", "model.embed_dim=1024"], "error: model.embed_dim: a trigram embedding needs E <= H"),
-    (["params", "bert-base", "model.attention_input=shared_qk"], "error: model.attention_input:"),
-    (["params", "bert-base", "model.sharing=all", "model.num_layers=2",
-      'model.layers=[{num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 3072}, {num_heads: 6, qk_dim: 64, v_dim: 64, ffn_dim: 3072}]'],
-     "error: model.sharing: 'all' shares modules across layers, but model.layers differ at layer 1"),
-    (["params", "bert-base", "model.num_layers=2", "model.layers=[{num_heads: 12, qk_dim: 0, v_dim: 64, ffn_dim: 1}, {num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 1}]"],
-     "error: model.layers[0].qk_dim: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["params", "albert-base", "model.num_heads=7"], "error: model.num_heads:"),
+        (["params", "albert-base", "model.embed_dim=0"], "error: model.embed_dim:"),
+        (["params", "albert-base", "model.sharing=half"], "error: model.sharing:"),
+        (["params", "albert-base", "model.colour=red"], "error: model.colour: unknown key"),
+        (["params", "albert-base", "model.embed_dim"], "expected key=value"),
+        (["params", "no-such-preset"], "error: no-such-preset:"),
+        (["train", "missing.yaml"], "error: missing.yaml: no such file"),
+        (["params", "mobilebert", "model.num_heads=3"], "error: model.num_heads: intra_dim 128 is not divisible"),
+        (["params", "mobilebert", "model.embed_dim=1024"], "error: model.embed_dim: a trigram embedding needs E <= H"),
+        (["params", "bert-base", "model.attention_input=shared_qk"], "error: model.attention_input:"),
+        (
+            [
+                "params",
+                "bert-base",
+                "model.sharing=all",
+                "model.num_layers=2",
+                "model.layers=[{num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 3072}, "
+                "{num_heads: 6, qk_dim: 64, v_dim: 64, ffn_dim: 3072}]",
+            ],
+            "error: model.sharing: 'all' shares modules across layers, but model.layers differ at layer 1",
+        ),
+        (
+            [
+                "params",
+                "bert-base",
+                "model.num_layers=2",
+                "model.layers=[{num_heads: 12, qk_dim: 0, v_dim: 64, ffn_dim: 1}, "
+                "{num_heads: 12, qk_dim: 64, v_dim: 64, ffn_dim: 1}]",
+            ],
+            "error: model.layers[0].qk_dim: Input should be greater than 0",
+        ),
+    ],
+)
 def test_cli_errors_are_one_line(args, needle, tmp_path):
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2
@@ -53,15 +71,18 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
     assert not (tmp_path / "ablate-runs").exists()
 
 
-@pytest.mark.parametrize(("change", "needle"), [
-    ({"search": {"model.colour": {"choices": [1]}}}, "search.model.colour: not a config field"),
-    ({"search": {"optim.lr": {"low": 1e-4, "high": 1e-2}}}, "search.optim.lr: the grid sampler needs"),
-    ({"search": {"model.sharing": {"choices": []}}}, "empty search space"),
-    ({"search": {"model.hidden_dim": {"choices": [32, 33]}}}, "model.num_heads: hidden_dim 33"),
-    ({"sampler": "tpe"}, "n_trials: required"),
-    ({"pruner": {"type": "sometimes"}}, "pruner.type"),
-    ({"objective": {"direction": "up"}}, "objective.direction"),
-])
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"search": {"model.colour": {"choices": [1]}}}, "search.model.colour: not a config field"),
+        ({"search": {"optim.lr": {"low": 1e-4, "high": 1e-2}}}, "search.optim.lr: the grid sampler needs"),
+        ({"search": {"model.sharing": {"choices": []}}}, "empty search space"),
+        ({"search": {"model.hidden_dim": {"choices": [32, 33]}}}, "model.num_heads: hidden_dim 33"),
+        ({"sampler": "tpe"}, "n_trials: required"),
+        ({"pruner": {"type": "sometimes"}}, "pruner.type"),
+        ({"objective": {"direction": "up"}}, "objective.direction"),
+    ],
+)
 def test_bad_studies_fail_before_anything_runs(tmp_path, change, needle, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("One sentence here. Another one there.\n\nA second document. With two sentences.\n")

@@ -79,13 +79,24 @@ def test_train_on_two_processes(tmp_path, wiki_validation):
 def test_pruning_across_ranks(tmp_path, wiki_validation):
     """Rank 0 reports to Optuna and the prune reaches every rank and the worker: the 6-step trial
     is pruned at its first report past the warm-up, the 2-step one (reporting only inside it) completes."""
-    study = write_study(tmp_path, wiki_validation, name="ddp-prune",
-                        search={"trainer.max_steps": {"choices": [2, 6]}}, trainer={**DDP, "val_every": 2},
-                        pruner={"type": "threshold", "upper": 1.0, "n_warmup_steps": 3})
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="ddp-prune",
+        search={"trainer.max_steps": {"choices": [2, 6]}},
+        trainer={**DDP, "val_every": 2},
+        pruner={"type": "threshold", "upper": 1.0, "n_warmup_steps": 3},
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run([sys.executable, "-m", "ablate", "sweep", str(study)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "ablate", "sweep", str(study)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     trials = optuna.load_study(study_name="ddp-prune", storage=f"sqlite:///{tmp_path}/runs/optuna.db").trials

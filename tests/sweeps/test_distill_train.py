@@ -6,16 +6,34 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from ablate.cli import main
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import ConfigError
-from ablate.cli import main
 from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 
-TEACHER = {"preset": "ibbert-mini", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "intra_dim": 64,
-           "num_layers": 2, "num_heads": 2, "ffn_dim": 128, "max_position": 64}
-STUDENT = {"preset": "mobilebert-mini", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "intra_dim": 16,
-           "num_layers": 2, "num_heads": 2, "ffn_dim": 32, "max_position": 64}
+TEACHER = {
+    "preset": "ibbert-mini",
+    "vocab_size": 1000,
+    "embed_dim": 16,
+    "hidden_dim": 32,
+    "intra_dim": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "ffn_dim": 128,
+    "max_position": 64,
+}
+STUDENT = {
+    "preset": "mobilebert-mini",
+    "vocab_size": 1000,
+    "embed_dim": 16,
+    "hidden_dim": 32,
+    "intra_dim": 16,
+    "num_layers": 2,
+    "num_heads": 2,
+    "ffn_dim": 32,
+    "max_position": 64,
+}
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from ablate.lightning_modules.configio import build_config
 from ablate.cli import main
+from ablate.lightning_modules.configio import build_config
 from ablate.sweeps.runner import train
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base, trained_run
@@ -28,9 +28,19 @@ def pretrained(tmp_path_factory, wiki_validation):
 
 def _finetune(tmp, base: dict, source: str, **task) -> dict:
     tree = yaml.safe_load(yaml.safe_dump(base))
-    tree["finetune"] = {"source": source, "task": "sst2", "train": str(tmp / "train.tsv"),
-                        "validation": str(SST2 / "validation.tsv"), "max_length": 48, "batch_size": 32,
-                        "lr": 1e-3, "max_steps": 12, "val_every": 6, "patience": 3, **task}
+    tree["finetune"] = {
+        "source": source,
+        "task": "sst2",
+        "train": str(tmp / "train.tsv"),
+        "validation": str(SST2 / "validation.tsv"),
+        "max_length": 48,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "max_steps": 12,
+        "val_every": 6,
+        "patience": 3,
+        **task,
+    }
     return tree
 
 

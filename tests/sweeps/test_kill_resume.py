@@ -28,8 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def _sweep(study: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(study)], cwd=study.parent, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", "sweep", str(study)],
+        cwd=study.parent,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _kill_at_first_checkpoint(study: Path, checkpoints: Path, name: str) -> None:
@@ -49,9 +55,14 @@ def _kill_at_first_checkpoint(study: Path, checkpoints: Path, name: str) -> None
 
 @pytest.mark.timeout(900)
 def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_validation):
-    study = write_study(tmp_path, wiki_validation, name="killed",
-                        search={"model.sharing": {"choices": ["all", "none"]}},
-                        trainer={"max_steps": 120, "val_every": 20, "measure": False}, heartbeat=1)
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="killed",
+        search={"model.sharing": {"choices": ["all", "none"]}},
+        trainer={"max_steps": 120, "val_every": 20, "measure": False},
+        heartbeat=1,
+    )
     runs_dir = tmp_path / "runs"
     _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "killed")  # mid-trial
     storage = f"sqlite:///{runs_dir / 'optuna.db'}"
@@ -97,10 +108,14 @@ def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, w
     """The study's teacher is trained once: a worker killed while training it leaves a stale
     teacher trial; the next worker ends the dead teacher run KILLED and trains the teacher
     from its last checkpoint, then the students."""
-    study = write_study(tmp_path, wiki_validation, name="teach", trainer={"max_steps": 4, "measure": False},
-                        heartbeat=1,
-                        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 200,
-                                                                       "trainer.val_every": 20}})
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="teach",
+        trainer={"max_steps": 4, "measure": False},
+        heartbeat=1,
+        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 200, "trainer.val_every": 20}},
+    )
     runs_dir = tmp_path / "runs"
     _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "teach")  # mid-teacher
 

@@ -63,9 +63,14 @@ def test_workers_opening_an_empty_database_at_once(cluster):
 def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(study), "--storage", storage,
-                             "--tracking-uri", uri], cwd=cwd, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate", "sweep", str(study), "--storage", storage, "--tracking-uri", uri],
+        cwd=cwd,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _two_workers(study: Path, storage: str, uri: str, tmp_path: Path) -> list[Path]:
@@ -85,10 +90,13 @@ def _two_workers(study: Path, storage: str, uri: str, tmp_path: Path) -> list[Pa
 @pytest.mark.timeout(900)
 def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
     storage, uri = servers
-    study = write_study(tmp_path, wiki_validation, name="two-workers",
-                        search={"model.sharing": {"choices": ["all", "none", "attn"]},
-                                "model.embed_dim": {"choices": [16, 32]}},
-                        trainer={"max_steps": 4, "val_every": 2, "measure": False})
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="two-workers",
+        search={"model.sharing": {"choices": ["all", "none", "attn"]}, "model.embed_dim": {"choices": [16, 32]}},
+        trainer={"max_steps": 4, "val_every": 2, "measure": False},
+    )
     _two_workers(study, storage, uri, tmp_path)
 
     trials = optuna.load_study(study_name="two-workers", storage=storage).get_trials()
@@ -107,9 +115,24 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
     assert len({r.data.tags["ablate.worker"] for r in runs}) == 2  # the work was shared
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rep = subprocess.run([sys.executable, "-m", "ablate", "report", str(study), "--tracking-uri", uri,
-                          "--out", str(tmp_path / "report")], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate",
+            "report",
+            str(study),
+            "--tracking-uri",
+            uri,
+            "--out",
+            str(tmp_path / "report"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / "report" / "report.md").read_text()
     assert all(r.info.run_id in md for r in runs)
@@ -119,8 +142,13 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
 @pytest.mark.timeout(900)
 def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_validation):
     storage, uri = servers
-    study = write_study(tmp_path, wiki_validation, name="two-teach", trainer={"max_steps": 4, "measure": False},
-                        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 150}})
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="two-teach",
+        trainer={"max_steps": 4, "measure": False},
+        teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 150}},
+    )
     logs = _two_workers(study, storage, uri, tmp_path)
 
     client = MlflowClient(uri)

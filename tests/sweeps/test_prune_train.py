@@ -6,14 +6,23 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from ablate.cli import main
 from ablate.lightning_modules.configio import build_config, load_config
 from ablate.lightning_modules.pruning.budget import backbone_params, unit_costs
-from ablate.cli import main
 from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 
-MODEL = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim": 32, "num_layers": 2,
-         "num_heads": 4, "ffn_dim": 64, "max_position": 64, "dropout": 0.0}
+MODEL = {
+    "preset": "bert-tiny",
+    "vocab_size": 1000,
+    "embed_dim": 32,
+    "hidden_dim": 32,
+    "num_layers": 2,
+    "num_heads": 4,
+    "ffn_dim": 64,
+    "max_position": 64,
+    "dropout": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +63,16 @@ def test_schubert_rounds_follow_the_plan_and_shrink_for_real(source_run, method,
     assert "| layer | heads a | qk k | value v | ffn f |" in open(dims).read()
     assert run.data.metrics["flops_per_token"] < run.data.metrics["source/flops_per_token"]
     scratch = tmp_path / "scratch.yaml"
-    scratch.write_text(yaml.safe_dump({**base, "model": {k: v for k, v in vars(pruned.model).items()
-                                                          if k != "layers"} | {"layers": [vars(s) for s in pruned.model.layers]},
-                                       "trainer": {**base["trainer"], "max_steps": 2, "val_every": 2}}))
+    scratch.write_text(
+        yaml.safe_dump(
+            {
+                **base,
+                "model": {k: v for k, v in vars(pruned.model).items() if k != "layers"}
+                | {"layers": [vars(s) for s in pruned.model.layers]},
+                "trainer": {**base["trainer"], "max_steps": 2, "val_every": 2},
+            }
+        )
+    )
     assert main(["train", str(scratch)]) == 0
 
 
@@ -79,5 +95,9 @@ def test_a_bad_source_is_one_line_and_no_run(source_run, tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(_pruned(base, "runs:/ffffffffffffffffffffffffffffffff")))
     assert main(["train", str(path)]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        "error: prune.source: run ffffffffffffffffffffffffffffffff: no such run")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: prune.source: run ffffffffffffffffffffffffffffffff: no such run")
+    )

@@ -9,14 +9,22 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from ablate.lightning_modules.config import to_yaml
 from ablate.cli import main
+from ablate.lightning_modules.config import to_yaml
 from ablate.sweeps.spec import PLACEHOLDER_TEACHER, StudySpec, corner_configs, load_study, teacher_config, trial_config
 from tests.sweeps.conftest import tiny_base, write_study
 
 # a tiny BERT teacher as wide as the tiny ALBERT students, on their tokenizer (V=1000)
-TEACHER_MODEL = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim": 32, "num_layers": 2,
-                 "num_heads": 2, "ffn_dim": 64, "max_position": 64}
+TEACHER_MODEL = {
+    "preset": "bert-tiny",
+    "vocab_size": 1000,
+    "embed_dim": 32,
+    "hidden_dim": 32,
+    "num_layers": 2,
+    "num_heads": 2,
+    "ffn_dim": 64,
+    "max_position": 64,
+}
 FAST = {"measure": False}
 
 
@@ -38,26 +46,48 @@ def tiny_corpus(tmp_path):
     return corpus
 
 
-@pytest.mark.parametrize(("teacher", "extra", "needle"), [
-    ({}, {}, "teacher.source: give exactly one of teacher.source"),
-    ({"source": "runs:/abc", "model": TEACHER_MODEL}, {}, "teacher.source: give exactly one of teacher.source"),
-    ({"model": TEACHER_MODEL, "overrides": {"trainer.colour": 1}}, {},
-     "teacher.overrides.trainer.colour: not a config field"),
-    ({"model": TEACHER_MODEL, "overrides": {"distill.teacher": "runs:/x"}}, {},
-     "teacher.overrides.distill.teacher: the teacher itself is trained without a teacher"),
-    ({"model": {**TEACHER_MODEL, "num_heads": 7}}, {}, "teacher.model.num_heads: hidden_dim 32 is not divisible"),
-    ({"model": {"preset": "no-such-preset"}}, {}, "teacher.model.preset: unknown preset"),
-    ({"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 0}}, {}, "teacher.trainer.max_steps:"),
-    ({"model": {"preset": "bert-tiny"}}, {}, "teacher.model.vocab_size: 8192 differs from the students' 1000"),
-    ({"source": "runs:/abc", "overrides": {"optim.lr": 0.1}}, {}, "teacher.overrides: only for a teacher the study"),
-    ({"source": "runs:/abc"}, {"search": {"distill.teacher": {"choices": ["a", "b"]}}},
-     "search.distill.teacher: set by the study's teacher section"),
-    # the students' distill section is validated against their max_steps (6) before anything runs
-    ({"model": TEACHER_MODEL}, {"overrides": {"distill.strategy": "joint", "distill.stage_steps": 10}},
-     "distill.stage_steps: 1 transfer stage(s) x 10 steps = 10 leave no PD stage within trainer.max_steps 6"),
-    ({"source": "runs:/abc"}, {"overrides": {"distill.strategy": "progressive"}},
-     "distill.strategy: 'progressive' freezes layers one at a time and needs model.sharing 'none', not 'all'"),
-])
+@pytest.mark.parametrize(
+    ("teacher", "extra", "needle"),
+    [
+        ({}, {}, "teacher.source: give exactly one of teacher.source"),
+        ({"source": "runs:/abc", "model": TEACHER_MODEL}, {}, "teacher.source: give exactly one of teacher.source"),
+        (
+            {"model": TEACHER_MODEL, "overrides": {"trainer.colour": 1}},
+            {},
+            "teacher.overrides.trainer.colour: not a config field",
+        ),
+        (
+            {"model": TEACHER_MODEL, "overrides": {"distill.teacher": "runs:/x"}},
+            {},
+            "teacher.overrides.distill.teacher: the teacher itself is trained without a teacher",
+        ),
+        ({"model": {**TEACHER_MODEL, "num_heads": 7}}, {}, "teacher.model.num_heads: hidden_dim 32 is not divisible"),
+        ({"model": {"preset": "no-such-preset"}}, {}, "teacher.model.preset: unknown preset"),
+        ({"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 0}}, {}, "teacher.trainer.max_steps:"),
+        ({"model": {"preset": "bert-tiny"}}, {}, "teacher.model.vocab_size: 8192 differs from the students' 1000"),
+        (
+            {"source": "runs:/abc", "overrides": {"optim.lr": 0.1}},
+            {},
+            "teacher.overrides: only for a teacher the study",
+        ),
+        (
+            {"source": "runs:/abc"},
+            {"search": {"distill.teacher": {"choices": ["a", "b"]}}},
+            "search.distill.teacher: set by the study's teacher section",
+        ),
+        # the students' distill section is validated against their max_steps (6) before anything runs
+        (
+            {"model": TEACHER_MODEL},
+            {"overrides": {"distill.strategy": "joint", "distill.stage_steps": 10}},
+            "distill.stage_steps: 1 transfer stage(s) x 10 steps = 10 leave no PD stage within trainer.max_steps 6",
+        ),
+        (
+            {"source": "runs:/abc"},
+            {"overrides": {"distill.strategy": "progressive"}},
+            "distill.strategy: 'progressive' freezes layers one at a time and needs model.sharing 'none', not 'all'",
+        ),
+    ],
+)
 def test_bad_teachers_fail_before_anything_runs(tmp_path, tiny_corpus, capsys, teacher, extra, needle):
     path = _study(tmp_path, tiny_corpus, teacher=teacher, **extra)
     assert main(["sweep", str(path)]) == 2
@@ -71,7 +101,9 @@ def test_missing_teacher_folder_fails_before_anything_runs(tmp_path, tiny_corpus
     path = _study(tmp_path, tiny_corpus, teacher={"source": str(tmp_path / "no-teacher")})
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: teacher.source: ") and "no-teacher: neither runs:/RUN_ID nor an existing folder" in err
+    assert (
+        err.startswith("error: teacher.source: ") and "no-teacher: neither runs:/RUN_ID nor an existing folder" in err
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -85,10 +117,16 @@ def test_teacher_run_must_exist_in_the_store(tmp_path, wiki_validation, capsys):
 
 def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_path, tiny_corpus):
     base = {**tiny_base(tmp_path, tiny_corpus), "init_from": "student-checkpoint"}
-    spec = StudySpec(name="s", base=base, overrides={"optim.lr": 5e-4, "distill.temperature": 2.0},
-                     search={"model.sharing": {"choices": ["all", "none"]}},
-                     teacher={"model": {**TEACHER_MODEL, "num_layers": 3},
-                              "overrides": {"trainer.max_steps": 40, "optim.warmup_steps": 4}})
+    spec = StudySpec(
+        name="s",
+        base=base,
+        overrides={"optim.lr": 5e-4, "distill.temperature": 2.0},
+        search={"model.sharing": {"choices": ["all", "none"]}},
+        teacher={
+            "model": {**TEACHER_MODEL, "num_layers": 3},
+            "overrides": {"trainer.max_steps": 40, "optim.warmup_steps": 4},
+        },
+    )
     cfg = teacher_config(base, spec)
     assert cfg.name == "s-teacher" and cfg.distill.teacher is None and cfg.init_from is None
     assert (cfg.model.hidden_dim, cfg.model.num_layers, cfg.model.embed_dim, cfg.model.sharing) == (32, 3, 32, "none")
@@ -102,8 +140,9 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
 
 def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
     base = tiny_base(tmp_path, tiny_corpus)
-    spec = StudySpec(name="s", base=base, teacher={"source": "runs:/abc"},
-                     search={"model.sharing": {"choices": ["all", "none"]}})
+    spec = StudySpec(
+        name="s", base=base, teacher={"source": "runs:/abc"}, search={"model.sharing": {"choices": ["all", "none"]}}
+    )
     cfg = trial_config(base, spec, {"model.sharing": "none", "seed": 1}, teacher="runs:/abc")
     assert (cfg.distill.teacher, cfg.model.sharing, cfg.seed, cfg.name) == ("runs:/abc", "none", 1, "s")
     assert {c.distill.teacher for c in corner_configs(spec, base)} == {PLACEHOLDER_TEACHER}
@@ -116,8 +155,12 @@ def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
 
 
 def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, capsys):
-    path = _study(tmp_path, wiki_validation, name="no-teacher",
-                  teacher={"model": TEACHER_MODEL, "overrides": {"init_from": str(tmp_path / "missing")}})
+    path = _study(
+        tmp_path,
+        wiki_validation,
+        name="no-teacher",
+        teacher={"model": TEACHER_MODEL, "overrides": {"init_from": str(tmp_path / "missing")}},
+    )
     assert main(["sweep", str(path)]) == 2
     assert "missing" in capsys.readouterr().err
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
@@ -137,8 +180,10 @@ def test_teacher_trained_once_and_reused(tmp_path, wiki_validation, capsys):
     assert main(["sweep", str(path)]) == 0  # nothing left to do
 
     exp = client.get_experiment_by_name("distilled").experiment_id
-    runs = {role: [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == role]
-            for role in ("study", "teacher", "trial")}
+    runs = {
+        role: [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == role]
+        for role in ("study", "teacher", "trial")
+    }
     assert [len(runs[role]) for role in ("study", "teacher", "trial")] == [1, 1, 2]
     (parent,), (teacher_run,) = runs["study"], runs["teacher"]
     teacher_id = teacher_run.info.run_id
@@ -167,4 +212,5 @@ def test_teacher_trained_once_and_reused(tmp_path, wiki_validation, capsys):
     assert sorted(r.data.tags["ablate.role"] for r in runs) == ["study", "trial"]  # no teacher trained here
     assert {r.data.tags["ablate.teacher_run"] for r in runs} == {teacher_id}
     assert [r.data.params["distill.teacher"] for r in runs if r.data.tags["ablate.role"] == "trial"] == [
-        f"runs:/{teacher_id}"]
+        f"runs:/{teacher_id}"
+    ]

@@ -12,10 +12,10 @@ import optuna
 import torch
 from mlflow.tracking import MlflowClient
 
+from ablate.cli import main
 from ablate.lightning_modules.configio import build_config
 from ablate.reports.build import build_report
 from ablate.reports.spec import ReportSpec
-from ablate.cli import main
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import load_study
 from tests.sweeps.conftest import tiny_base, write_study
@@ -45,8 +45,16 @@ def test_two_trial_sweep_report_and_resume(study_file, tmp_path, capsys):
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in trials}
     for run in trials:
         assert run.data.params["model.embed_dim"] == "16" and run.data.params["seed"] == "0"
-        assert {"val/loss", "val/mlm_acc", "val/sentence_acc", "params.backbone", "flops_per_token",
-                "latency_ms_b1", "latency_ms_b32", "train_activation_mb"} <= set(run.data.metrics)
+        assert {
+            "val/loss",
+            "val/mlm_acc",
+            "val/sentence_acc",
+            "params.backbone",
+            "flops_per_token",
+            "latency_ms_b1",
+            "latency_ms_b32",
+            "train_activation_mb",
+        } <= set(run.data.metrics)
         assert run.data.params["measure.device"] == f"cpu ({torch.get_num_threads()} threads)"  # where it trained
         assert "ablate.git_commit" in run.data.tags or "ablate.version" in run.data.tags
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -85,14 +93,20 @@ def test_same_seed_same_numbers(tmp_path, wiki_validation):
 
 def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
-    path = write_study(tmp_path, wiki_validation, name="interrupted", search=search,
-                       trainer={"max_steps": 400, "val_every": 100})
+    path = write_study(
+        tmp_path, wiki_validation, name="interrupted", search=search, trainer={"max_steps": 400, "val_every": 100}
+    )
     client, _ = _client(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "sweep", str(path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            # a shell's background job ignores SIGINT, and Python keeps an inherited SIG_IGN
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate", "sweep", str(path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # a shell's background job ignores SIGINT, and Python keeps an inherited SIG_IGN
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     try:
         deadline, second_started = time.time() + 240, False
@@ -119,7 +133,11 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
     study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert sorted((t.params["model.sharing"], t.params["model.num_ffn"]) for t in complete) == [
-        ("all", 1), ("all", 2), ("none", 1), ("none", 2)]
+        ("all", 1),
+        ("all", 2),
+        ("none", 1),
+        ("none", 2),
+    ]
     runs = client.search_runs([exp.experiment_id])
     assert "RUNNING" not in {r.info.status for r in runs}
     finished = [r for r in runs if r.data.tags.get("ablate.state") == "COMPLETE"]
@@ -139,14 +157,21 @@ def test_pruned_trials_are_recorded_and_count_as_done(tmp_path, wiki_validation)
     trials = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'trial'")
     assert {(r.info.status, r.data.tags["ablate.state"]) for r in trials} == {("FINISHED", "PRUNED")}
     assert main(["sweep", str(path)]) == 0  # pruned trials are done: nothing reruns
-    assert len(optuna.load_study(study_name="pruned", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}").trials) == 2
+    assert (
+        len(optuna.load_study(study_name="pruned", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}").trials) == 2
+    )
 
 
 def test_a_nan_loss_fails_its_trial_with_the_reason_and_the_study_goes_on(tmp_path, wiki_validation):
     """A learning rate of 1e9 overflows within a few steps: that trial fails (stopped at once,
     reason in Optuna and MLflow); the sane one completes."""
-    path = write_study(tmp_path, wiki_validation, name="nan", search={"optim.lr": {"choices": [1.0e-3, 1.0e9]}},
-                       trainer={"max_steps": 60, "val_every": 30, "measure": False})
+    path = write_study(
+        tmp_path,
+        wiki_validation,
+        name="nan",
+        search={"optim.lr": {"choices": [1.0e-3, 1.0e9]}},
+        trainer={"max_steps": 60, "val_every": 30, "measure": False},
+    )
     assert main(["sweep", str(path)]) == 0
     study = optuna.load_study(study_name="nan", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
     states = {t.params["optim.lr"]: t for t in study.trials}

@@ -9,8 +9,11 @@ from pydantic import ValidationError
 from ablate.sweeps import workers
 from ablate.sweeps.spec import PrunerSpec, StudySpec
 
-SEARCH = {"optim.lr": {"choices": [1e-4, 1e-3, 3e-3]}, "model.embed_dim": {"choices": [32, 128]},
-          "model.sharing": {"choices": ["all", "none"]}}
+SEARCH = {
+    "optim.lr": {"choices": [1e-4, 1e-3, 3e-3]},
+    "model.embed_dim": {"choices": [32, 128]},
+    "model.sharing": {"choices": ["all", "none"]},
+}
 
 
 def _queued(name: str) -> list[dict]:
@@ -29,13 +32,16 @@ def test_the_grid_is_queued_once_in_a_seeded_random_order():
     assert len({p["optim.lr"] for p in order[:4]}) > 1
 
 
-@pytest.mark.parametrize(("raw", "kind"), [
-    ({"type": "none"}, optuna.pruners.NopPruner),
-    ({"type": "median", "n_startup_trials": 3}, optuna.pruners.MedianPruner),
-    ({"type": "percentile", "percentile": 25.0}, optuna.pruners.PercentilePruner),
-    ({"type": "hyperband", "n_warmup_steps": 10}, optuna.pruners.HyperbandPruner),
-    ({"type": "threshold", "upper": 9.0}, optuna.pruners.ThresholdPruner),
-])
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [
+        ({"type": "none"}, optuna.pruners.NopPruner),
+        ({"type": "median", "n_startup_trials": 3}, optuna.pruners.MedianPruner),
+        ({"type": "percentile", "percentile": 25.0}, optuna.pruners.PercentilePruner),
+        ({"type": "hyperband", "n_warmup_steps": 10}, optuna.pruners.HyperbandPruner),
+        ({"type": "threshold", "upper": 9.0}, optuna.pruners.ThresholdPruner),
+    ],
+)
 def test_pruners(raw, kind):
     assert isinstance(PrunerSpec(**raw).build(max_steps=100), kind)
 

@@ -13,14 +13,27 @@ from ablate.lightning_modules.encoder import build_encoder
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.presets import get_preset
-from ablate.lightning_modules.pruning.budget import (backbone_params, beta, choose, fewer_layers, magnitude_keep,
-                                              unit_costs, uniform)
+from ablate.lightning_modules.pruning.budget import (
+    backbone_params,
+    beta,
+    choose,
+    fewer_layers,
+    magnitude_keep,
+    uniform,
+    unit_costs,
+)
 from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
 
-SMALL = ModelConfig(vocab_size=50, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=4, ffn_dim=40,
-                    max_position=16, dropout=0.0)
-PER_LAYER = dataclasses.replace(SMALL, layers=(LayerSpec(num_heads=3, qk_dim=5, v_dim=7, ffn_dim=30),
-                                               LayerSpec(num_heads=2, qk_dim=8, v_dim=4, ffn_dim=11)))
+SMALL = ModelConfig(
+    vocab_size=50, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=4, ffn_dim=40, max_position=16, dropout=0.0
+)
+PER_LAYER = dataclasses.replace(
+    SMALL,
+    layers=(
+        LayerSpec(num_heads=3, qk_dim=5, v_dim=7, ffn_dim=30),
+        LayerSpec(num_heads=2, qk_dim=8, v_dim=4, ffn_dim=11),
+    ),
+)
 SHAPES = {
     "uniform": SMALL,
     "per_layer": PER_LAYER,
@@ -71,7 +84,7 @@ def test_unit_costs_are_built_model_differences(name):
 
 
 def test_head_cost_by_hand():
-    H, (a, k, v, f) = 24, (3, 5, 7, 30)
+    H, (a, k, v, _f) = 24, (3, 5, 7, 30)
     costs = unit_costs(PER_LAYER)
     assert costs["heads"][0] == (H + 1) * (2 * k + v) + v * H
     assert costs["qk"][0] == a * 2 * (H + 1) and costs["v"][0] == a * (H + 1 + H)
@@ -108,6 +121,7 @@ def removed_units(cfg: ModelConfig, keep: Keep, gates, start: Keep | None = None
 def put_back(keep: Keep, dim: str, layer: int, j: int) -> Keep:
     def add(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, torch.tensor([j])]).sort().values
+
     if dim == "h":
         return dataclasses.replace(keep, h=add(keep.h))
     per = list(getattr(keep, dim))
@@ -115,9 +129,10 @@ def put_back(keep: Keep, dim: str, layer: int, j: int) -> Keep:
     return dataclasses.replace(keep, **{dim: tuple(per)})
 
 
-@pytest.mark.parametrize(("variant", "fraction"), [("schubert-all", 0.3), ("schubert-all", 0.6),
-                                                    ("schubert-f", 0.05), ("schubert-a", 0.1),
-                                                    ("schubert-h", 0.2)])
+@pytest.mark.parametrize(
+    ("variant", "fraction"),
+    [("schubert-all", 0.3), ("schubert-all", 0.6), ("schubert-f", 0.05), ("schubert-a", 0.1), ("schubert-h", 0.2)],
+)
 def test_choose_removes_within_one_unit_of_the_plan(variant, fraction):
     cfg = SHAPES["per_layer"]
     gates, full = random_gates(cfg, VARIANTS[variant]), backbone_params(cfg)
@@ -134,7 +149,11 @@ def test_choose_removes_within_one_unit_of_the_plan(variant, fraction):
         ungated = set(DIMS) - set(VARIANTS[variant])
         full_keep = Keep.everything(cfg)
         for dim in ungated:
-            pairs = [(keep.h, full_keep.h)] if dim == "h" else zip(getattr(keep, dim), getattr(full_keep, dim))
+            pairs = (
+                [(keep.h, full_keep.h)]
+                if dim == "h"
+                else zip(getattr(keep, dim), getattr(full_keep, dim), strict=False)
+            )
             assert all(torch.equal(a, b) for a, b in pairs)
 
 
@@ -163,7 +182,7 @@ def test_choose_continues_from_a_keep():
     start = backbone_params(first.config(cfg))
     assert start - backbone_params(second.config(cfg)) >= backbone_params(cfg) // 4
     for dim in DIMS:
-        pairs = [(second.h, first.h)] if dim == "h" else zip(getattr(second, dim), getattr(first, dim))
+        pairs = [(second.h, first.h)] if dim == "h" else zip(getattr(second, dim), getattr(first, dim), strict=False)
         assert all(set(a.tolist()) <= set(b.tolist()) for a, b in pairs)
 
 
@@ -206,16 +225,20 @@ def test_magnitude_keep_takes_the_largest_units(name):
     with torch.no_grad():  # plant big units: h 5, layer 1 head 1, layer 0 qk 2, layer 1 v 3, layer 0 ffn 7
         enc.attentions[0].inner.qkv.weight[:, 5] *= 100
         A, k, v = attn1.num_heads, attn1.qk_dim, attn1.v_dim
-        attn1.qkv.weight[A * k + k: A * k + 2 * k] *= 100  # K rows of head 1
-        attn0.qkv.weight[2: attn0.num_heads * attn0.qk_dim: attn0.qk_dim] *= 100  # Q row 2 of every head
+        attn1.qkv.weight[A * k + k : A * k + 2 * k] *= 100  # K rows of head 1
+        attn0.qkv.weight[2 : attn0.num_heads * attn0.qk_dim : attn0.qk_dim] *= 100  # Q row 2 of every head
         attn1.out.weight[:, 3::v] *= 100  # output columns of v unit 3 in every head
         enc.ffn_stacks[0][0].inner.up.weight[7] *= 100
     new_cfg = uniform(cfg, backbone_params(cfg) // 2)
     keep = magnitude_keep(model, cfg, new_cfg)
     assert keep.config(cfg) == new_cfg
     assert 5 in keep.h.tolist() and 2 in keep.qk[0].tolist() and 3 in keep.v[1].tolist() and 7 in keep.ffn[0].tolist()
-    ones = dataclasses.replace(new_cfg, hidden_dim=1, embed_dim=1 if cfg.embed_dim == cfg.hidden_dim else cfg.embed_dim,
-                               layers=(LayerSpec(num_heads=1, qk_dim=1, v_dim=1, ffn_dim=1),) * 2)
+    ones = dataclasses.replace(
+        new_cfg,
+        hidden_dim=1,
+        embed_dim=1 if cfg.embed_dim == cfg.hidden_dim else cfg.embed_dim,
+        layers=(LayerSpec(num_heads=1, qk_dim=1, v_dim=1, ffn_dim=1),) * 2,
+    )
     keep = magnitude_keep(model, cfg, ones)  # one unit of each: exactly the planted ones where planted
     assert keep.h.tolist() == [5] and keep.heads[1].tolist() == [1] and keep.qk[0].tolist() == [2]
     assert keep.v[1].tolist() == [3] and keep.ffn[0].tolist() == [7]

@@ -15,14 +15,26 @@ from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_m
 from ablate.lightning_modules.pruning.gates import Gates, attach, attached, detach, masked_layer_norm
 from ablate.lightning_modules.pruning.keep import DIMS, VARIANTS
 
-BASE = ModelConfig(vocab_size=100, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=3, ffn_dim=40,
-                   max_position=32, dropout=0.0)
+BASE = ModelConfig(
+    vocab_size=100, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=3, ffn_dim=40, max_position=32, dropout=0.0
+)
 # name -> (model overrides, sentence objective): E = H and E != H, both norms, with and without extras
 CASES: dict[str, tuple[dict[str, object], str]] = {
     "tied": ({}, "sop"),
-    "tied_bare": ({"embed_norm": False, "position": "none", "token_types": 0, "activation": "relu", "num_ffn": 2,
-                   "layers": (LayerSpec(num_heads=3, qk_dim=8, v_dim=6, ffn_dim=40),
-                              LayerSpec(num_heads=2, qk_dim=5, v_dim=7, ffn_dim=30))}, "none"),
+    "tied_bare": (
+        {
+            "embed_norm": False,
+            "position": "none",
+            "token_types": 0,
+            "activation": "relu",
+            "num_ffn": 2,
+            "layers": (
+                LayerSpec(num_heads=3, qk_dim=8, v_dim=6, ffn_dim=40),
+                LayerSpec(num_heads=2, qk_dim=5, v_dim=7, ffn_dim=30),
+            ),
+        },
+        "none",
+    ),
     "tied_nonorm": ({"norm": "no_norm"}, "nsp"),
     "factorized": ({"embed_dim": 16}, "sop"),
     "factorized_nonorm": ({"embed_dim": 16, "norm": "no_norm", "embed_norm": False}, "sop"),
@@ -51,8 +63,12 @@ def _batch(cfg: ModelConfig, seed: int = 0, B: int = 3, T: int = 12) -> dict[str
     ids = torch.randint(1, cfg.vocab_size, (B, T), generator=g).masked_fill(~mask, 0)
     labels = torch.full((B, T), -100)
     labels[:, 1:5:2] = ids[:, 1:5:2]
-    batch = {"input_ids": ids, "attention_mask": mask, "mlm_labels": labels,
-             "sentence_label": torch.randint(0, 2, (B,), generator=g)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "mlm_labels": labels,
+        "sentence_label": torch.randint(0, 2, (B,), generator=g),
+    }
     if cfg.token_types:
         batch["token_type_ids"] = (torch.arange(T)[None, :] >= 4).long().expand(B, T) * mask
     return batch
@@ -86,8 +102,13 @@ def test_only_the_chosen_dimensions_get_gates(variant):
     cfg = _case("tied_bare")[0]
     gates = Gates(cfg, VARIANTS[variant])
     specs = cfg.layer_specs()
-    sizes = {"h": [cfg.hidden_dim], "heads": [s.num_heads for s in specs], "qk": [s.qk_dim for s in specs],
-             "v": [s.v_dim for s in specs], "ffn": [s.ffn_dim for s in specs]}
+    sizes = {
+        "h": [cfg.hidden_dim],
+        "heads": [s.num_heads for s in specs],
+        "qk": [s.qk_dim for s in specs],
+        "v": [s.v_dim for s in specs],
+        "ffn": [s.ffn_dim for s in specs],
+    }
     expected = {(f"{d}.{i}" if d != "h" else "h"): n for d in VARIANTS[variant] for i, n in enumerate(sizes[d])}
     assert {k: p.numel() for k, p in gates.named_parameters()} == expected
     assert all(bool((p == 1).all()) for p in gates.parameters())
@@ -156,8 +177,10 @@ def test_masked_layer_norm_is_layer_norm_over_the_kept_dims():
     assert bool((y[..., ~keep] == 0).all())
 
 
-@pytest.mark.parametrize(("field", "value"), [("sharing", "all"), ("sharing", "attn"), ("intra_dim", 12),
-                                              ("embedding", "trigram"), ("mlm_head", "mobilebert")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("sharing", "all"), ("sharing", "attn"), ("intra_dim", 12), ("embedding", "trigram"), ("mlm_head", "mobilebert")],
+)
 def test_unsupported_encoders_raise_naming_the_field(field, value):
     cfg = dataclasses.replace(BASE, **{field: value})
     with pytest.raises(ConfigError, match=rf"^model\.{field}: schuBERT pruning needs"):
