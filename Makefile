@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch first, pinned to the CPU wheel, so no other requirement pulls a CUDA build
 TORCH  ?= torch==2.13.0
 
-.PHONY: install quickstart test clean
+.PHONY: install quickstart lint test clean
 
 install: $(STAMP)
 
@@ -21,7 +21,12 @@ quickstart: install
 	$(VENV)/bin/ablate sweep sweeps/studies/quickstart.yaml
 	$(VENV)/bin/ablate report sweeps/studies/quickstart.yaml
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PY=$(PY) tools/typecheck.sh
+
+test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
