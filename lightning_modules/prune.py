@@ -7,7 +7,7 @@ The encoder's weights are frozen; gates alpha (initialised to 1) multiply into t
 
 where beta_dim is proportional to the parameters one unit of that dimension removes
 (:func:`lightning_modules.pruning.budget.beta`). Removal and fine-tuning happen between
-gate phases (:mod:`sweeps.prune_run`).
+gate phases (:func:`ablate.lightning_modules.pruning.schubert.prune`).
 """
 
 from __future__ import annotations

@@ -172,3 +172,20 @@ def shrink(
         shrunk = build_pretraining_model(new_cfg, objective)
     shrunk.load_state_dict(state, assign=True)
     return new_cfg, shrunk.train(model.training)
+
+
+def first_layers(model: PretrainingModel, new_cfg: ModelConfig, objective: ObjectiveConfig) -> PretrainingModel:
+    """The first ``new_cfg.num_layers`` layers of ``model`` (with its embeddings and heads)."""
+    small = build_pretraining_model(new_cfg, objective)
+    keep = {f"encoder.{kind}.{i}." for kind in ("attentions", "ffn_stacks") for i in range(new_cfg.num_layers)}
+    state = {
+        k: v
+        for k, v in model.state_dict().items()
+        if not k.startswith(("encoder.attentions.", "encoder.ffn_stacks.")) or any(k.startswith(p) for p in keep)
+    }
+    if small.sentence_head is None:
+        state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
+    missing, _ = small.load_state_dict(state, strict=False)
+    if any(not k.startswith("sentence_head.") for k in missing):  # only a sentence head may start fresh
+        raise ConfigError(f"prune.source: its weights do not fit {new_cfg.num_layers} layers ({missing[:3]})")
+    return small
