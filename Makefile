@@ -1,4 +1,4 @@
-# ablate: `make quickstart` (install + the quickstart study + its report), `make test`.
+# ablate: `make quickstart` (install + the quickstart study + its report), `make test`, `make docs`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch first, pinned to the CPU wheel, so no other requirement pulls a CUDA build
 TORCH  ?= torch==2.13.0
 
-.PHONY: install quickstart lint test clean
+.PHONY: install quickstart lint test docs serve-docs clean
 
 install: $(STAMP)
 
@@ -28,6 +28,13 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the documentation site (mkdocs.yml, docs/) into site/; the tools come with the test extras
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+serve-docs: install
+	$(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf ablate-runs .pytest_cache
