@@ -16,11 +16,13 @@ Counting rule:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from torch import nn
 
+from ablate.lightning_modules.components.attention import MultiHeadAttention
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
-from ablate.lightning_modules.encoder import Encoder
+from ablate.lightning_modules.encoder import Encoder, Residual
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.profiling import measure, training_device
 
@@ -58,8 +60,8 @@ def flops_per_token(encoder: Encoder, seq_len: int) -> int:
     """Forward FLOPs per token of the backbone, walking the layer plan (shared layers run L times)."""
     total = linear_flops(encoder.embeddings)
     for step in encoder.plan:
-        attn = encoder.attentions[step.attention]
-        heads = attn.inner
+        attn = cast(Residual, encoder.attentions[step.attention])
+        heads = cast(MultiHeadAttention, attn.inner)
         total += linear_flops(attn) + 2 * seq_len * heads.num_heads * (heads.qk_dim + heads.v_dim)  # + QK^T, AV
         total += linear_flops(encoder.ffn_stacks[step.ffn])
         if len(encoder.bottlenecks):
@@ -115,7 +117,9 @@ def metric_counts(
     process, so a multi-GPU run then starts its DDP ranks by spawn (:func:`ablate.sweeps.trainer.lightning_strategy`).
     """
     counts = param_report(model, model_cfg, cfg.data.max_length)
-    out = {f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")}
+    out: dict[str, float] = {
+        f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")
+    }
     out["flops_per_token"] = counts.flops_per_token
     if not cfg.trainer.measure:
         return out, {}
@@ -130,5 +134,5 @@ def metric_counts(
         memory_batch=cfg.data.batch_size,
         precision=cfg.trainer.precision,
     )
-    out.update({k: v for k, v in measured.as_dict().items() if k != "device"})
+    out.update({k: cast(float, v) for k, v in measured.as_dict().items() if k != "device"})  # the rest are floats
     return out, {MEASURED_ON: measured.device}

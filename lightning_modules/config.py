@@ -383,7 +383,8 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 def to_yaml(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML, loadable by :func:`load_config`."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    text: str = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    return text
 
 
 def config_digest(cfg: ExperimentConfig) -> str:

@@ -12,7 +12,7 @@ accumulate.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -76,7 +76,8 @@ class Residual(nn.Module):
         self.inner, self.norm, self.dropout = inner, norm, drop
 
     def forward(self, x: torch.Tensor, *inputs: torch.Tensor | None, **kwargs: object) -> torch.Tensor:
-        return self.norm(x + self.dropout(self.inner(*(inputs or (x,)), **kwargs)))
+        y: torch.Tensor = self.norm(x + self.dropout(self.inner(*(inputs or (x,)), **kwargs)))
+        return y
 
 
 class Encoder(nn.Module):
@@ -122,12 +123,12 @@ class Encoder(nn.Module):
         nobody reads. Nothing here depends on the values of the inputs (no host sync), so the
         forward compiles to one graph."""
         mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T), True = attend
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x: torch.Tensor = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         if trace is not None:
             trace.embedding = x
         last = len(self.plan) - 1
         for i, step in enumerate(self.plan):
-            keep = [] if trace is not None and trace.wants_attention(i) else None
+            keep: list[torch.Tensor] | None = [] if trace is not None and trace.wants_attention(i) else None
             x = self.block(x, step, mask, keep, rows if i == last else None)
             if trace is not None:
                 trace.hidden.append(x)
@@ -154,15 +155,15 @@ class Encoder(nn.Module):
         """One layer: x (B, T, H) -> (B, T, H), or (N, H) at ``rows`` only; attention scores go
         to ``keep`` when given."""
         if not self.bottlenecks:
-            h = self.attentions[step.attention](x, x, mask, keep=keep)  # (B, T, H)
+            h: torch.Tensor = self.attentions[step.attention](x, x, mask, keep=keep)  # (B, T, H)
         else:
-            neck: Bottleneck = self.bottlenecks[step.bottleneck]
+            neck = cast(Bottleneck, self.bottlenecks[step.bottleneck])
             h = neck.enter(x)  # (B, T, I)
             qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
             h = self.attentions[step.attention](h, qk, mask, v, keep=keep)  # residual at I
         if rows is not None:  # what follows is per position
             h, x = h.flatten(0, 1)[rows], x.flatten(0, 1)[rows]  # (R, I), (R, H)
-        for sublayer in self.ffn_stacks[step.ffn]:
+        for sublayer in cast(nn.ModuleList, self.ffn_stacks[step.ffn]):
             h = sublayer(h)  # (B, T, I)
         return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)
 

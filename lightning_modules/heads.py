@@ -71,7 +71,8 @@ class SentenceHead(nn.Module):
 
     def forward(self, cls: torch.Tensor) -> torch.Tensor:
         """cls: (B, H) -> logits (B, 2)."""
-        return self.classifier(torch.tanh(self.pooler(cls)))
+        logits: torch.Tensor = self.classifier(torch.tanh(self.pooler(cls)))
+        return logits
 
 
 @dataclass

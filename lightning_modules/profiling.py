@@ -71,7 +71,7 @@ def describe_device(device: torch.device | str) -> str:
     return str(dev)
 
 
-def autocast_for(precision: str, device: torch.device) -> AbstractContextManager:
+def autocast_for(precision: str, device: torch.device) -> AbstractContextManager[None]:
     """The autocast a Lightning run with ``trainer.precision`` = ``precision`` runs its steps under
     on ``device``: Lightning's own :class:`MixedPrecision` context for ``bf16-mixed`` and
     ``16-mixed`` (``torch.autocast`` to bf16 / fp16, no cast cache), nothing for ``32-true``."""
@@ -84,7 +84,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device  # one device per model
 
 
-def _forked_rng(device: torch.device) -> AbstractContextManager:
+def _forked_rng(device: torch.device) -> AbstractContextManager[None]:
     """Fork the CPU generator and, on CUDA, the measured device's generator (restored on exit)."""
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
 
@@ -255,7 +255,8 @@ def _autocast_loss(
     model: PretrainingModel, batch: dict[str, torch.Tensor], precision: str, device: torch.device
 ) -> torch.Tensor:
     with autocast_for(precision, device):
-        return model(batch).loss
+        loss: torch.Tensor = model(batch).loss
+        return loss
 
 
 def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torch.Tensor]) -> int:
@@ -272,7 +273,7 @@ def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torc
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         value = loss()
-    value.backward()
+    value.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     return sum(saved.values())
 
 

@@ -83,7 +83,8 @@ class MultiHeadAttention(nn.Module):
             if keep is not None:
                 keep.append(scores)
             y = F.dropout(scores.softmax(dim=-1), p) @ val  # (B, A, T, v)
-        return self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
+        result: torch.Tensor = self.out(y.transpose(1, 2).reshape(B, T, A * v))  # (B, T, out)
+        return result
 
 
 def attention(

@@ -14,7 +14,8 @@ class Projection(nn.Module):
         self.linear, self.norm = linear, norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.linear(x))
+        y: torch.Tensor = self.norm(self.linear(x))
+        return y
 
 
 class Bottleneck(nn.Module):
@@ -51,4 +52,5 @@ class Bottleneck(nn.Module):
 
     def leave(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """h: (B, T, intra) block output; x: (B, T, H) block input -> (B, T, H)."""
-        return self.exit_norm(x + self.dropout(self.exit(h)))
+        y: torch.Tensor = self.exit_norm(x + self.dropout(self.exit(h)))
+        return y

@@ -23,7 +23,8 @@ class Trigram(nn.Module):
         """e: (B, T, E) -> (B, T, H)."""
         nxt = F.pad(e[:, 1:], (0, 0, 0, 1))  # e(t+1), zero at the end
         prev = F.pad(e[:, :-1], (0, 0, 1, 0))  # e(t-1), zero at the start
-        return self.linear(torch.cat([nxt, e, prev], dim=-1))  # (B, T, 3E) -> (B, T, H)
+        y: torch.Tensor = self.linear(torch.cat([nxt, e, prev], dim=-1))  # (B, T, 3E) -> (B, T, H)
+        return y
 
 
 class Embeddings(nn.Module):
@@ -56,7 +57,7 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
-        x = self.word(input_ids)  # (B, T, E)
+        x: torch.Tensor = self.word(input_ids)  # (B, T, E)
         if self.trigram is not None:
             x = self.trigram(x)  # (B, T, H)
         if self.position is not None:
@@ -65,4 +66,6 @@ class Embeddings(nn.Module):
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             x = x + self.token_type(types)
         x = self.dropout(self.norm(x))
-        return x if self.projection is None else self.projection(x)  # (B, T, H)
+        if self.projection is not None:
+            x = self.projection(x)  # (B, T, H)
+        return x

@@ -16,7 +16,8 @@ class FeedForward(nn.Module):
         self.up, self.down, self.activation = up, down, activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.activation(self.up(x)))  # (B, T, H) -> (B, T, F) -> (B, T, H)
+        y: torch.Tensor = self.down(self.activation(self.up(x)))  # (B, T, H) -> (B, T, F) -> (B, T, H)
+        return y
 
 
 def feed_forward(dim: int, ffn_dim: int, activation: str) -> FeedForward:
