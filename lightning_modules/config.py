@@ -39,6 +39,9 @@ SHARES: dict[str, tuple[bool, bool]] = {
     "ffn": (False, True),
 }
 Norm = Literal["layer_norm", "no_norm"]
+Regime = Literal["pretrain", "distill", "prune", "finetune"]
+# a regime other than pre-training starts from a trained model, named by this field
+REGIME_SOURCE: dict[str, str] = {"distill": "distill.teacher", "prune": "prune.source", "finetune": "finetune.source"}
 Activation = Literal["gelu", "relu"]
 
 
@@ -320,6 +323,10 @@ class ExperimentConfig:
     """Everything one training run needs.
 
     Attributes:
+        regime: what the run is: ``pretrain``, ``distill`` (from ``distill.teacher``), ``prune``
+            (``prune.source``) or ``finetune`` (``finetune.source``). Left out, it is the regime
+            whose source is set (``pretrain`` when none is); a config naming two regimes' sources,
+            or a regime without its own, is an error. Logged as the param ``regime``.
         init_from: start from a checkpoint's weights instead of a random initialisation: a
             transformers checkpoint folder (BERT, ALBERT, MobileBERT ``*ForPreTraining``) or an
             ``ablate export`` folder. ``model`` must describe the checkpoint's architecture
@@ -329,6 +336,7 @@ class ExperimentConfig:
     """
 
     name: str = "experiment"
+    regime: Regime | None = None
     seed: int = 0
     init_from: str | None = None
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -342,9 +350,26 @@ class ExperimentConfig:
     finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
 
     @model_validator(mode="after")
+    def _resolve_regime(self) -> ExperimentConfig:
+        """The run's regime: as named, else the one whose source is set, else ``pretrain``.
+
+        Sources of two regimes, or a regime without its source (or with another's), are errors.
+        """
+        sources = {"distill": self.distill.teacher, "prune": self.prune.source, "finetune": self.finetune.source}
+        named = [r for r, source in sources.items() if source is not None]
+        if len(named) > 1:
+            first, second = (REGIME_SOURCE[r] for r in named[:2])
+            raise ValueError(f"{second}: a run has one regime (pretrain, distill, prune, finetune); {first} is set too")
+        found = named[0] if named else "pretrain"
+        if self.regime is not None and self.regime != found:
+            if self.regime == "pretrain":
+                raise ValueError(f"{REGIME_SOURCE[found]}: set, but regime is 'pretrain' (use regime: {found})")
+            raise ValueError(f"{REGIME_SOURCE[self.regime]}: required by regime '{self.regime}'")
+        object.__setattr__(self, "regime", found)  # frozen: resolved once, here
+        return self
+
+    @model_validator(mode="after")
     def _check_distill(self) -> ExperimentConfig:
-        if self.prune.source is not None and self.distill.teacher is not None:
-            raise ValueError("prune.source: a run either prunes or distils; distill.teacher is set too")
         if self.distill.teacher is None:
             return self
         if self.distill.strategy == "progressive" and self.model.sharing != "none":

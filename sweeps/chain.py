@@ -33,11 +33,13 @@ LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")  # a task's data given as a l
 
 
 def task_config(cfg: ExperimentConfig, task: dict[str, Any], source: str, seed: int | None = None) -> ExperimentConfig:
-    """The fine-tuning config of one task: the trial's config with ``finetune.*`` from ``task``."""
-    updates = {f"finetune.{k}": v for k, v in task.items() if k != "seeds"}
+    """The fine-tuning config of one task: the trial's config with ``finetune.*`` from ``task``, as a
+    ``finetune`` run of ``source`` (the trial's teacher or model to prune was its pre-training's)."""
+    updates: dict[str, Any] = {f"finetune.{k}": v for k, v in task.items() if k != "seeds"}
     if seed is not None:
         updates["seed"] = seed
-    return build_config(to_dict(cfg), {**updates, "finetune.source": source})
+    regime = {"regime": "finetune", "finetune.source": source, "distill.teacher": None, "prune.source": None}
+    return build_config(to_dict(cfg), {**updates, **regime})
 
 
 def task_seeds(task: dict[str, Any], where: str) -> list[int | None]:

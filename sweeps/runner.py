@@ -43,11 +43,11 @@ def run_name(changes: dict[str, object]) -> str:
 
 
 def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[PretrainModule, dict[str, str]]:
-    """The LightningModule of a run and its extra tags: a DistillModule when ``distill.teacher``
-    is set (tagged with the teacher's run), else a PretrainModule; the model starts from random
+    """The LightningModule of a run and its extra tags: a DistillModule for a ``distill`` run
+    (tagged with the teacher's run), else a PretrainModule; the model starts from random
     weights or from those of ``init_from``."""
     student = initial_model(cfg)
-    if cfg.distill.teacher is None:
+    if cfg.regime != "distill" or cfg.distill.teacher is None:
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
         teacher = load_source(cfg.distill.teacher, uri, Path(tmp))
@@ -108,16 +108,17 @@ def train(
     extra_params: dict[str, str] | None = None,
     checkpoint_dir: Path | None = None,
 ) -> tracking.RunResult:
-    """Train ``cfg`` as one MLflow run (pre-training, distillation or pruning); return its final metrics.
+    """Train ``cfg`` as one MLflow run, as its ``regime`` says (pre-training, distillation, pruning
+    or fine-tuning); return its final metrics.
 
     With ``checkpoint_dir`` (a study trial's), pre-training and distillation keep their last and
     best checkpoints there and resume from the last one if an earlier attempt left it.
 
     Corpus, store, teacher and source problems raise before the MLflow run is created. Any
     failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
-    A config with ``finetune.source`` fine-tunes (:func:`sweeps.finetune_run.finetune`).
+    A ``finetune`` run is :func:`ablate.sweeps.finetune_run.finetune`.
     """
-    if cfg.finetune.source is not None:
+    if cfg.regime == "finetune":
         return finetune(
             cfg,
             tracking_uri=tracking_uri,
@@ -135,7 +136,7 @@ def train(
     data.setup("fit")
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tokenizer = Path(data.tokenizer_path)
-    if cfg.prune.source is None:
+    if cfg.regime != "prune" or cfg.prune.source is None:
         module, module_tags = build_module(cfg, uri, tokenizer)
         inputs, measured_on = metric_counts(module.model, cfg.model, cfg)
         extra_params = {**measured_on, **(extra_params or {})}

@@ -74,3 +74,40 @@ def test_num_workers_auto_fits_the_machine_and_a_number_is_kept():
     assert build_config({"data": {"num_workers": 0}}).data.workers() == 0
     with pytest.raises(ConfigError, match="data.num_workers"):
         build_config({"data": {"num_workers": "many"}})
+
+
+_FT = {"task": "sst2", "train": "train.tsv", "validation": "dev.tsv"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "regime"),
+    [
+        ({}, "pretrain"),
+        ({"distill": {"teacher": "runs:/t"}}, "distill"),
+        ({"prune": {"source": "runs:/s"}}, "prune"),
+        ({"finetune": {"source": "runs:/s", **_FT}}, "finetune"),
+        ({"regime": "distill", "distill": {"teacher": "runs:/t"}}, "distill"),
+    ],
+)
+def test_a_run_says_its_regime(raw, regime):
+    cfg = build_config(raw)
+    assert cfg.regime == regime and flatten(cfg)["regime"] == regime  # a param like any other field
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (  # used to fine-tune silently
+            {"distill": {"teacher": "runs:/t"}, "finetune": {"source": "runs:/s", **_FT}},
+            "finetune.source: a run has one regime (pretrain, distill, prune, finetune); distill.teacher is set too",
+        ),
+        ({"regime": "prune"}, "prune.source: required by regime 'prune'"),
+        ({"regime": "pretrain", "distill": {"teacher": "runs:/t"}}, "distill.teacher: set, but regime is 'pretrain'"),
+        ({"regime": "finetune", "prune": {"source": "runs:/s"}}, "finetune.source: required by regime 'finetune'"),
+        ({"regime": "train"}, "regime: Input should be"),
+    ],
+)
+def test_conflicting_regimes_are_one_error(raw, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(raw)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
