@@ -417,6 +417,13 @@ def config_digest(cfg: ExperimentConfig) -> str:
     return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
 
 
+def run_params(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The fields the run uses, dotted: :func:`flatten` without the sections of the other regimes
+    (a pre-training run logs no ``distill.*``, ``prune.*`` or ``finetune.*``)."""
+    unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime != cfg.regime)
+    return {k: v for k, v in flatten(cfg).items() if not k.startswith(unused)}
+
+
 def field_names() -> set[str]:
     """Every valid dotted key."""
     return set(flatten(ExperimentConfig()))

@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from optuna import TrialPruned
 
-from ablate.lightning_modules.config import ExperimentConfig, flatten, to_yaml
+from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
 from ablate.lightning_modules.errors import StorageError
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
@@ -160,8 +160,8 @@ def package_tags() -> dict[str, str]:
 def log_run_inputs(
     client: MlflowClient, run_id: str, cfg: ExperimentConfig, counts: dict[str, float], tokenizer_path: Path | None
 ) -> None:
-    """Params (flattened resolved config), config YAML, tokenizer, parameter counts, tags."""
-    params = [Param(k, str(v)) for k, v in flatten(cfg).items()]
+    """Params (the resolved fields the run uses), config YAML, tokenizer, parameter counts, tags."""
+    params = [Param(k, str(v)) for k, v in run_params(cfg).items()]
     metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
     tags = [RunTag(k, v) for k, v in package_tags().items()]
     tags.append(RunTag("ablate.num_workers", str(cfg.data.workers(cfg.trainer.devices))))  # what `auto` became

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from ablate.lightning_modules.config import field_names, flatten
+from ablate.lightning_modules.config import field_names, flatten, run_params
 from ablate.lightning_modules.configio import build_config, load_config, parse_override, replace
 from ablate.lightning_modules.errors import ConfigError
 
@@ -111,3 +111,12 @@ def test_conflicting_regimes_are_one_error(raw, message):
     with pytest.raises(ConfigError) as err:
         build_config(raw)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_run_logs_only_the_fields_its_regime_uses():
+    pretrain = run_params(build_config({}))
+    assert "model.embed_dim" in pretrain
+    assert not any(k.startswith(("distill.", "prune.", "finetune.")) for k in pretrain)
+    distill = run_params(build_config({"distill": {"teacher": "runs:/t"}}))
+    assert distill["distill.teacher"] == "runs:/t" and not any(k.startswith(("prune.", "finetune.")) for k in distill)
+    assert set(pretrain) < set(flatten(build_config({}))) <= field_names()
