@@ -36,15 +36,6 @@ class _PhaseLogger(MLFlowLogger):
         pass
 
 
-def _fit(
-    module: pl.LightningModule, cfg: ExperimentConfig, steps: int, data: PretrainDataModule, logger: _PhaseLogger
-) -> dict[str, float]:
-    """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
-    metrics = fit(build_trainer(cfg, logger, [ValidateAtEnd()], max_steps=steps), module, data)
-    logger.offset += steps
-    return metrics
-
-
 def prune_train(
     cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any, run_id: str
 ) -> dict[str, float]:
@@ -55,7 +46,10 @@ def prune_train(
     logger = _PhaseLogger(tracking_uri=uri, run_id=run_id, log_model=False)
 
     def train(module: pl.LightningModule, steps: int) -> dict[str, float]:
-        return _fit(module, cfg, steps, data, logger)
+        """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
+        metrics = fit(build_trainer(cfg, logger, [ValidateAtEnd()], max_steps=steps), module, data)
+        logger.offset += steps
+        return metrics
 
     def record(params: int) -> None:
         client.log_metric(run_id, "prune/params", params, step=logger.offset)

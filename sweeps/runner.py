@@ -47,7 +47,7 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     (tagged with the teacher's run), else a PretrainModule; the model starts from random
     weights or from those of ``init_from``."""
     student = initial_model(cfg)
-    if cfg.regime != "distill" or cfg.distill.teacher is None:
+    if cfg.regime != "distill":
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
         teacher = load_source(cfg.distill.teacher, uri, Path(tmp))
@@ -136,7 +136,7 @@ def train(
     data.setup("fit")
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tokenizer = Path(data.tokenizer_path)
-    if cfg.regime != "prune" or cfg.prune.source is None:
+    if cfg.regime != "prune":
         module, module_tags = build_module(cfg, uri, tokenizer)
         inputs, measured_on = metric_counts(module.model, cfg.model, cfg)
         extra_params = {**measured_on, **(extra_params or {})}

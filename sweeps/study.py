@@ -11,6 +11,7 @@ invocations while its config is unchanged).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,31 +245,19 @@ def trial_objective(
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
-            if spec.finetune:  # pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
-                result = chained_trial(
-                    cfg,
-                    spec.finetune,
-                    tracking_uri=uri,
-                    experiment=spec.name,
-                    parent_run_id=parent,
-                    tags=run_tags,
-                    name=run_name(params),
-                    callbacks=[pruning],
-                    extra_params=extra,
-                    checkpoint_dir=ckpt,
-                )
-            else:
-                result = train(
-                    cfg,
-                    tracking_uri=uri,
-                    experiment=spec.name,
-                    parent_run_id=parent,
-                    tags=run_tags,
-                    name=run_name(params),
-                    callbacks=[pruning],
-                    extra_params=extra,
-                    checkpoint_dir=ckpt,
-                )
+            # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
+            run = functools.partial(chained_trial, tasks=spec.finetune) if spec.finetune else train
+            result = run(
+                cfg,
+                tracking_uri=uri,
+                experiment=spec.name,
+                parent_run_id=parent,
+                tags=run_tags,
+                name=run_name(params),
+                callbacks=[pruning],
+                extra_params=extra,
+                checkpoint_dir=ckpt,
+            )
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise
