@@ -102,7 +102,13 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     from ablate.sweeps.spec import load_study
 
     spec, base = load_study(args.study)
-    study_report(spec, args.study)  # a bad report fails now, not after the sweep
+    report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
+    if args.check:
+        upstream = f", {spec.upstream.SECTION}: {spec.upstream.source or 'trained once'}" if spec.upstream else ""
+        tasks = f", fine-tuned on {', '.join(t.task for t in spec.finetune)}" if spec.finetune else ""
+        title, n = report.title if report else "none", spec.total_trials()
+        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}")
+        return
     from ablate.sweeps.study import run_study
 
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
@@ -207,6 +213,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--n-trials", type=int, help="run at most this many more trials")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite in ./ablate-runs)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
+    s.add_argument("--check", action="store_true", help="validate the study (every trial's config, tasks, report) only")
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
     s.add_argument(

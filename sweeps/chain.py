@@ -20,60 +20,19 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from mlflow.entities import Metric
 
-from ablate.lightning_modules.config import ExperimentConfig, to_dict
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config import ExperimentConfig
 from ablate.sweeps.runner import train
+from ablate.sweeps.spec import FinetuneTask
 from ablate.sweeps.tracking import RunResult, tracked_run
 from ablate.sweeps.weights import RUNS
 
 STAGE = "ablate.stage"
 PRETRAIN_RUN = "ablate.pretrain_run"
-LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")  # a task's data given as a local file (else a hub name)
-
-
-def task_config(cfg: ExperimentConfig, task: dict[str, Any], source: str, seed: int | None = None) -> ExperimentConfig:
-    """The fine-tuning config of one task: the trial's config with ``finetune.*`` from ``task``, as a
-    ``finetune`` run of ``source`` (the trial's teacher or model to prune was its pre-training's)."""
-    updates: dict[str, Any] = {f"finetune.{k}": v for k, v in task.items() if k != "seeds"}
-    if seed is not None:
-        updates["seed"] = seed
-    regime = {"regime": "finetune", "finetune.source": source, "distill.teacher": None, "prune.source": None}
-    return build_config(to_dict(cfg), {**updates, **regime})
-
-
-def task_seeds(task: dict[str, Any], where: str) -> list[int | None]:
-    """The task's fine-tuning seeds (``[None]``: the trial's own seed, once)."""
-    seeds = task.get("seeds")
-    if seeds is None:
-        return [None]
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or len(set(seeds)) != len(seeds)
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
-    ):
-        raise ConfigError(f"{where}.seeds: expected a non-empty list of distinct non-negative integers, got {seeds!r}")
-    return list(seeds)
-
-
-def check_tasks(cfg: ExperimentConfig, tasks: list[dict[str, Any]], where: str) -> None:
-    """Every task builds a valid config and its local files exist (before anything runs)."""
-    for i, task in enumerate(tasks):
-        task_seeds(task, f"{where}: finetune[{i}]")
-        try:
-            ft = task_config(cfg, task, RUNS + "pretrain").finetune
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
-        for key in ("train", "validation"):
-            value = getattr(ft, key)
-            if value is not None and value.endswith(LOCAL) and not Path(value).is_file():
-                raise ConfigError(f"{where}: finetune[{i}].{key}: {value}: no such file")
 
 
 def chained_trial(
     cfg: ExperimentConfig,
-    tasks: list[dict[str, Any]],
+    tasks: list[FinetuneTask],
     *,
     tracking_uri: str,
     experiment: str,
@@ -101,10 +60,10 @@ def chained_trial(
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
         best = []
-        for i, task in enumerate(tasks):
+        for task in tasks:
             runs: list[dict[str, float]] = []
-            for seed in task_seeds(task, f"finetune[{i}]"):
-                ft_cfg = task_config(cfg, task, RUNS + pre.run_id, seed)
+            for seed in task.seeds or [None]:
+                ft_cfg = task.config(cfg, RUNS + pre.run_id, seed)
                 f = ft_cfg.finetune
                 suffix = "" if seed is None else f" seed={seed}"
                 result = train(

@@ -20,8 +20,10 @@ Example::
     teacher:                                                # optional: every trial distils from one teacher
       model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
+    # prune_source: {model: ..., overrides: ...}            # or: the one model every trial prunes (schuBERT)
     finetune:                                               # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
+                                                            # a whole finetune section each, plus seeds: [0, 1, 2]
     heartbeat: 10                                           # s between a running trial's heartbeats; silent
                                                             # for 3x that = its worker died: retried
     report: albert-table3                                   # a shipped spec (reports/specs/), a REPORT.yaml path
@@ -32,19 +34,21 @@ from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import optuna
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, StrictInt, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import ExperimentConfig, field_names, flatten
+from ablate.lightning_modules.config import ExperimentConfig, field_names, flatten, to_dict
 from ablate.lightning_modules.configio import build_config, read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
+from ablate.lightning_modules.finetune_config import FinetuneConfig
 
-PLACEHOLDER_TEACHER = "runs:/teacher"
-"""Stands in for the study's teacher when student configs are validated before the teacher exists."""
+PLACEHOLDER_SOURCE = "runs:/study-model"
+"""Stands in for the study's teacher or model to prune when trial configs are validated before it exists."""
 TOKENIZER_FIELDS = (
     "model.vocab_size",
     "data.corpus",
@@ -55,6 +59,8 @@ TOKENIZER_FIELDS = (
     "data.tokenizer_docs",
 )
 """What determines the WordPiece tokenizer: teacher and student must agree on all of it."""
+LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")
+"""A fine-tuning task's data given as a local file (else a ``datasets`` hub name)."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -136,34 +142,81 @@ class ObjectiveSpec:
 
 
 @dataclass(frozen=True, config=STRICT)
-class TeacherSpec:
-    """The teacher every trial of a study distils from (``distill.teacher`` of each trial).
+class StudyModel:
+    """A trained model the whole study uses, given or trained once for the study.
 
     Attributes:
-        source: an existing teacher, used as is: ``runs:/RUN_ID`` or a checkpoint folder.
-        model: the ``model`` section of a teacher trained once for the study (``preset:``
+        source: an existing model, used as is: ``runs:/RUN_ID`` or a checkpoint folder.
+        model: the ``model`` section of a model trained once for the study (``preset:``
             allowed); the rest of its config is the study's base.
-        overrides: dotted overrides of the teacher's config only (``trainer.max_steps``,
-            ``optim.lr``, ...); the study's ``overrides``, search and variants are the student's.
-        into: the trial field it is given as: ``distill.teacher`` (every trial distils from
-            it) or ``prune.source`` (every trial prunes it: schuBERT studies).
+        overrides: dotted overrides of this model's config only (``trainer.max_steps``,
+            ``optim.lr``, ...); the study's ``overrides``, search and variants are the trials'.
     """
+
+    FIELD: ClassVar[str] = ""
+    """The trial config field it is given as."""
+    SECTION: ClassVar[str] = ""
+    """The study's section that declares it (also its MLflow run's name and role)."""
 
     source: str | None = Field(default=None, min_length=1)
     model: dict[str, Any] | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
-    into: Literal["distill.teacher", "prune.source"] = "distill.teacher"
 
     @model_validator(mode="after")
-    def _check(self) -> TeacherSpec:
+    def _check_source(self) -> StudyModel:
         if (self.source is None) == (self.model is None):
             raise ValueError(
-                "source: give exactly one of teacher.source (an existing teacher: runs:/RUN_ID or a "
-                "checkpoint folder) and teacher.model (a teacher to train once for the study)"
+                f"source: give exactly one of {self.SECTION}.source (an existing model: runs:/RUN_ID or a "
+                f"checkpoint folder) and {self.SECTION}.model (a model to train once for the study)"
             )
         if self.source is not None and self.overrides:
-            raise ValueError("overrides: only for a teacher the study trains (teacher.model), not teacher.source")
+            raise ValueError(f"overrides: only for a model the study trains ({self.SECTION}.model), not .source")
         return self
+
+
+@dataclass(frozen=True, config=STRICT)
+class TeacherSpec(StudyModel):
+    """The teacher every trial of a study distils from (``distill.teacher`` of each trial)."""
+
+    FIELD: ClassVar[str] = "distill.teacher"
+    SECTION: ClassVar[str] = "teacher"
+
+
+@dataclass(frozen=True, config=STRICT)
+class PruneSourceSpec(StudyModel):
+    """The trained model every trial of a study prunes (``prune.source`` of each trial: schuBERT studies)."""
+
+    FIELD: ClassVar[str] = "prune.source"
+    SECTION: ClassVar[str] = "prune_source"
+
+
+@dataclass(frozen=True, config=STRICT)
+class FinetuneTask(FinetuneConfig):
+    """One fine-tuning task of a chained study: a whole ``finetune`` section (unset fields take
+    its defaults; ``source`` is each trial's own pre-trained model) and the seeds it is
+    fine-tuned with.
+
+    Attributes:
+        seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
+            and ``<task>/best_<metric>_std``); None: once, with the trial's seed.
+    """
+
+    seeds: tuple[Annotated[StrictInt, Field(ge=0)], ...] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _check_task(self) -> FinetuneTask:
+        if self.source is not None:
+            raise ValueError("source: set by the chain (each trial's own pre-trained model)")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: {list(self.seeds)}: repeated seeds")
+        return self
+
+    def config(self, cfg: ExperimentConfig, source: str, seed: int | None = None) -> ExperimentConfig:
+        """The fine-tuning config of this task for the trial ``cfg`` pre-trained as ``source``:
+        a ``finetune`` run with the trial's model, data and tracking settings."""
+        fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source")}
+        regime = {"regime": "finetune", "finetune.source": source, "distill.teacher": None, "prune.source": None}
+        return build_config(to_dict(cfg), {**fields, **({} if seed is None else {"seed": seed}), **regime})
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -182,8 +235,20 @@ class StudySpec:
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     report: str | dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
-    finetune: list[dict[str, Any]] = Field(default_factory=list)
+    prune_source: PruneSourceSpec | None = None
+    finetune: list[FinetuneTask] = Field(default_factory=list)
     heartbeat: int = Field(default=10, ge=1, le=3600)
+
+    @model_validator(mode="after")
+    def _one_upstream(self) -> StudySpec:
+        if self.teacher is not None and self.prune_source is not None:
+            raise ValueError("prune_source: a study distils from a teacher or prunes a model, not both")
+        return self
+
+    @property
+    def upstream(self) -> StudyModel | None:
+        """The study's teacher or model to prune, if any."""
+        return self.teacher or self.prune_source
 
     @property
     def space(self) -> dict[str, ParamSpace]:
@@ -209,6 +274,8 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     """Read and validate a study YAML; return the spec and the resolved base config tree."""
     path = Path(path)
     raw = read_yaml(path)
+    if isinstance(raw.get("teacher"), dict) and "into" in raw["teacher"]:
+        raise ConfigError(f"{path}: teacher.into: gone; declare the model every trial prunes as prune_source: instead")
     try:
         spec = StudySpec(**raw)
     except ValidationError as exc:
@@ -232,8 +299,10 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         for key in keys:
             if key not in known:
                 raise ConfigError(f"{where}: {section}.{key}: not a config field")
-            if spec.teacher is not None and key == spec.teacher.into:
-                raise ConfigError(f"{where}: {section}.{key}: set by the study's teacher section")
+            if spec.upstream is not None and key == spec.upstream.FIELD:
+                raise ConfigError(f"{where}: {section}.{key}: set by the study's {spec.upstream.SECTION} section")
+            if spec.finetune and key.startswith("finetune."):
+                raise ConfigError(f"{where}: {section}.{key}: a chained study's fine-tuning is its finetune: tasks")
     if spec.sampler == "grid":
         for key, space in spec.search.items():
             if space.choices is None:
@@ -244,46 +313,58 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         students = corner_configs(spec, base)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    if spec.teacher is not None and spec.teacher.model is not None:
-        _validate_teacher(spec, base, students, where)
-    if spec.finetune:
-        from ablate.sweeps.chain import check_tasks
+    if spec.upstream is not None and spec.upstream.model is not None:
+        _validate_upstream(spec.upstream, spec, base, students, where)
+    if spec.finetune and isinstance(base.get("finetune"), dict):
+        raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its finetune: tasks")
+    check_tasks(students[0], spec.finetune, where)
 
-        check_tasks(students[0], spec.finetune, str(where))
 
-
-def _validate_teacher(
-    spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
+def _validate_upstream(
+    upstream: StudyModel, spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
 ) -> None:
-    """The teacher's overrides name config fields, its config is valid and it shares the students' tokenizer."""
-    known = field_names()
-    for key in spec.teacher.overrides:
+    """The study model's overrides name config fields, its config is valid and it shares the trials' tokenizer."""
+    known, section = field_names(), upstream.SECTION
+    for key in upstream.overrides:
         if key not in known:
-            raise ConfigError(f"{where}: teacher.overrides.{key}: not a config field")
-        if key in ("distill.teacher", "prune.source"):
-            raise ConfigError(f"{where}: teacher.overrides.{key}: the teacher itself is trained without a teacher")
+            raise ConfigError(f"{where}: {section}.overrides.{key}: not a config field")
+        if key in ("regime", "distill.teacher", "prune.source", "finetune.source"):
+            raise ConfigError(f"{where}: {section}.overrides.{key}: the study's {section} is pre-trained from scratch")
     try:
-        teacher = flatten(teacher_config(base, spec))
+        model = flatten(teacher_config(base, spec))
     except ConfigError as exc:
-        raise ConfigError(f"{where}: teacher.{exc}") from None
+        raise ConfigError(f"{where}: {section}.{exc}") from None
     for student in map(flatten, students):
         for key in TOKENIZER_FIELDS:
-            if teacher[key] != student[key]:
+            if model[key] != student[key]:
                 raise ConfigError(
-                    f"{where}: teacher.{key}: {teacher[key]!r} differs from the students' "
-                    f"{student[key]!r}; teacher and student must share one tokenizer"
+                    f"{where}: {section}.{key}: {model[key]!r} differs from the trials' "
+                    f"{student[key]!r}; they must share one tokenizer"
                 )
+
+
+def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str) -> None:
+    """Every fine-tuning task builds a valid config for the trial ``cfg`` and its local files exist."""
+    for i, task in enumerate(tasks):
+        try:
+            task.config(cfg, PLACEHOLDER_SOURCE)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
+        for key in ("train", "validation"):
+            value = getattr(task, key)
+            if value is not None and value.endswith(LOCAL) and not Path(value).is_file():
+                raise ConfigError(f"{where}: finetune[{i}].{key}: {value}: no such file")
 
 
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
     """The configs at the corners of the search space (every grid point for a grid).
 
-    With a study teacher they distil from a placeholder, so that the ``distill`` section is
-    validated (stages against ``trainer.max_steps`` ...) before the teacher exists.
+    With a study teacher (or model to prune) they name a placeholder, so that the ``distill``
+    (``prune``) section is validated (stages against ``trainer.max_steps`` ...) before it exists.
     """
     space = {k: v for k, v in spec.space.items() if k != "seed"}
     keys = list(space)
-    teacher = PLACEHOLDER_TEACHER if spec.teacher is not None else None
+    teacher = PLACEHOLDER_SOURCE if spec.upstream is not None else None
     return [
         trial_config(base, spec, dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}, teacher)
         for values in itertools.product(*(space[k].corners() for k in keys))
@@ -299,13 +380,14 @@ def trial_config(
         base: the study's base config tree.
         spec: the study.
         params: the sampled parameters (dotted names, ``variant`` and ``seed``).
-        teacher: the study's teacher (``runs:/RUN_ID`` or a folder), set as ``distill.teacher``;
-            None keeps whatever the base says.
+        teacher: the study's teacher or model to prune (``runs:/RUN_ID`` or a folder), set as
+            ``distill.teacher`` or ``prune.source``; None keeps whatever the base says.
     """
     params = dict(params)
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
-    distill = {(spec.teacher.into if spec.teacher else "distill.teacher"): teacher} if teacher is not None else {}
+    field = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
+    distill = {field: teacher} if teacher is not None else {}
     try:
         return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
     except ConfigError as exc:
@@ -313,19 +395,20 @@ def trial_config(
 
 
 def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
-    """The config of the teacher a study trains: the base with its ``model`` section replaced by
-    ``teacher.model`` (and no ``init_from``, which belongs to the student's model), then
-    ``teacher.overrides``; named ``<study>-teacher``, distilling from nothing.
+    """The config of the teacher (or model to prune) a study trains: the base with its ``model``
+    section replaced by the study model's (and no ``init_from``, which belongs to the trials'
+    model), then its ``overrides``; named ``<study>-teacher`` (``<study>-prune_source``), a
+    pre-training run.
 
     Raises:
-        ValueError: the study has no teacher to train (no ``teacher.model``).
-        ConfigError: the teacher's config is invalid (naming the dotted key).
+        ValueError: the study trains no model of its own (no ``teacher.model`` / ``prune_source.model``).
+        ConfigError: its config is invalid (naming the dotted key).
     """
-    if spec.teacher is None or spec.teacher.model is None:
-        raise ValueError(f"study {spec.name} trains no teacher (teacher.model is not set)")
+    upstream = spec.upstream
+    if upstream is None or upstream.model is None:
+        raise ValueError(f"study {spec.name} trains no teacher or model to prune")
     tree = copy.deepcopy(base)
-    tree["model"] = copy.deepcopy(spec.teacher.model)
+    tree["model"] = copy.deepcopy(upstream.model)
     tree.pop("init_from", None)
-    return build_config(
-        tree, {**spec.teacher.overrides, "name": f"{spec.name}-teacher", "distill.teacher": None, "prune.source": None}
-    )
+    regime = {"regime": "pretrain", "distill.teacher": None, "prune.source": None, "finetune.source": None}
+    return build_config(tree, {**upstream.overrides, "name": f"{spec.name}-{upstream.SECTION}", **regime})

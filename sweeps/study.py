@@ -115,14 +115,15 @@ def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, 
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
-    """Check every corpus the study reads (the teacher's too) and train (or load) its tokenizers
+    """Check every corpus the study reads (its teacher's or model to prune's too) and train (or load) its tokenizers
     before anything is written, so that a missing or empty corpus, or a teacher folder that is
     not there, fails with nothing half-created."""
-    source = spec.teacher.source if spec.teacher is not None else None
-    if source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
-        raise ConfigError(f"teacher.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
+    upstream = spec.upstream
+    source = upstream.source if upstream is not None else None
+    if upstream is not None and source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
+        raise ConfigError(f"{upstream.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
     configs = corner_configs(spec, base)
-    if spec.teacher is not None and spec.teacher.model is not None:
+    if upstream is not None and upstream.model is not None:
         configs.append(teacher_config(base, spec))
     seen = set()
     for cfg in configs:

@@ -1,4 +1,5 @@
-"""A study's teacher: a given one (``teacher.source``) or one trained once for the study.
+"""A study's teacher or model to prune: a given one (``teacher.source``, ``prune_source.source``)
+or one trained once for the study (``.model``).
 
 A trained teacher is a run nested under the study's parent, tagged with the sha256 of its
 resolved config, and reused while that config is unchanged. However many workers start
@@ -39,17 +40,18 @@ def teacher_tag(source: str) -> str:
 
 
 def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
-    """A ``teacher.source: runs:/RUN_ID`` must be a finished run of this MLflow store (checked
-    before the study writes anything)."""
-    source = spec.teacher.source if spec.teacher is not None else None
-    if source is None or not source.startswith(RUNS):
+    """A ``teacher.source`` (``prune_source.source``) ``runs:/RUN_ID`` must be a finished run of
+    this MLflow store (checked before the study writes anything)."""
+    upstream = spec.upstream
+    if upstream is None or upstream.source is None or not upstream.source.startswith(RUNS):
         return
+    source, key = upstream.source, f"{upstream.SECTION}.source"
     try:
         status = client.get_run(teacher_tag(source)).info.status
     except MlflowException:
-        raise ConfigError(f"teacher.source: {source}: no such run in {uri}") from None
+        raise ConfigError(f"{key}: {source}: no such run in {uri}") from None
     if status != "FINISHED":
-        raise ConfigError(f"teacher.source: {source}: the run is {status}, not FINISHED")
+        raise ConfigError(f"{key}: {source}: the run is {status}, not FINISHED")
 
 
 def ensure_teacher(
@@ -62,16 +64,18 @@ def ensure_teacher(
     storage: Any,
     poll_s: float = 5.0,
 ) -> str | None:
-    """The study's teacher as a ``distill.teacher`` string (None: the study has no teacher).
+    """The study's teacher (model to prune) as a ``distill.teacher`` (``prune.source``) string;
+    None: the study has neither.
 
-    ``teacher.source`` is used as is; ``teacher.model`` is trained once for the study (or
-    found, trained earlier with the same config). Tags ``parent`` with the teacher.
+    ``.source`` is used as is; ``.model`` is trained once for the study (or found, trained
+    earlier with the same config). Tags ``parent`` with it.
     """
-    if spec.teacher is None:
+    upstream = spec.upstream
+    if upstream is None:
         return None
-    if spec.teacher.source is not None:
-        source = spec.teacher.source
-        _CONSOLE.print(f"teacher: {source} (teacher.source)", markup=False)
+    if upstream.source is not None:
+        source = upstream.source
+        _CONSOLE.print(f"{upstream.SECTION}: {source} ({upstream.SECTION}.source)", markup=False)
     else:
         source = RUNS + _trained_teacher(spec, base, client, exp_id, uri, parent, storage, poll_s)
     client.set_tag(parent, tracking.TEACHER, teacher_tag(source))
@@ -110,9 +114,11 @@ def _trained_teacher(
     """The run id of the study's teacher: the finished one with this config, or one trained now
     by this worker or by another one (waited for)."""
     cfg = teacher_config(base, spec)
+    upstream = spec.upstream
+    assert upstream is not None and upstream.model is not None
     digest = config_digest(cfg)
     if (found := _finished(client, exp_id, spec.name, digest)) is not None:
-        _CONSOLE.print(f"teacher: reusing run {found} (trained earlier for this study)", markup=False)
+        _CONSOLE.print(f"{upstream.SECTION}: reusing run {found} (trained earlier for this study)", markup=False)
         return found
     helper = optuna.create_study(study_name=spec.name + SUFFIX, storage=storage, load_if_exists=True)
 
@@ -132,9 +138,10 @@ def _trained_teacher(
         if competing(trial):
             raise workers.DuplicateTrial("another worker trains the teacher")
         mark_killed(client, exp_id, spec.name)  # a RUNNING teacher run now is a dead attempt's
-        what = spec.teacher.model.get("preset", "the teacher model")
+        what, steps = upstream.model.get("preset", "its model"), cfg.trainer.max_steps
         _CONSOLE.print(
-            f"teacher: training {what} once for the study (run 'teacher', {cfg.trainer.max_steps} steps)", markup=False
+            f"{upstream.SECTION}: training {what} once for the study (run '{upstream.SECTION}', {steps} steps)",
+            markup=False,
         )
         tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
         result = train(
@@ -143,10 +150,10 @@ def _trained_teacher(
             experiment=spec.name,
             parent_run_id=parent,
             tags=tags,
-            name="teacher",
+            name=upstream.SECTION,
             checkpoint_dir=checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg),
         )
-        _CONSOLE.print(f"teacher: trained run {result.run_id}", markup=False)
+        _CONSOLE.print(f"{upstream.SECTION}: trained run {result.run_id}", markup=False)
         return 0.0
 
     told = False
@@ -161,7 +168,7 @@ def _trained_teacher(
             helper.optimize(train_teacher, n_trials=1, catch=(workers.DuplicateTrial,))
             continue
         if not told:
-            _CONSOLE.print("teacher: another worker is training it; waiting", markup=False)
+            _CONSOLE.print(f"{upstream.SECTION}: another worker is training it; waiting", markup=False)
             told = True
         time.sleep(poll_s)
     return found

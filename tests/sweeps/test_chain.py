@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
@@ -101,9 +102,45 @@ def test_fine_tuning_seeds_give_mean_and_std(tmp_path, wiki_validation):
     assert m["downstream/avg"] == m["sst2/best_accuracy"]
 
 
-@pytest.mark.parametrize("seeds", [[], [1, 1], [-1], "0,1", [0.5]])
-def test_bad_fine_tuning_seeds_are_refused(tmp_path, wiki_validation, capsys, seeds):
+@pytest.mark.parametrize(
+    ("seeds", "needle"),
+    [
+        ([], "finetune[0].seeds: Tuple should have at least 1 item"),
+        ([1, 1], "finetune[0].seeds: [1, 1]: repeated seeds"),
+        ([-1], "finetune[0].seeds[0]: Input should be greater than or equal to 0"),
+        ("0,1", "finetune[0].seeds: Input should be a valid tuple"),
+        ([0.5], "finetune[0].seeds[0]: Input should be a valid integer"),
+        ([True], "finetune[0].seeds[0]: Input should be a valid integer"),
+    ],
+)
+def test_bad_fine_tuning_seeds_are_refused(tmp_path, wiki_validation, capsys, seeds, needle):
     path = _study(tmp_path, wiki_validation, seeds=seeds)
     assert main(["sweep", str(path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: ") and "finetune[0].seeds: expected a non-empty list" in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: ") and needle in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("extra", "task", "needle"),
+    [
+        ({}, {"source": "runs:/x"}, "finetune[0].source: set by the chain"),
+        ({}, {"lr": -1}, "finetune[0].lr: Input should be greater than 0"),
+        ({}, {"colour": 1}, "finetune[0].colour"),
+        ({"overrides": {"finetune.lr": 1e-3}}, {}, "overrides.finetune.lr: a chained study's fine-tuning is its"),
+    ],
+)
+def test_bad_fine_tuning_tasks_are_refused(tmp_path, wiki_validation, capsys, extra, task, needle):
+    path = _study(tmp_path, wiki_validation, **task)
+    if extra:
+        raw = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**raw, **extra}, sort_keys=False))
+    assert main(["sweep", "--check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: ") and needle in err[0], err
+
+
+def test_check_validates_a_chained_study_and_writes_nothing(tmp_path, wiki_validation, capsys):
+    path = _study(tmp_path, wiki_validation, seeds=[0, 1])
+    assert main(["sweep", "--check", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == "study chain: valid; 2 trials, fine-tuned on sst2; report: tiny"
+    assert not (tmp_path / "runs").exists()

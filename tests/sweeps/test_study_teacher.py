@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config import to_yaml
-from ablate.sweeps.spec import PLACEHOLDER_TEACHER, StudySpec, corner_configs, load_study, teacher_config, trial_config
+from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_configs, load_study, teacher_config, trial_config
 from tests.sweeps.conftest import tiny_base, write_study
 
 # a tiny BERT teacher as wide as the tiny ALBERT students, on their tokenizer (V=1000)
@@ -59,16 +59,16 @@ def tiny_corpus(tmp_path):
         (
             {"model": TEACHER_MODEL, "overrides": {"distill.teacher": "runs:/x"}},
             {},
-            "teacher.overrides.distill.teacher: the teacher itself is trained without a teacher",
+            "teacher.overrides.distill.teacher: the study's teacher is pre-trained from scratch",
         ),
         ({"model": {**TEACHER_MODEL, "num_heads": 7}}, {}, "teacher.model.num_heads: hidden_dim 32 is not divisible"),
         ({"model": {"preset": "no-such-preset"}}, {}, "teacher.model.preset: unknown preset"),
         ({"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 0}}, {}, "teacher.trainer.max_steps:"),
-        ({"model": {"preset": "bert-tiny"}}, {}, "teacher.model.vocab_size: 8192 differs from the students' 1000"),
+        ({"model": {"preset": "bert-tiny"}}, {}, "teacher.model.vocab_size: 8192 differs from the trials' 1000"),
         (
             {"source": "runs:/abc", "overrides": {"optim.lr": 0.1}},
             {},
-            "teacher.overrides: only for a teacher the study",
+            "teacher.overrides: only for a model the study trains (teacher.model)",
         ),
         (
             {"source": "runs:/abc"},
@@ -134,7 +134,7 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
     assert cfg.optim.lr == 1e-3 and cfg.distill.temperature == 1.0  # not the students' overrides
     assert cfg.data == corner_configs(spec, base)[0].data  # everything else is the base's
     assert base["model"]["preset"] == "albert-tiny"  # the base tree is not modified
-    with pytest.raises(ValueError, match="trains no teacher"):
+    with pytest.raises(ValueError, match="trains no teacher or model to prune"):
         teacher_config(base, StudySpec(name="s", teacher={"source": "runs:/abc"}))
 
 
@@ -145,13 +145,42 @@ def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
     )
     cfg = trial_config(base, spec, {"model.sharing": "none", "seed": 1}, teacher="runs:/abc")
     assert (cfg.distill.teacher, cfg.model.sharing, cfg.seed, cfg.name) == ("runs:/abc", "none", 1, "s")
-    assert {c.distill.teacher for c in corner_configs(spec, base)} == {PLACEHOLDER_TEACHER}
+    assert {c.distill.teacher for c in corner_configs(spec, base)} == {PLACEHOLDER_SOURCE}
     # without a study teacher, a trial keeps the base's own distill.teacher (or none)
     plain = StudySpec(name="s", base=base)
     assert trial_config(base, plain, {"seed": 0}).distill.teacher is None
     own = {**base, "distill": {"teacher": "some/folder"}}
     assert trial_config(own, plain, {"seed": 0}).distill.teacher == "some/folder"
     assert {c.distill.teacher for c in corner_configs(plain, own)} == {"some/folder"}
+
+
+def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys):
+    base = {**tiny_base(tmp_path, tiny_corpus), "prune": {"rounds": 1, "gate_steps": 2, "finetune_steps": 2}}
+    spec = StudySpec(
+        name="s",
+        base=base,
+        prune_source={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 40}},
+        search={"prune.target": {"choices": [0.5, 0.7]}},
+    )
+    assert spec.upstream is spec.prune_source and spec.teacher is None
+    cfg = trial_config(base, spec, {"prune.target": 0.5, "seed": 0}, teacher="runs:/abc")
+    assert (cfg.regime, cfg.prune.source, cfg.prune.target, cfg.distill.teacher) == ("prune", "runs:/abc", 0.5, None)
+    assert {c.prune.source for c in corner_configs(spec, base)} == {PLACEHOLDER_SOURCE}
+    source = teacher_config(base, spec)  # pre-trained once for the study, under its own name
+    assert (source.name, source.regime, source.prune.source, source.trainer.max_steps) == (
+        "s-prune_source",
+        "pretrain",
+        None,
+        40,
+    )
+    with pytest.raises(ValueError, match="not both"):
+        StudySpec(name="s", teacher={"source": "runs:/a"}, prune_source={"source": "runs:/b"})
+    # the old spelling, a teacher given ``into: prune.source``, says where the model to prune went
+    path = _study(tmp_path, tiny_corpus, teacher={"model": TEACHER_MODEL, "into": "prune.source"})
+    assert main(["sweep", "--check", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {path}: teacher.into: gone; declare the model every trial prunes as prune_source: instead"
+    )
 
 
 def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, capsys):
