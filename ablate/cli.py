@@ -129,12 +129,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.configio import build_config, read_yaml
+    from ablate.lightning_modules.configio import read_yaml
     from ablate.reports import catalog
     from ablate.reports.build import build_report, render_console
     from ablate.reports.spec import ReportSpec
     from ablate.sweeps import tracking
-    from ablate.sweeps.spec import load_study
+    from ablate.sweeps.spec import corner_configs, load_study
 
     target = Path(args.spec)
     root = "ablate-runs"
@@ -145,7 +145,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         report = catalog.study_report(spec, target)
         if report is None:
             raise ConfigError(f"{target}: report: the study declares no report")
-        cfg = build_config(base, spec.overrides)
+        cfg = corner_configs(spec, base)[0]
         study_name, root = spec.name, cfg.tracking.root
         uri = uri or cfg.tracking.tracking_uri
     else:  # a REPORT.yaml or a shipped name: MLflow is all it reads

@@ -326,7 +326,8 @@ class ExperimentConfig:
         regime: what the run is: ``pretrain``, ``distill`` (from ``distill.teacher``), ``prune``
             (``prune.source``) or ``finetune`` (``finetune.source``). Left out, it is the regime
             whose source is set (``pretrain`` when none is); a config naming two regimes' sources,
-            or a regime without its own, is an error. Logged as the param ``regime``.
+            or a regime without its own, is an error, as is a field set in another regime's
+            section (``distill.*`` in a pre-training run). Logged as the param ``regime``.
         init_from: start from a checkpoint's weights instead of a random initialisation: a
             transformers checkpoint folder (BERT, ALBERT, MobileBERT ``*ForPreTraining``) or an
             ``ablate export`` folder. ``model`` must describe the checkpoint's architecture
@@ -366,6 +367,16 @@ class ExperimentConfig:
                 raise ValueError(f"{REGIME_SOURCE[found]}: set, but regime is 'pretrain' (use regime: {found})")
             raise ValueError(f"{REGIME_SOURCE[self.regime]}: required by regime '{self.regime}'")
         object.__setattr__(self, "regime", found)  # frozen: resolved once, here
+        for regime in REGIME_SOURCE:  # the other regimes' sections stay at their defaults
+            section = getattr(self, regime)
+            default = type(section)()
+            changed = [
+                f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)
+            ]
+            if regime != found and changed:
+                raise ValueError(
+                    f"{regime}.{changed[0]}: only for a {regime} run ({REGIME_SOURCE[regime]}); this run is {found!r}"
+                )
         return self
 
     @model_validator(mode="after")

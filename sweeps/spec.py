@@ -42,7 +42,7 @@ import optuna
 from pydantic import Field, StrictInt, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import ExperimentConfig, field_names, flatten, to_dict
+from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten, to_dict
 from ablate.lightning_modules.configio import build_config, read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
 from ablate.lightning_modules.finetune_config import FinetuneConfig
@@ -215,8 +215,9 @@ class FinetuneTask(FinetuneConfig):
         """The fine-tuning config of this task for the trial ``cfg`` pre-trained as ``source``:
         a ``finetune`` run with the trial's model, data and tracking settings."""
         fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source")}
-        regime = {"regime": "finetune", "finetune.source": source, "distill.teacher": None, "prune.source": None}
-        return build_config(to_dict(cfg), {**fields, **({} if seed is None else {"seed": seed}), **regime})
+        tree = {k: v for k, v in to_dict(cfg).items() if k not in REGIME_SOURCE}  # the trial's regime section
+        regime = {"regime": "finetune", "finetune.source": source}
+        return build_config(tree, {**fields, **({} if seed is None else {"seed": seed}), **regime})
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -396,9 +397,9 @@ def trial_config(
 
 def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
     """The config of the teacher (or model to prune) a study trains: the base with its ``model``
-    section replaced by the study model's (and no ``init_from``, which belongs to the trials'
-    model), then its ``overrides``; named ``<study>-teacher`` (``<study>-prune_source``), a
-    pre-training run.
+    section replaced by the study model's (and no ``init_from``, ``distill``, ``prune`` or
+    ``finetune``, which are the trials'), then its ``overrides``; named ``<study>-teacher``
+    (``<study>-prune_source``), a pre-training run.
 
     Raises:
         ValueError: the study trains no model of its own (no ``teacher.model`` / ``prune_source.model``).
@@ -407,8 +408,6 @@ def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
     upstream = spec.upstream
     if upstream is None or upstream.model is None:
         raise ValueError(f"study {spec.name} trains no teacher or model to prune")
-    tree = copy.deepcopy(base)
+    tree = {k: v for k, v in base.items() if k not in ("init_from", *REGIME_SOURCE)}  # the trials' own
     tree["model"] = copy.deepcopy(upstream.model)
-    tree.pop("init_from", None)
-    regime = {"regime": "pretrain", "distill.teacher": None, "prune.source": None, "finetune.source": None}
-    return build_config(tree, {**upstream.overrides, "name": f"{spec.name}-{upstream.SECTION}", **regime})
+    return build_config(tree, {**upstream.overrides, "name": f"{spec.name}-{upstream.SECTION}", "regime": "pretrain"})

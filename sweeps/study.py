@@ -24,8 +24,6 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import ConfigError, StorageError
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps import teacher as teachers
@@ -143,7 +141,7 @@ def run_study(
 ) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
     worker has run ``n_trials`` more trials."""
-    base_cfg: ExperimentConfig = build_config(base, {**spec.overrides, "name": spec.name})
+    base_cfg = corner_configs(spec, base)[0]  # where the study is tracked (a trial's own settings)
     preflight(spec, base)
     root = base_cfg.tracking.root
     uri = tracking.resolve_tracking_uri(tracking_uri or base_cfg.tracking.tracking_uri, root)

@@ -105,6 +105,10 @@ def test_a_run_says_its_regime(raw, regime):
         ({"regime": "pretrain", "distill": {"teacher": "runs:/t"}}, "distill.teacher: set, but regime is 'pretrain'"),
         ({"regime": "finetune", "prune": {"source": "runs:/s"}}, "finetune.source: required by regime 'finetune'"),
         ({"regime": "train"}, "regime: Input should be"),
+        # a field of another regime's section would be inert: the config carries only its own regime's
+        ({"distill": {"fmt_weight": 0.5}}, "distill.fmt_weight: only for a distill run (distill.teacher); this run is"),
+        ({"distill": {"teacher": "runs:/t"}, "prune": {"rounds": 2}}, "prune.rounds: only for a prune run"),
+        ({"finetune": {"source": "runs:/s", **_FT}, "distill": {"temperature": 2.0}}, "distill.temperature: only for"),
     ],
 )
 def test_conflicting_regimes_are_one_error(raw, message):
