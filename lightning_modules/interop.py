@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 import yaml
 
+from ablate.lightning_modules import names
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
 from ablate.lightning_modules.configio import load_config
 from ablate.lightning_modules.errors import ConfigError
@@ -111,7 +112,7 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
             if exact:
                 hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
             written |= {n for n in theirs if n.startswith(_MLM)}
-            read |= {n for n in ours if n.startswith("mlm_head.")}
+            read |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
     untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
     _check_covered("transformers", untouched, written)
     _check_covered("ablate", set(ours), read)
@@ -159,7 +160,7 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
             ):
                 param.copy_(value)
             head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
-        written |= {n for n in ours if n.startswith("mlm_head.")}
+        written |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
     _check_covered("ablate", set(ours), written)
     return cfg, model
 
@@ -300,8 +301,8 @@ def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
     model = build_pretraining_model(cfg.model, cfg.objective)
     state = state_dict(ckpt)
     if model.sentence_head is None:
-        state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
+        state = {k: v for k, v in state.items() if not k.startswith(names.sentence_head() + ".")}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not k.startswith("sentence_head.") for k in missing):
+    if unexpected or any(not k.startswith(names.sentence_head() + ".") for k in missing):
         raise ConfigError(f"init_from: {cfg.init_from}: weights do not fit ({(unexpected or missing)[:3]})")
     return model

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ablate.lightning_modules import names
 from ablate.lightning_modules.config import LayerSpec, ModelConfig
 from ablate.lightning_modules.errors import ConfigError
 
@@ -217,61 +218,59 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
     """Every HF <-> ours parameter pair of family ``name`` (without MobileBERT's MLM transform)."""
     base = {"bert": "bert", "albert": "albert", "mobilebert": "mobilebert"}[name]
     out: list[Pair] = [
-        (f"{base}.embeddings.word_embeddings.weight", "encoder.embeddings.word.weight", None),
-        (f"{base}.embeddings.position_embeddings.weight", "encoder.embeddings.position.weight", None),
-        (f"{base}.embeddings.token_type_embeddings.weight", "encoder.embeddings.token_type.weight", None),
-        *_both(f"{base}.embeddings.LayerNorm", "encoder.embeddings.norm"),
+        (f"{base}.embeddings.word_embeddings.weight", names.embeddings("word.weight"), None),
+        (f"{base}.embeddings.position_embeddings.weight", names.embeddings("position.weight"), None),
+        (f"{base}.embeddings.token_type_embeddings.weight", names.embeddings("token_type.weight"), None),
+        *_both(f"{base}.embeddings.LayerNorm", names.embeddings("norm")),
     ]
     if name == "bert":
         for i in range(cfg.num_layers):
-            hf, ffn = f"bert.encoder.layer.{i}", f"encoder.ffn_stacks.{i}.0"
+            hf, ffn = f"bert.encoder.layer.{i}", names.ffn(i, 0)
             out += [
-                *_attention(
-                    f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg, ("query", "key", "value"), False
-                ),
-                *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
-                *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm"),
+                *_attention(f"{hf}.attention.self", names.attention(i, "inner"), cfg, ("query", "key", "value"), False),
+                *_both(f"{hf}.attention.output.dense", names.attention(i, "inner.out")),
+                *_both(f"{hf}.attention.output.LayerNorm", names.attention(i, "norm")),
                 *_both(f"{hf}.intermediate.dense", f"{ffn}.inner.up"),
                 *_both(f"{hf}.output.dense", f"{ffn}.inner.down"),
                 *_both(f"{hf}.output.LayerNorm", f"{ffn}.norm"),
             ]
         out += [
-            *_both("cls.predictions.transform.dense", "mlm_head.transform"),
-            *_both("cls.predictions.transform.LayerNorm", "mlm_head.norm"),
-            ("cls.predictions.bias", "mlm_head.bias", None),
+            *_both("cls.predictions.transform.dense", names.mlm_head("transform")),
+            *_both("cls.predictions.transform.LayerNorm", names.mlm_head("norm")),
+            ("cls.predictions.bias", names.mlm_head("bias"), None),
         ]
         heads = ("bert.pooler.dense", "cls.seq_relationship")
     elif name == "albert":
         if cfg.embed_dim != cfg.hidden_dim:
-            out += _both("albert.encoder.embedding_hidden_mapping_in", "encoder.embeddings.projection")
+            out += _both("albert.encoder.embedding_hidden_mapping_in", names.embeddings("projection"))
         for g in range(1 if cfg.sharing == "all" else cfg.num_layers):
-            hf, ffn = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0", f"encoder.ffn_stacks.{g}.0"
+            hf, ffn = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0", names.ffn(g, 0)
             out += [
-                *_attention(f"{hf}.attention", f"encoder.attentions.{g}.inner", cfg, ("query", "key", "value"), False),
-                *_both(f"{hf}.attention.dense", f"encoder.attentions.{g}.inner.out"),
-                *_both(f"{hf}.attention.LayerNorm", f"encoder.attentions.{g}.norm"),
+                *_attention(f"{hf}.attention", names.attention(g, "inner"), cfg, ("query", "key", "value"), False),
+                *_both(f"{hf}.attention.dense", names.attention(g, "inner.out")),
+                *_both(f"{hf}.attention.LayerNorm", names.attention(g, "norm")),
                 *_both(f"{hf}.ffn", f"{ffn}.inner.up"),
                 *_both(f"{hf}.ffn_output", f"{ffn}.inner.down"),
                 *_both(f"{hf}.full_layer_layer_norm", f"{ffn}.norm"),
             ]
         out += [
-            *_both("predictions.dense", "mlm_head.transform"),
-            *_both("predictions.LayerNorm", "mlm_head.norm"),
-            ("predictions.bias", "mlm_head.bias", None),
+            *_both("predictions.dense", names.mlm_head("transform")),
+            *_both("predictions.LayerNorm", names.mlm_head("norm")),
+            ("predictions.bias", names.mlm_head("bias"), None),
         ]
         heads = ("albert.pooler", "sop_classifier.classifier")
     else:
-        out += _both("mobilebert.embeddings.embedding_transformation", "encoder.embeddings.trigram.linear")
+        out += _both("mobilebert.embeddings.embedding_transformation", names.embeddings("trigram.linear"))
         shared_qk = cfg.intra_dim is not None and cfg.attention_input == "shared_qk"
         last = cfg.num_ffn - 1
         for i in range(cfg.num_layers):
-            hf, stack = f"mobilebert.encoder.layer.{i}", f"encoder.ffn_stacks.{i}"
+            hf, stack = f"mobilebert.encoder.layer.{i}", names.ffn_stack(i)
             out += [
                 *_attention(
-                    f"{hf}.attention.self", f"encoder.attentions.{i}.inner", cfg, ("query", "key", "value"), shared_qk
+                    f"{hf}.attention.self", names.attention(i, "inner"), cfg, ("query", "key", "value"), shared_qk
                 ),
-                *_both(f"{hf}.attention.output.dense", f"encoder.attentions.{i}.inner.out"),
-                *_both(f"{hf}.attention.output.LayerNorm", f"encoder.attentions.{i}.norm"),
+                *_both(f"{hf}.attention.output.dense", names.attention(i, "inner.out")),
+                *_both(f"{hf}.attention.output.LayerNorm", names.attention(i, "norm")),
             ]
             for j in range(last):
                 out += [
@@ -285,7 +284,7 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
                 *_both(f"{hf}.output.LayerNorm", f"{stack}.{last}.norm"),
             ]
             if cfg.intra_dim is not None:
-                neck = f"encoder.bottlenecks.{i}"
+                neck = names.bottleneck(i)
                 out += [
                     *_both(f"{hf}.bottleneck.input.dense", f"{neck}.enter.linear"),
                     *_both(f"{hf}.bottleneck.input.LayerNorm", f"{neck}.enter.norm"),
@@ -297,8 +296,8 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
                         *_both(f"{hf}.bottleneck.attention.dense", f"{neck}.shared_qk.linear"),
                         *_both(f"{hf}.bottleneck.attention.LayerNorm", f"{neck}.shared_qk.norm"),
                     ]
-        out.append(("cls.predictions.bias", "mlm_head.bias", None))
+        out.append(("cls.predictions.bias", names.mlm_head("bias"), None))
         heads = ("mobilebert.pooler.dense", "cls.seq_relationship")
     if sentence:
-        out += [*_both(heads[0], "sentence_head.pooler"), *_both(heads[1], "sentence_head.classifier")]
+        out += [*_both(heads[0], names.sentence_head("pooler")), *_both(heads[1], names.sentence_head("classifier"))]
     return out

@@ -61,6 +61,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
+from ablate.lightning_modules import names
 from ablate.lightning_modules.config import LayerSpec, ModelConfig
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, Keep
@@ -179,27 +180,27 @@ def sites(model: nn.Module, gates: Gates) -> tuple[list[Site], list[str]]:
     norms: list[str] = []  # h writers that are norms over H
     for i in range(cfg.num_layers):
         if {"heads", "qk", "v"} & set(gates.dims):
-            add(f"encoder.attentions.{i}.inner.qkv", lambda i=i: gates.qkv_rows(i))
-        norms.append(f"encoder.attentions.{i}.norm")
+            add(names.attention(i, "inner.qkv"), lambda i=i: gates.qkv_rows(i))
+        norms.append(names.attention(i, "norm"))
         for j in range(cfg.num_ffn):
             if "ffn" in gates.dims:
-                add(f"encoder.ffn_stacks.{i}.{j}.inner.up", lambda i=i: gates.ffn[i])
-            norms.append(f"encoder.ffn_stacks.{i}.{j}.norm")
+                add(names.ffn(i, j, "inner.up"), lambda i=i: gates.ffn[i])
+            norms.append(names.ffn(i, j, "norm"))
     if "h" not in gates.dims:
         return out, []
     emb = model.encoder.embeddings
     if not tied:
-        add("encoder.embeddings.projection", lambda: gates.h)
+        add(names.embeddings("projection"), lambda: gates.h)
     elif cfg.embed_norm:
-        norms.append("encoder.embeddings.norm")
+        norms.append(names.embeddings("norm"))
     else:
-        for name in ("word", "position", "token_type"):
+        for name in names.TOKEN_EMBEDDINGS:
             if getattr(emb, name) is not None:
-                add(f"encoder.embeddings.{name}", lambda: gates.h, ("weight",), axis=1)
+                add(names.embeddings(name), lambda: gates.h, ("weight",), axis=1)
     if tied:
-        norms.append("mlm_head.norm")
+        norms.append(names.mlm_head("norm"))
     if model.sentence_head is not None:
-        add("sentence_head.pooler", lambda: gates.h)
+        add(names.sentence_head("pooler"), lambda: gates.h)
     for path in norms:
         add(path, lambda: gates.h)
     layer_norms = [p for p in norms if isinstance(model.get_submodule(p), nn.LayerNorm)]

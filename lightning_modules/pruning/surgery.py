@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ablate.lightning_modules import names
 from ablate.lightning_modules.config import ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
@@ -65,24 +66,24 @@ def slices(cfg: ModelConfig, keep: Keep) -> dict[str, Index]:
     h = keep.h
     e = h if cfg.embed_dim == cfg.hidden_dim else None  # E dims are h dims when E = H
     plan: dict[str, Index] = {
-        **{f"encoder.embeddings.{n}.weight": (None, e) for n in ("word", "position", "token_type")},
-        "encoder.embeddings.norm.weight": (e,),
-        "encoder.embeddings.norm.bias": (e,),
-        "encoder.embeddings.projection.weight": (h, None),
-        "encoder.embeddings.projection.bias": (h,),
-        "mlm_head.transform.weight": (e, h),
-        "mlm_head.transform.bias": (e,),
-        "mlm_head.norm.weight": (e,),
-        "mlm_head.norm.bias": (e,),
-        "sentence_head.pooler.weight": (h, h),
-        "sentence_head.pooler.bias": (h,),
-        "sentence_head.classifier.weight": (None, h),
+        **{names.embeddings(f"{n}.weight"): (None, e) for n in names.TOKEN_EMBEDDINGS},
+        names.embeddings("norm.weight"): (e,),
+        names.embeddings("norm.bias"): (e,),
+        names.embeddings("projection.weight"): (h, None),
+        names.embeddings("projection.bias"): (h,),
+        names.mlm_head("transform.weight"): (e, h),
+        names.mlm_head("transform.bias"): (e,),
+        names.mlm_head("norm.weight"): (e,),
+        names.mlm_head("norm.bias"): (e,),
+        names.sentence_head("pooler.weight"): (h, h),
+        names.sentence_head("pooler.bias"): (h,),
+        names.sentence_head("classifier.weight"): (None, h),
     }
     for i, spec in enumerate(cfg.layer_specs()):
         A, k, v = spec.num_heads, spec.qk_dim, spec.v_dim
         a, kq, kv, f = keep.heads[i], keep.qk[i], keep.v[i], keep.ffn[i]
         rows = torch.cat([_head_rows(a, kq, k), _head_rows(a, kq, k, A * k), _head_rows(a, kv, v, 2 * A * k)])
-        p = f"encoder.attentions.{i}."
+        p = names.attention(i) + "."
         plan |= {
             p + "inner.qkv.weight": (rows, h),
             p + "inner.qkv.bias": (rows,),
@@ -92,7 +93,7 @@ def slices(cfg: ModelConfig, keep: Keep) -> dict[str, Index]:
             p + "norm.bias": (h,),
         }
         for j in range(cfg.num_ffn):
-            p = f"encoder.ffn_stacks.{i}.{j}."
+            p = names.ffn(i, j) + "."
             plan |= {
                 p + "inner.up.weight": (f, h),
                 p + "inner.up.bias": (f,),
@@ -165,7 +166,7 @@ def shrink(
         for i, (spec, new) in enumerate(zip(cfg.layer_specs(), new_cfg.layer_specs(), strict=False)):
             if new.qk_dim != spec.qk_dim:  # keep the gated model's 1/sqrt(k) score scale
                 for name in ("weight", "bias"):
-                    state[f"encoder.attentions.{i}.inner.qkv.{name}"][: new.num_heads * new.qk_dim] *= math.sqrt(
+                    state[names.attention(i, f"inner.qkv.{name}")][: new.num_heads * new.qk_dim] *= math.sqrt(
                         new.qk_dim / spec.qk_dim
                     )
     with torch.device("meta"):
@@ -177,15 +178,16 @@ def shrink(
 def first_layers(model: PretrainingModel, new_cfg: ModelConfig, objective: ObjectiveConfig) -> PretrainingModel:
     """The first ``new_cfg.num_layers`` layers of ``model`` (with its embeddings and heads)."""
     small = build_pretraining_model(new_cfg, objective)
-    keep = {f"encoder.{kind}.{i}." for kind in ("attentions", "ffn_stacks") for i in range(new_cfg.num_layers)}
+    keep = {f"{kind}.{i}." for kind in (names.ATTENTIONS, names.FFN_STACKS) for i in range(new_cfg.num_layers)}
     state = {
         k: v
         for k, v in model.state_dict().items()
-        if not k.startswith(("encoder.attentions.", "encoder.ffn_stacks.")) or any(k.startswith(p) for p in keep)
+        if not k.startswith((names.ATTENTIONS + ".", names.FFN_STACKS + ".")) or any(k.startswith(p) for p in keep)
     }
+    head = names.sentence_head() + "."
     if small.sentence_head is None:
-        state = {k: v for k, v in state.items() if not k.startswith("sentence_head.")}
+        state = {k: v for k, v in state.items() if not k.startswith(head)}
     missing, _ = small.load_state_dict(state, strict=False)
-    if any(not k.startswith("sentence_head.") for k in missing):  # only a sentence head may start fresh
+    if any(not k.startswith(head) for k in missing):  # only a sentence head may start fresh
         raise ConfigError(f"prune.source: its weights do not fit {new_cfg.num_layers} layers ({missing[:3]})")
     return small
