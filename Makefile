@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# torch first, pinned to the CPU wheel, so no other requirement pulls a CUDA build
+# torch first, so that no other requirement pulls a build you did not choose. The pin installs
+# whatever build pip finds for it: PyPI's default (CUDA on Linux x86-64, CPU on macOS/Windows),
+# or a local wheel that pip's configuration points at (the CPU wheel on the development machine).
+# TORCH takes any pip arguments; on a CPU-only Linux machine take the CPU wheel:
+#   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 
 .PHONY: install quickstart lint test docs serve-docs clean

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+from types import ModuleType
 
 from pydantic import ConfigDict, ValidationError
 
@@ -24,6 +26,34 @@ class DataError(AblateError):
 
 class StorageError(AblateError):
     """A tracking or study storage cannot be reached or used."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import ``module`` (dotted names too), a package that ablate's extra ``extra`` installs.
+
+    Raises:
+        AblateError: one line with the command that installs it, e.g. ``transformers is not
+            installed: run pip install -e '.[hf]' in the ablate checkout``, if it is missing or
+            cannot be imported. (Not ``pip install 'ablate[hf]'``: the ``ablate`` on PyPI is
+            another project.)
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        install = f"run pip install -e '.[{extra}]' in the ablate checkout"
+        missing = exc.name
+        if isinstance(exc, ModuleNotFoundError) and missing and (module + ".").startswith(missing + "."):
+            raise AblateError(f"{missing} is not installed: {install}") from None
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise AblateError(f"{module} cannot be imported ({first}): {install}") from None
+
+
+def require_driver(url: str) -> None:
+    """Check that the database driver of a SQLAlchemy URL is installed: ``postgresql://`` (and
+    ``postgresql+psycopg://``) needs psycopg, from the extra ``postgres`` (an AblateError if not).
+    SQLite and other drivers are left to SQLAlchemy."""
+    if url.split(":", 1)[0].lower() in ("postgresql", "postgresql+psycopg"):
+        require("psycopg", "postgres")
 
 
 STRICT = ConfigDict(extra="forbid")

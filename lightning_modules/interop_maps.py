@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from ablate.lightning_modules import names
 from ablate.lightning_modules.config import LayerSpec, ModelConfig
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.errors import ConfigError, require
 
 # (HF parameter name, our parameter name, rows (start, stop) of ours or None for all of it)
 Pair = tuple[str, str, tuple[int, int] | None]
@@ -79,7 +79,7 @@ def family(cfg: ModelConfig) -> str:
 
 def hf_config(cfg: ModelConfig, name: str) -> Any:
     """The transformers config of family ``name`` describing ``cfg``."""
-    import transformers
+    transformers = require("transformers", "hf")
 
     common = dict(
         vocab_size=cfg.vocab_size,
