@@ -10,9 +10,11 @@
   approximately: our transform fills HF's first E rows (zeros elsewhere, ``dense`` = 0), so only
   the norm statistics differ.
 - :func:`export` writes a transformers checkpoint (``save_pretrained``, safetensors) when
-  expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml`` either way.
+  expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml``, the run's tokenizer
+  as a transformers tokenizer and a model card (``README.md``, :mod:`lightning_modules.hf_export`)
+  either way.
 - :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
-  ``init_from`` starts from.
+  ``init_from`` starts from (refusing a checkpoint whose tokenizer is not the run's).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,8 +32,16 @@ import yaml
 from ablate.lightning_modules import names
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
 from ablate.lightning_modules.configio import load_config
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.errors import ConfigError, require
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.hf_export import (
+    CARD,
+    folder_tokenizer,
+    model_card,
+    redact,
+    same_vocabulary,
+    save_tokenizer,
+)
 from ablate.lightning_modules.interop_maps import CLASSES, Pair, family, hf_config, model_config, pairs
 
 SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
@@ -39,7 +50,7 @@ _MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
 
 
 def _hf_class(name: str) -> Any:
-    import transformers
+    transformers = require("transformers", "hf")
 
     return getattr(transformers, CLASSES[name])
 
@@ -178,13 +189,22 @@ def export(
     model: PretrainingModel,
     cfg: ExperimentConfig,
     out_dir: str | Path,
-    format: Literal["auto", "transformers", "ablate"] = "auto",
-) -> str:  # noqa: A002 - the CLI's word
+    format: Literal["auto", "transformers", "ablate"] = "auto",  # noqa: A002 - the CLI's word
+    *,
+    tokenizer: str | Path | None = None,
+    metrics: Mapping[str, float] | None = None,
+    source: str | None = None,
+    repo: str | None = None,
+) -> str:
     """Write ``model`` to a new folder ``out_dir``; return the format written.
 
     ``transformers``: ``save_pretrained`` (config.json + model.safetensors), loadable with the
-    ``*ForPreTraining`` class; ``ablate``: ``model.safetensors`` of our state dict. Both add
-    ``ablate.yaml`` (the resolved config). ``auto`` picks transformers when expressible.
+    ``*ForPreTraining`` class and the ``Auto*`` classes; ``ablate``: ``model.safetensors`` of our
+    state dict. Both add ``ablate.yaml`` (the resolved config), ``README.md`` (a model card with
+    the parameter and FLOP counts and ``metrics``, the run's final values) and, given the run's
+    ``tokenizer`` (its JSON file), that tokenizer as a transformers tokenizer (``save_pretrained``:
+    ``tokenizer.json`` + ``tokenizer_config.json``). ``auto`` picks transformers when expressible.
+    ``source`` (``runs:/RUN_ID``) and ``repo`` (the Hub repository it is meant for) go in the card.
     Written to a temporary sibling and renamed, so a failure leaves nothing behind.
     """
     out = Path(out_dir)
@@ -192,19 +212,44 @@ def export(
         raise ConfigError(f"{out}: already exists and is not an empty folder")
     if format not in ("auto", "transformers", "ablate"):
         raise ConfigError(f"--format: {format!r} is not one of auto, transformers, ablate")
+    why_not = None
+    try:
+        name = family(cfg.model)
+    except ConfigError as exc:
+        name, why_not = None, str(exc)
     if format == "auto":
-        format = "transformers" if expressible(cfg.model) else "ablate"  # noqa: A001
+        format = "transformers" if name is not None else "ablate"  # noqa: A001
     hf = to_transformers(model, cfg.model) if format == "transformers" else None  # ConfigError says why not
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        tokens = None
+        if tokenizer is not None:  # without transformers, an ablate export copies the tokenizer file
+            tokens = save_tokenizer(tokenizer, tmp, cfg.data.lowercase, cfg.model.max_position, required=hf is not None)
+            if tokens > cfg.model.vocab_size:
+                raise ConfigError(
+                    f"{tokenizer}: {tokens} tokens, more than model.vocab_size={cfg.model.vocab_size} "
+                    "(not the tokenizer this model was trained with)"
+                )
         if hf is not None:
+            require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Writing model shards" bar
             hf.save_pretrained(tmp)
         else:
             from safetensors.torch import save_file
 
             save_file(state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / EXPORT_YAML).write_text(to_yaml(cfg), encoding="utf-8")
+        (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
+        card = model_card(
+            model,
+            cfg,
+            hf_class=CLASSES[name] if hf is not None and name is not None else None,
+            why_not=why_not,
+            tokens=tokens,
+            metrics=metrics,
+            source=source,
+            repo=repo,
+        )
+        (tmp / CARD).write_text(card, encoding="utf-8")
         if out.exists():
             out.rmdir()
         tmp.rename(out)
@@ -231,7 +276,8 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
                 f"{folder / 'config.json'}: model_type {model_type!r} is not supported ({', '.join(CLASSES)})"
             )
         from safetensors import SafetensorError
-        from transformers.utils import logging as hf_logging
+
+        hf_logging = require("transformers.utils.logging", "hf")
 
         hf_logging.disable_progress_bar()  # no "Loading weights" bar on stderr
         try:
@@ -278,14 +324,16 @@ def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
     return out
 
 
-def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
+def initial_model(cfg: ExperimentConfig, tokenizer: str | Path | None = None) -> PretrainingModel | None:
     """The model a run starts from: None without ``init_from``, else ``cfg``'s model with the
     checkpoint's weights.
 
     ``model`` must describe the checkpoint's architecture (``dropout`` and ``init_std`` may
     differ): otherwise ConfigError listing the ``model.key=value`` overrides that match it.
-    The sentence head is dropped when ``objective.sentence`` is none and freshly initialised
-    when the checkpoint has none.
+    Given the run's ``tokenizer`` (its JSON file) and a checkpoint with a ``tokenizer.json`` (an
+    ``ablate export`` folder has one), both must have the same vocabulary: the embedding rows
+    mean the checkpoint's tokens. The sentence head is dropped when ``objective.sentence`` is
+    none and freshly initialised when the checkpoint has none.
     """
     if cfg.init_from is None:
         return None
@@ -297,6 +345,12 @@ def initial_model(cfg: ExperimentConfig) -> PretrainingModel | None:
     if differences:
         raise ConfigError(
             f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
+        )
+    theirs = folder_tokenizer(cfg.init_from)
+    if tokenizer is not None and theirs is not None and not same_vocabulary(theirs, tokenizer):
+        raise ConfigError(
+            f"init_from: {theirs} is a different tokenizer than this run's (data.corpus, data.lowercase, "
+            "data.tokenizer_docs and model.vocab_size must match those the checkpoint was trained with)"
         )
     model = build_pretraining_model(cfg.model, cfg.objective)
     state = state_dict(ckpt)

@@ -1,7 +1,8 @@
-"""Trained weights as MLflow run artifacts: ``model/model.safetensors`` + ``model/config.yaml``.
+"""Trained weights as MLflow run artifacts: ``model/model.safetensors`` + ``model/config.yaml``
++ the run's tokenizer as a transformers tokenizer (``model/tokenizer.json``, ``model/tokenizer_config.json``).
 
 The folder is an ablate checkpoint as :func:`lightning_modules.interop.load_pretrained` reads
-it, so ``ablate export`` and ``init_from`` (on a downloaded copy) both start from it.
+it, so ``ablate export`` (:func:`export_run`) and ``init_from`` (on a downloaded copy) both start from it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,16 +22,39 @@ from torch import nn
 
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, to_yaml
 from ablate.lightning_modules.configio import load_config
-from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.lightning_modules.errors import AblateError, ConfigError, StorageError
 from ablate.lightning_modules.heads import PretrainingModel
-from ablate.lightning_modules.interop import WEIGHTS, load_pretrained, state_dict
+from ablate.lightning_modules.hf_export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
+from ablate.lightning_modules.interop import WEIGHTS, export, load_pretrained, state_dict
 
 ARTIFACT = "model"
+TOKENIZER_ARTIFACT = "tokenizer"  # the run's tokenizer file, logged when the run starts
 RUNS = "runs:/"  # distill.teacher: runs:/RUN_ID names a run of the same MLflow store
 
 
-def log_weights(client: MlflowClient, run_id: str, module_model: nn.Module, cfg: ExperimentConfig) -> None:
-    """Log ``module_model``'s weights (safetensors, CPU) and ``cfg`` as the run's ``model/`` artifacts."""
+def run_tokenizer(client: MlflowClient, run_id: str, workdir: Path) -> Path | None:
+    """Download run ``run_id``'s tokenizer into ``workdir``: its ``tokenizer/*.json`` artifact, else
+    ``model/tokenizer.json``; None when it logged neither. StorageError when the download fails."""
+    try:
+        files = [a.path for a in client.list_artifacts(run_id, TOKENIZER_ARTIFACT) if a.path.endswith(".json")]
+        if not files:
+            files = [a.path for a in client.list_artifacts(run_id, ARTIFACT) if Path(a.path).name == TOKENIZER_FILE]
+        return Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
+    except MlflowException as exc:
+        raise StorageError(f"run {run_id}: cannot download its tokenizer ({exc.message})") from None
+
+
+def log_weights(
+    client: MlflowClient, run_id: str, module_model: nn.Module, cfg: ExperimentConfig, tokenizer: Path | None = None
+) -> None:
+    """Log ``module_model``'s weights (safetensors, CPU), ``cfg`` and the run's tokenizer as the
+    run's ``model/`` artifacts.
+
+    The tokenizer (``tokenizer``, else the run's own ``tokenizer/`` artifact) is saved as a
+    transformers tokenizer (``AutoTokenizer.from_pretrained`` reads the downloaded folder), or
+    copied as ``tokenizer.json`` where transformers is not installed; a tokenizer that cannot be
+    read is left out with a warning, never the weights.
+    """
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -37,6 +62,12 @@ def log_weights(client: MlflowClient, run_id: str, module_model: nn.Module, cfg:
         folder.mkdir()
         save_file(state_dict(module_model), str(folder / WEIGHTS), metadata={"format": "pt"})
         (folder / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        try:
+            tok = tokenizer if tokenizer is not None else run_tokenizer(client, run_id, Path(tmp))
+            if tok is not None:
+                save_tokenizer(tok, folder, cfg.data.lowercase, cfg.model.max_position, required=False)
+        except AblateError as exc:
+            warnings.warn(f"run {run_id}: {ARTIFACT}/ artifacts logged without the tokenizer ({exc})", stacklevel=2)
         client.log_artifacts(run_id, str(folder), ARTIFACT)
 
 
@@ -99,24 +130,58 @@ def _quiet_downloads() -> Iterator[None]:
 def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Source:
     """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``):
     ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer artifact is downloaded into ``workdir``)
-    or a checkpoint folder (``tokenizer.json`` beside the weights, when there is one).
+    or a checkpoint folder (an ``ablate export`` folder or a transformers checkpoint; its
+    ``tokenizer.json``, when it has one, is the source's tokenizer).
     ConfigError/StorageError prefixed with ``field`` (the config key that named it)."""
     from ablate.sweeps import tracking
 
     try:
         if not source.startswith(RUNS):
             model_cfg, model = load_pretrained(source)
-            tok = Path(source) / "tokenizer.json"
-            return Source(source, model_cfg, model, tok if tok.is_file() else None)
+            tok = folder_tokenizer(source)
+            if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
+                raise ConfigError(
+                    f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)"
+                )
+            return Source(source, model_cfg, model, tok)
         run_id = source.removeprefix(RUNS).strip("/")
         with _quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
-            client = tracking.connect(uri)
-            files = [a.path for a in client.list_artifacts(run_id, "tokenizer") if a.path.endswith(".json")]
-            tok = Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
+            tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
         raise type(exc)(f"{field}: {exc}") from None
+
+
+@dataclass
+class Exported:
+    """What :func:`export_run` wrote: the format and whether the run's tokenizer went with it."""
+
+    format: str
+    tokenizer: bool
+
+
+def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo: str | None = None) -> Exported:  # noqa: A002
+    """``ablate export``: run ``run_id``'s ``model/`` weights, its tokenizer and a model card with
+    its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`."""
+    from ablate.sweeps import tracking
+
+    with _quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
+        cfg, model = load_run_weights(uri, run_id)
+        client = tracking.connect(uri)
+        tok = run_tokenizer(client, run_id, Path(tmp))
+        run = client.get_run(run_id)
+        written = export(
+            model,
+            cfg,
+            out_dir,
+            format=format,  # type: ignore[arg-type] - checked by export
+            tokenizer=tok,
+            metrics=dict(run.data.metrics),
+            source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
+            repo=repo,
+        )
+    return Exported(written, tok is not None)
 
 
 def check_same_tokenizer(teacher: Source, student_tokenizer: Path, field: str = "distill.teacher") -> None:

@@ -74,7 +74,12 @@ def test_student_distils_from_a_teacher_run(teacher_run, strategy):
         assert stages == [(0, 0.0)]
     # the student's weights are the run's model, not the teacher's
     names = {f.path for f in client.list_artifacts(result.run_id, "model")}
-    assert names == {"model/model.safetensors", "model/config.yaml"}
+    assert names == {
+        "model/model.safetensors",
+        "model/config.yaml",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
+    }
 
 
 def test_cli_errors_name_the_teacher(teacher_run, capsys, tmp_path):
