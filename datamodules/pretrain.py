@@ -127,9 +127,12 @@ class PretrainDataModule(pl.LightningDataModule):
         return unpack(batch)
 
     def state_dict(self) -> dict[str, int]:
-        """Saved in Lightning checkpoints: training batches consumed so far (one per step)."""
+        """Saved in Lightning checkpoints: training batches consumed so far (``accumulate_grad_batches``
+        per optimizer step)."""
         trainer = self.trainer
-        return {"train_batches": trainer.global_step if trainer is not None else self.skip_train_batches}
+        if trainer is None:
+            return {"train_batches": self.skip_train_batches}
+        return {"train_batches": trainer.global_step * trainer.accumulate_grad_batches}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """On resume: the training stream skips the batches the checkpointed run consumed."""

@@ -283,6 +283,19 @@ class TrainerConfig:
         intrinsic: after training, score MLM accuracy and NSP and SOP accuracy by linear
             probes on the frozen [CLS] vector, whatever the run's own objective (logged as
             ``intrinsic/mlm_acc``, ``intrinsic/nsp_acc``, ``intrinsic/sop_acc``).
+        accumulate_grad_batches: batches whose gradients are summed into one optimizer step
+            (Lightning's): a step sees ``data.batch_size`` x this many sequences per device.
+            ``max_steps``, ``val_every``, ``log_every``, ``optim.warmup_steps`` and the LR
+            schedule all count optimizer steps, so a run reads this many times more batches.
+        num_nodes: machines of a multi-node run (Lightning's ``num_nodes``): each node runs the
+            same command under a cluster environment (SLURM, or ``MASTER_ADDR``/``NODE_RANK``)
+            and starts an MLflow run of its own; node 0's has the metrics.
+        deterministic: Lightning's ``deterministic=True``: ``torch.use_deterministic_algorithms``
+            (an op without a deterministic implementation fails the run; cuDNN benchmarking
+            off); slower. The data stream is seeded whatever this says.
+        profiler: Lightning's ``simple``, ``advanced`` (cProfile) or ``pytorch`` (torch.profiler,
+            with Chrome traces) profiler, or None; its report is logged with the run under the
+            artifacts ``profiler/``.
     """
 
     max_steps: PosInt = 1000
@@ -298,6 +311,10 @@ class TrainerConfig:
     progress: bool = True
     measure: bool = True
     intrinsic: bool = False
+    accumulate_grad_batches: PosInt = 1
+    num_nodes: PosInt = 1
+    deterministic: bool = False
+    profiler: Literal["simple", "advanced", "pytorch"] | None = None
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -307,13 +324,14 @@ class TrackingConfig:
     Attributes:
         tracking_uri: MLflow tracking URI; None = ``MLFLOW_TRACKING_URI`` or the
             embedded SQLite store under ``root``.
-        experiment: MLflow experiment name.
+        experiment: MLflow experiment name; None = ``MLFLOW_EXPERIMENT_NAME`` or ``ablate``
+            (:func:`ablate.sweeps.tracking.experiment_name`). A study's runs go to the study's name.
         run_name: MLflow run name; None = derived from what the run changes.
         root: folder (relative to the working directory) of the embedded stores.
     """
 
     tracking_uri: str | None = None
-    experiment: str = "ablate"
+    experiment: str | None = None
     run_name: str | None = None
     root: str = "ablate-runs"
 

@@ -7,6 +7,7 @@ server (``http://host:port``) or any MLflow URI via ``--tracking-uri`` or
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from optuna import TrialPruned
 
 from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
-from ablate.lightning_modules.errors import StorageError
+from ablate.lightning_modules.errors import StorageError, require_driver
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -41,6 +42,23 @@ for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
 USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def experiment_name(experiment: str | None) -> str:
+    """The MLflow experiment of a run: ``tracking.experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``ablate``."""
+    return experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "ablate"
+
+
+def log_profile(client: MlflowClient, run_id: str, folder: Path) -> None:
+    """Log the profiler's reports in ``folder`` as the run's ``profiler/`` artifacts; a later fit of
+    the same run (a pruning phase) goes to ``profiler/fit-2/``, ``profiler/fit-3/`` ..."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    taken = {a.path for a in client.list_artifacts(run_id, "profiler")}
+    path, n = "profiler", 2
+    while taken and (path := f"profiler/fit-{n}") in taken:
+        n += 1
+    client.log_artifacts(run_id, str(folder), path)
 
 
 def resolve_tracking_uri(uri: str | None, root: str | Path) -> str:
@@ -198,6 +216,7 @@ def check_database(uri: str, timeout_s: int = 10) -> None:
     scheme = uri.split(":", 1)[0].split("+", 1)[0]
     if scheme not in ("postgresql", "mysql", "mssql"):
         return
+    require_driver(uri)  # postgresql:// without psycopg: one line naming the extra
     import sqlalchemy
 
     args = {"connect_timeout": timeout_s} if scheme in ("postgresql", "mysql") else {}
@@ -247,7 +266,10 @@ def tracked_run(
     step 0) and the tokenizer first, and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised
     as KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
     client = connect(uri)
-    exp_id = experiment_id(client, experiment or cfg.tracking.experiment, uri)
+    experiment = experiment or experiment_name(cfg.tracking.experiment)
+    # the params and config.yaml name the experiment the run is in, not None
+    cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, experiment=experiment))
+    exp_id = experiment_id(client, experiment, uri)
     run_id = start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name, {ROLE: "run", **tags}, parent_run_id)
     sigint = signal.getsignal(signal.SIGINT)
     try:

@@ -5,11 +5,15 @@ forked at ``fit``, Ctrl-C and a rank's error turned into what the caller expects
 from __future__ import annotations
 
 import builtins
+import shutil
+import tempfile
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, MLFlowLogger
+from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.multiprocessing import ProcessRaisedException
 
@@ -22,7 +26,8 @@ class ValidateAtEnd(Callback):
     """Validate after the last step when ``max_steps`` is not a multiple of ``val_every``."""
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_step % trainer.val_check_batch and not trainer.interrupted:
+        val_every = trainer.val_check_batch // trainer.accumulate_grad_batches  # batches -> optimizer steps
+        if trainer.global_step % val_every and not trainer.interrupted:
             trainer.validate_loop.verbose = False  # no results table: the progress bar shows them
             trainer.validate_loop.run()
 
@@ -39,6 +44,21 @@ def lightning_strategy(t: TrainerConfig) -> str | Strategy:
     if t.devices == 1 or t.strategy not in ("auto", "ddp"):
         return t.strategy
     return DDPStrategy(start_method="spawn" if torch.cuda.is_initialized() else "fork")
+
+
+PROFILERS: dict[str, type[Profiler]] = {
+    "simple": SimpleProfiler,
+    "advanced": AdvancedProfiler,
+    "pytorch": PyTorchProfiler,
+}
+
+
+def lightning_profiler(t: TrainerConfig) -> Profiler | None:
+    """The profiler ``trainer.profiler`` names, writing its reports into a new temporary folder
+    (its ``dirpath``), which :func:`fit` logs as the run's ``profiler/`` artifacts and removes."""
+    if t.profiler is None:
+        return None
+    return PROFILERS[t.profiler](dirpath=tempfile.mkdtemp(prefix="ablate-profile-"), filename="profile")
 
 
 def rank_error(exc: ProcessRaisedException) -> Exception:
@@ -69,13 +89,17 @@ def build_trainer(
     fine-tuning run passes its own; ``1.0`` validates on the whole dev set). Validation runs
     every ``val_every`` steps across epoch ends. Checkpoints are written only when
     ``callbacks`` bring a ModelCheckpoint (``checkpointing``).
+
+    Steps are optimizer steps: with ``accumulate_grad_batches`` = k, Lightning's ``max_steps``,
+    ``global_step``, ``log_every_n_steps`` and the step-wise LR schedule count them, but its
+    ``val_check_interval`` counts batches, so it is given ``val_every`` x k.
     """
     t = cfg.trainer
     max_steps = max_steps or t.max_steps
     extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
     return pl.Trainer(
         max_steps=max_steps,
-        val_check_interval=min(val_every or t.val_every, max_steps),
+        val_check_interval=min(val_every or t.val_every, max_steps) * t.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches if val_batches is None else val_batches,
         num_sanity_val_steps=0,
@@ -83,14 +107,17 @@ def build_trainer(
         precision=t.precision,
         accelerator=t.accelerator,
         devices=t.devices,
+        num_nodes=t.num_nodes,
         strategy=lightning_strategy(t),
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        profiler=lightning_profiler(t),
         logger=logger or False,
         callbacks=[*extra, *loop_callbacks(t), *callbacks],
         enable_checkpointing=checkpointing,
         enable_progress_bar=t.progress,
         enable_model_summary=False,
         log_every_n_steps=t.log_every,
-        deterministic=False,
+        deterministic=t.deterministic,
     )
 
 
@@ -98,16 +125,24 @@ def fit(
     trainer: pl.Trainer, module: pl.LightningModule, data: pl.LightningDataModule, ckpt_path: str | None = None
 ) -> dict[str, float]:
     """``trainer.fit`` with MLflow's tracking URI scoped to the run; the final callback metrics.
+    A profiler's reports are logged with the run (``profiler/``).
 
     Raises:
         KeyboardInterrupt: the fit was interrupted (Ctrl-C).
         Exception: a forked DDP rank's own error, rebuilt here (:func:`rank_error`).
     """
-    with tracking.scoped_tracking_uri():
-        try:
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-        except ProcessRaisedException as exc:  # a forked DDP rank failed: its own error, not the wrapper
-            raise rank_error(exc) from None
+    profile = getattr(trainer.profiler, "dirpath", None)  # set by lightning_profiler
+    try:
+        with tracking.scoped_tracking_uri():
+            try:
+                trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+            except ProcessRaisedException as exc:  # a forked DDP rank failed: its own error, not the wrapper
+                raise rank_error(exc) from None
+        if profile is not None and isinstance(trainer.logger, MLFlowLogger) and trainer.logger.run_id:
+            tracking.log_profile(trainer.logger.experiment, trainer.logger.run_id, Path(profile))
+    finally:
+        if profile is not None:
+            shutil.rmtree(profile, ignore_errors=True)
     if trainer.interrupted:
         raise KeyboardInterrupt
     return {k: float(v) for k, v in trainer.callback_metrics.items()}

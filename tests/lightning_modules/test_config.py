@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from ablate.lightning_modules.config import field_names, flatten, run_params
+from ablate.lightning_modules.config import field_names, flatten, run_params, to_yaml
 from ablate.lightning_modules.configio import build_config, load_config, parse_override, replace
 from ablate.lightning_modules.errors import ConfigError
 
@@ -25,6 +25,11 @@ from ablate.lightning_modules.errors import ConfigError
         ({"model": {"preset": "no-such-model"}}, {}, "model.preset"),
         ({"model": 3}, {}, "model"),
         ({}, {"trainer.max_steps": 0}, "trainer.max_steps"),
+        ({}, {"trainer.accumulate_grad_batches": 0}, "trainer.accumulate_grad_batches"),
+        ({}, {"trainer.num_nodes": 0}, "trainer.num_nodes"),
+        ({}, {"trainer.deterministic": "maybe"}, "trainer.deterministic"),
+        ({}, {"trainer.profiler": "fancy"}, "trainer.profiler"),
+        ({}, {"tracking.experiment": 3}, "tracking.experiment"),
     ],
 )
 def test_bad_values_name_the_key(raw, overrides, key):
@@ -124,3 +129,20 @@ def test_a_run_logs_only_the_fields_its_regime_uses():
     distill = run_params(build_config({"distill": {"teacher": "runs:/t"}}))
     assert distill["distill.teacher"] == "runs:/t" and not any(k.startswith(("prune.", "finetune.")) for k in distill)
     assert set(pretrain) < set(flatten(build_config({}))) <= field_names()
+
+
+def test_lightning_knobs_default_off_and_round_trip_through_yaml(tmp_path):
+    t = build_config({}).trainer
+    assert (t.accumulate_grad_batches, t.num_nodes, t.deterministic, t.profiler) == (1, 1, False, None)
+    assert build_config({}).tracking.experiment is None  # MLFLOW_EXPERIMENT_NAME or "ablate", at run time
+    overrides = [
+        "trainer.accumulate_grad_batches=4",
+        "trainer.num_nodes=2",
+        "trainer.deterministic=true",
+        "trainer.profiler=simple",
+        "tracking.experiment=mine",
+    ]
+    cfg = load_config(None, overrides)
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    assert load_config(tmp_path / "cfg.yaml") == cfg
+    assert load_config(None, ["trainer.profiler=null"]).trainer.profiler is None

@@ -18,6 +18,7 @@ import torch
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.configio import build_config
+from ablate.sweeps import tracking
 from ablate.sweeps.runner import train
 from ablate.sweeps.weights import load_source
 from tests.sweeps.conftest import tiny_base, write_study
@@ -54,7 +55,7 @@ def test_train_on_two_processes(tmp_path, wiki_validation):
     result = train(cfg, callbacks=[RecordBatches(tmp_path)])
 
     client = MlflowClient(result.tracking_uri)
-    (exp,) = [e for e in client.search_experiments() if e.name == cfg.tracking.experiment]
+    (exp,) = [e for e in client.search_experiments() if e.name == tracking.experiment_name(cfg.tracking.experiment)]
     runs = client.search_runs([exp.experiment_id])
     assert [r.info.run_id for r in runs] == [result.run_id]  # the ranks started no run of their own
     assert runs[0].info.status == "FINISHED"
@@ -123,5 +124,7 @@ def test_a_rank_that_hits_nan_fails_the_run_with_its_reason(tmp_path, wiki_valid
     with pytest.raises(FloatingPointError, match=r"training loss became .* at step \d+"):
         train(cfg)
     client = MlflowClient(f"sqlite:///{tmp_path}/runs/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    runs = client.search_runs(
+        [client.get_experiment_by_name(tracking.experiment_name(cfg.tracking.experiment)).experiment_id]
+    )
     assert [r.info.status for r in runs] == ["FAILED"]
