@@ -108,13 +108,15 @@ def metric_counts(
     """Parameter counts, FLOPs/token and (unless ``trainer.measure`` is off) measured latency and
     memory; and the params saying where they were measured (``measure.device``).
 
-    Latency (batch 1 and 32, T = ``data.max_length``) and one training step's activation memory
-    (at ``data.batch_size``) are measured on the device the run trains on, resolved from
-    ``trainer.accelerator`` as Lightning resolves it (``auto`` = CUDA when available: ``cuda:0``,
-    rank 0's), under the run's precision (``bf16-mixed``: the same autocast), eager, before the
-    Trainer places the model (it is moved back, and the CPU and CUDA random streams are forked:
-    a measured run trains exactly as an unmeasured one). On CUDA this initialises CUDA in this
-    process, so a multi-GPU run then starts its DDP ranks by spawn (:func:`ablate.sweeps.trainer.lightning_strategy`).
+    Latency (batch 1 and 32, T = ``data.max_length``: ``latency_ms_b1``, ``latency_ms_b32``, the
+    minimum of the timed repeats, beside ``latency_ms_b1_spread``, ``latency_ms_b32_spread`` =
+    (median - min) / min) and one training step's activation memory (at ``data.batch_size``) are
+    measured on the device the run trains on, resolved from ``trainer.accelerator`` as Lightning
+    resolves it (``auto`` = CUDA when available: ``cuda:0``, rank 0's), under the run's precision
+    (``bf16-mixed``: the same autocast), eager, before the Trainer places the model (it is moved
+    back, and the CPU and CUDA random streams are forked: a measured run trains exactly as an
+    unmeasured one). On CUDA this initialises CUDA in this process, so a multi-GPU run then starts
+    its DDP ranks by spawn (:func:`ablate.sweeps.trainer.lightning_strategy`).
     """
     counts = param_report(model, model_cfg, cfg.data.max_length)
     out: dict[str, float] = {

@@ -5,13 +5,19 @@ as Lightning does) and under the autocast it trains with (``trainer.precision``)
 (:func:`describe_device`). Inputs come from a private generator and every measurement runs under
 :func:`torch.random.fork_rng` over the CPU generator and the measured CUDA device's: measuring
 never shifts a seeded run's random streams.
+
+Latency is the minimum of timed repeats after untimed warm-up runs (:func:`time_forward`): a busy
+machine only ever adds time, so the fastest repeat is the least disturbed figure. Beside it goes
+its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
+running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
 """
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 
@@ -21,6 +27,15 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from ablate.lightning_modules.heads import PretrainingModel
 
 FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
+LATENCY_BATCHES = (1, 32)  # the batch sizes every run times: metrics latency_ms_b1, latency_ms_b32
+SPREAD_SUFFIX = "_spread"  # latency_ms_b1_spread = (median - min) / min of latency_ms_b1's repeats
+REPEATS = 10  # timed repeats per latency (default)
+WARMUP = 2  # untimed runs before them (default)
+
+
+def latency_metric(batch: int) -> str:
+    """The metric name of the latency at batch size ``batch``: ``latency_ms_b32``."""
+    return f"latency_ms_b{batch}"
 
 
 @dataclass(frozen=True)
@@ -28,17 +43,23 @@ class Measured:
     """Measured cost of one model on one device.
 
     Attributes:
-        latency_ms_b1: median encoder forward latency at batch 1, milliseconds.
-        latency_ms_b32: median encoder forward latency at batch 32, milliseconds.
+        latency_ms_b1: encoder forward latency at batch 1, milliseconds: the minimum of the timed
+            repeats (the least disturbed one, :func:`time_forward`).
+        latency_ms_b32: the same at batch 32.
         train_activation_mb: activation memory of one training step, MiB (2**20 bytes).
         device: where it was measured (:func:`describe_device`), e.g. ``"cpu (16 threads)"`` or
             ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+        latency_ms_b1_spread: ``(median - min) / min`` of the batch-1 repeats (0.05 = the median
+            repeat was 5 % slower than the fastest); large when the machine was busy.
+        latency_ms_b32_spread: the same at batch 32.
     """
 
     latency_ms_b1: float
     latency_ms_b32: float
     train_activation_mb: float
     device: str
+    latency_ms_b1_spread: float = 0.0
+    latency_ms_b32_spread: float = 0.0
 
     def as_dict(self) -> dict[str, float | str]:
         """The fields as a plain dict (JSON / MLflow ready)."""
@@ -69,6 +90,29 @@ def describe_device(device: torch.device | str) -> str:
     if dev.type == "cpu":
         return f"cpu ({torch.get_num_threads()} threads)"
     return str(dev)
+
+
+def cpu_model() -> str:
+    """The host's CPU model, e.g. ``"Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"``: the first
+    ``model name`` of ``/proc/cpuinfo`` (Linux), else :func:`platform.processor` or the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_machine(device: torch.device | str) -> str:
+    """Which machine measured, for a report: the device (:func:`describe_device`) and the host's
+    CPU model, e.g. ``"cpu (2 threads), Intel(R) Xeon(R) ..."`` or ``"cuda:0 (NVIDIA H100 80GB
+    HBM3), host CPU AMD EPYC 9454"``."""
+    dev = torch.device(device)
+    host = cpu_model()
+    return f"{describe_device(dev)}, {host}" if dev.type == "cpu" else f"{describe_device(dev)}, host CPU {host}"
 
 
 def autocast_for(precision: str, device: torch.device) -> AbstractContextManager[None]:
@@ -141,36 +185,67 @@ def random_batch(
     return {k: v.to(device) for k, v in out.items()}
 
 
-def measure_latency(
+@dataclass(frozen=True)
+class Latency:
+    """The timed repeats of one forward (:func:`time_forward`).
+
+    Attributes:
+        times_ms: wall time of each timed repeat, milliseconds, in order.
+    """
+
+    times_ms: tuple[float, ...]
+
+    @property
+    def min_ms(self) -> float:
+        """The fastest repeat: the latency (a busy machine only adds time)."""
+        return min(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        """The median repeat."""
+        return statistics.median(self.times_ms)
+
+    @property
+    def spread(self) -> float:
+        """``(median - min) / min``: 0 when the repeats agree; 0.25 = the median repeat was 25 %
+        slower than the fastest (something else was running)."""
+        low = self.min_ms
+        return (self.median_ms - low) / low if low > 0 else 0.0
+
+
+def time_forward(
     model: PretrainingModel,
     vocab_size: int,
     batch: int,
     seq_len: int = 128,
-    repeats: int = 10,
-    warmup: int = 2,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
     device: torch.device | None = None,
     precision: str = "32-true",
-) -> float:
-    """Forward-only latency of ``model.encoder`` in milliseconds (median of ``repeats`` runs).
+) -> Latency:
+    """Time ``model.encoder``'s forward: ``warmup`` untimed runs, then ``repeats`` timed ones.
 
     Runs eager (uncompiled) in eval mode under :func:`torch.inference_mode` and the autocast of
-    ``precision`` (:func:`autocast_for`: a ``bf16-mixed`` run's encoder runs its matmuls in bf16)
-    after ``warmup`` untimed runs, timed with :func:`time.perf_counter` (CUDA synchronized before
-    and after each run, so the time is the device's, not the launch's).
+    ``precision`` (:func:`autocast_for`: a ``bf16-mixed`` run's encoder runs its matmuls in bf16),
+    each repeat timed with :func:`time.perf_counter` (CUDA synchronized before and after each run,
+    so the time is the device's, not the launch's). Nothing else runs in between.
 
     Args:
         model: the pre-training model; only its encoder runs (heads are not timed).
         vocab_size: ids are drawn from ``[5, vocab_size)``.
         batch: batch size B.
         seq_len: sequence length T.
-        repeats: timed runs.
+        repeats: timed runs (at least 1).
         warmup: untimed runs first.
         device: where to run; ``None`` = where the model is. The model is moved back afterwards.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
 
     Returns:
-        The median wall time of one forward, ms. Model device and training modes are restored.
+        The repeats' wall times (:class:`Latency`: ``min_ms`` is the latency, ``spread`` how much
+        the repeats disagree). Model device and training modes are restored.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     with (
         placed(model, device, train=False) as dev,
         _forked_rng(dev),
@@ -187,8 +262,61 @@ def measure_latency(
             start = time.perf_counter()
             model.encoder(*args)
             _sync(dev)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+            times.append((time.perf_counter() - start) * 1e3)
+    return Latency(tuple(times))
+
+
+def measure_latency(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int = 128,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+) -> float:
+    """Forward-only latency of ``model.encoder`` in milliseconds: the minimum of ``repeats`` timed
+    runs after ``warmup`` untimed ones (:func:`time_forward`, which also gives the spread).
+
+    Returns:
+        The fastest wall time of one forward, ms. Model device and training modes are restored.
+    """
+    return time_forward(model, vocab_size, batch, seq_len, repeats, warmup, device, precision).min_ms
+
+
+def measure_latencies(
+    model: PretrainingModel,
+    vocab_size: int,
+    seq_len: int = 128,
+    device: torch.device | None = None,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    precision: str = "32-true",
+) -> dict[str, float]:
+    """The latency metrics of a model, one dedicated pass per batch size of :data:`LATENCY_BATCHES`
+    (:func:`time_forward`): ``latency_ms_b1`` (the minimum of the repeats, ms),
+    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b32``, ``latency_ms_b32_spread``.
+
+    A run logs these before training (:func:`measure`); ``ablate report --remeasure`` times the
+    models of a report the same way (:func:`time_forward`, :func:`latency_metrics`), in rounds.
+    """
+    dev = torch.device(device) if device is not None else _model_device(model)
+    timed: dict[int, Latency] = {}
+    with _forked_rng(dev):
+        for batch in LATENCY_BATCHES:  # one dedicated pass each, nothing in between
+            timed[batch] = time_forward(model, vocab_size, batch, seq_len, repeats, warmup, dev, precision)
+    return latency_metrics(timed)
+
+
+def latency_metrics(timed: Mapping[int, Latency]) -> dict[str, float]:
+    """Metrics of timed forwards by batch size: ``latency_ms_b<B>`` (the fastest repeat, ms) and
+    ``latency_ms_b<B>_spread`` (``(median - min) / min``)."""
+    out: dict[str, float] = {}
+    for batch, lat in timed.items():
+        out[latency_metric(batch)] = lat.min_ms
+        out[latency_metric(batch) + SPREAD_SUFFIX] = lat.spread
+    return out
 
 
 def peak_train_memory(
@@ -282,8 +410,8 @@ def measure(
     vocab_size: int,
     seq_len: int = 128,
     device: torch.device | None = None,
-    repeats: int = 10,
-    warmup: int = 2,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
     memory_batch: int = 32,
     precision: str = "32-true",
 ) -> Measured:
@@ -291,7 +419,8 @@ def measure(
     and under the autocast of ``precision``.
 
     What is measured: the eager (uncompiled) model; latency = ``model.encoder``'s forward in eval
-    mode under inference mode (:func:`measure_latency`); memory = one training step's activations,
+    mode under inference mode, the minimum of ``repeats`` timed runs after ``warmup`` untimed ones,
+    with its spread ``(median - min) / min`` (:func:`measure_latencies`); memory = one training step's activations,
     forward and backward of the full loss (:func:`peak_train_memory`: on CUDA the allocator's peak,
     elsewhere the tensors autograd saves). A ``bf16-mixed`` (``16-mixed``) precision runs both under
     Lightning's autocast to bf16 (fp16), as its training steps run.
@@ -311,7 +440,13 @@ def measure(
     """
     dev = torch.device(device) if device is not None else _model_device(model)
     with _forked_rng(dev):
-        b1 = measure_latency(model, vocab_size, 1, seq_len, repeats, warmup, dev, precision)
-        b32 = measure_latency(model, vocab_size, 32, seq_len, repeats, warmup, dev, precision)
+        lat = measure_latencies(model, vocab_size, seq_len, dev, repeats, warmup, precision)  # first, on its own
         mem = peak_train_memory(model, vocab_size, memory_batch, seq_len, device=dev, precision=precision)
-    return Measured(latency_ms_b1=b1, latency_ms_b32=b32, train_activation_mb=mem / 2**20, device=describe_device(dev))
+    return Measured(
+        latency_ms_b1=lat["latency_ms_b1"],
+        latency_ms_b32=lat["latency_ms_b32"],
+        train_activation_mb=mem / 2**20,
+        device=describe_device(dev),
+        latency_ms_b1_spread=lat["latency_ms_b1_spread"],
+        latency_ms_b32_spread=lat["latency_ms_b32_spread"],
+    )

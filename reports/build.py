@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -14,11 +15,12 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table as RichTable
 
-from ablate.lightning_modules.errors import StorageError
+from ablate.lightning_modules.errors import ConfigError, StorageError
 from ablate.reports.plots import draw_plots
+from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import Table, aggregate, cells, to_csv, to_latex, to_markdown
+from ablate.reports.tables import Table, aggregate, aggregated_metrics, cells, footnotes, to_csv, to_latex, to_markdown
 
 #: Artifact folder on the study's parent run.
 ARTIFACT_PATH = "report"
@@ -37,6 +39,7 @@ class ReportResult:
         parent_run_id: The study's parent run, if any.
         logged: Whether the files were logged as artifacts of the parent run.
         table: The aggregated table.
+        remeasured: ``remeasured.csv`` when ``--remeasure`` timed the models again, else None.
     """
 
     markdown: Path
@@ -49,21 +52,25 @@ class ReportResult:
     parent_run_id: str | None
     logged: bool
     table: Table = field(repr=False)
+    remeasured: Path | None = None
 
     @property
     def files(self) -> list[Path]:
         """Every file written."""
-        return [self.markdown, self.latex, self.csv, self.runs_csv, *self.plots]
+        extra = [self.remeasured] if self.remeasured is not None else []
+        return [self.markdown, self.latex, self.csv, self.runs_csv, *extra, *self.plots]
 
 
 def markdown_document(table: Table, study: str, missing: list[str]) -> str:
-    """The full ``report.md``: title, table, runs used, missing cells."""
+    """The full ``report.md``: title, table, its footnotes, runs used, missing cells."""
     spec = table.spec
     parts = [f"# {spec.title}", ""]
     if table.stats.empty:
         parts += [f"No runs found for study `{study}`.", ""]
     else:
         parts += [to_markdown(table)]
+        if notes := footnotes(table):
+            parts += [line for n in notes for line in (n, "")]
     parts.append(f"Study: `{study}`; states included: {', '.join(spec.include_states)}.")
     parts += ["", f"Runs used ({len(table.run_ids)}): " + (", ".join(f"`{r}`" for r in table.run_ids) or "none"), ""]
     if missing:
@@ -83,12 +90,19 @@ def _publish(staging: Path, out_dir: Path) -> None:
     staging.rmdir()
 
 
+def latency_columns(spec: ReportSpec) -> list[str]:
+    """The latency metrics (``latency_ms_b1``, ``latency_ms_b32``, their ``_spread``) the table or a plot shows."""
+    return [m for m in aggregated_metrics(spec) if m in REMEASURED_METRICS]
+
+
 def build_report(
     spec: ReportSpec,
     study: str,
     tracking_uri: str,
     out_dir: Path,
     log_to_parent: bool = True,
+    remeasure: bool = False,
+    progress: bool = True,
 ) -> ReportResult:
     """Read the study's runs from MLflow and write the report into ``out_dir``.
 
@@ -103,20 +117,36 @@ def build_report(
         out_dir: Output folder (created if needed).
         log_to_parent: Also log the files as artifacts of the study's parent
             run under ``report/`` (when a parent run exists).
+        remeasure: Time the model of every run the table averages again, in this process,
+            one model after the other in a few rounds (:func:`ablate.reports.remeasure.remeasure_runs`),
+            and show those latencies instead of the logged ones; the table says where and when,
+            and ``remeasured.csv`` lists them beside the logged ones.
+        progress: With ``remeasure``: show a progress bar (on stderr).
 
     Raises:
         StorageError: the tracking store cannot be read, or the artifacts cannot be logged.
-        ConfigError: a row param is not a param of any run.
+        ConfigError: a row param is not a param of any run; ``remeasure`` for a report that
+            shows no latency.
     """
     runs, parent = load_runs(tracking_uri, study)
-    table = aggregate(runs, spec)
+    table = aggregate(runs, spec)  # a bad spec fails here, before any measuring
+    again: Remeasured | None = None
+    if remeasure:
+        if not latency_columns(spec):
+            raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
+        if len(runs):
+            again = remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
+            table = dataclasses.replace(aggregate(again.apply(runs), spec), notes=(again.note,))
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         plots, skipped = draw_plots(table, staging)
-        missing = [m.describe(spec) for m in table.missing] + skipped
+        missing = [m.describe(spec) for m in table.missing] + skipped + (again.missing if again else [])
+        if again is not None:
+            names["remeasured"] = CSV_NAME
+            (staging / names["remeasured"]).write_text(again.to_csv(), encoding="utf-8")
         (staging / names["markdown"]).write_text(markdown_document(table, study, missing), encoding="utf-8")
         (staging / names["latex"]).write_text(to_latex(table), encoding="utf-8")
         (staging / names["csv"]).write_text(to_csv(table), encoding="utf-8")
@@ -142,6 +172,7 @@ def build_report(
         parent_run_id=parent,
         logged=logged,
         table=table,
+        remeasured=out_dir / names["remeasured"] if again is not None else None,
     )
 
 
@@ -152,7 +183,13 @@ def render_console(result: ReportResult, console: Console | None = None) -> None
     header is cut to an ellipsis at rich's default 80 columns."""
     table = result.table
     headers, text, bold = cells(table)
-    rt = RichTable(title=table.spec.title, header_style="bold")
+    notes = footnotes(table)
+    rt = RichTable(
+        title=table.spec.title,
+        header_style="bold",
+        caption="\n".join(escape(n) for n in notes) or None,
+        caption_justify="left",
+    )
     n_keys = len(table.spec.rows) + len(table.spec.details)
     for i, h in enumerate(headers):
         rt.add_column(h, justify="left" if i < n_keys else "right")

@@ -15,6 +15,17 @@ from ablate.reports.spec import MetricSpec, ReportSpec
 MISSING = "–"
 _KEY = "_row_key"
 
+#: A metric ``m`` whose runs also logged ``m_spread`` (e.g. ``latency_ms_b32_spread``, the relative
+#: gap between the median and the fastest of its timed repeats; ``profiling.SPREAD_SUFFIX``) gets
+#: :data:`SPREAD_MARK` on every cell where some run's spread exceeds :data:`SPREAD_LIMIT`.
+SPREAD_SUFFIX = "_spread"
+SPREAD_LIMIT = 0.10
+SPREAD_MARK = "†"
+SPREAD_NOTE = (
+    f"{SPREAD_MARK} spread over {SPREAD_LIMIT * 100:.0f} % between repeats: the machine was busy; "
+    "rerun with --remeasure on a quiet machine"
+)
+
 
 @dataclass(frozen=True)
 class Missing:
@@ -40,15 +51,19 @@ class Table:
         spec: The report spec.
         stats: Columns: each of ``spec.rows`` (dotted names), ``n`` (included runs),
             then ``<metric>.mean``, ``<metric>.std`` (NaN unless n > 1), ``<metric>.n``
-            for every spec metric and every plot axis that is a metric. Naturally sorted.
+            for every spec metric and every plot axis that is a metric, and
+            ``<metric>.spread`` (the largest ``<metric>_spread`` of the row's runs) for
+            every spec metric whose runs logged one. Naturally sorted.
         run_ids: Ids of the included runs that the table averages.
         missing: Empty cells and rows, in table order.
+        notes: Lines printed under the table (e.g. where ``--remeasure`` measured).
     """
 
     spec: ReportSpec
     stats: pd.DataFrame
     run_ids: list[str]
     missing: list[Missing]
+    notes: tuple[str, ...] = ()
 
     def keys(self) -> list[tuple[Any, ...]]:
         """Row keys in table order."""
@@ -135,6 +150,11 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
         stats[f"{m}.mean"] = agg[(m, "mean")].to_numpy(dtype=float)
         stats[f"{m}.std"] = agg[(m, "std")].to_numpy(dtype=float)
         stats[f"{m}.n"] = agg[(m, "count")].fillna(0).to_numpy(dtype=int)
+    for metric in spec.metrics:  # how much the repeats behind a measured figure disagreed
+        spread = metric.name + SPREAD_SUFFIX
+        if spread in used.columns and metric.name != spread:
+            values = pd.to_numeric(used[spread], errors="coerce")
+            stats[f"{metric.name}.spread"] = values.groupby(used[_KEY], sort=False).max().reindex(keys).to_numpy(float)
     for d in spec.details:  # text beside the keys: the distinct values of the included runs
         values = used[d] if d in used.columns else pd.Series(index=used.index, dtype=object)
         joined = values.groupby(used[_KEY], sort=False).agg(lambda v: " / ".join(sorted({str(x) for x in v.dropna()})))
@@ -179,12 +199,26 @@ def format_cell(mean: float, std: float, n: int, metric: MetricSpec) -> str:
     return text
 
 
+def too_spread(row: pd.Series, metric: MetricSpec) -> bool:
+    """Whether a row's cell for ``metric`` comes from runs whose repeats disagreed by more than
+    :data:`SPREAD_LIMIT` (its runs logged ``<metric>_spread``; a run without one never counts)."""
+    spread = row.get(f"{metric.name}.spread")
+    return spread is not None and not math.isnan(spread) and spread > SPREAD_LIMIT and int(row[f"{metric.name}.n"]) > 0
+
+
+def footnotes(table: Table) -> list[str]:
+    """Lines under the table: its ``notes``, then :data:`SPREAD_NOTE` when a cell is marked."""
+    marked = any(too_spread(row, m) for _, row in table.stats.iterrows() for m in table.spec.metrics)
+    return [*table.notes, *([SPREAD_NOTE] if marked else [])]
+
+
 def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     """Headers, display text and bold flags for every cell (key columns, metrics, n).
 
     The best mean per metric (by ``better``) is bold, along with any mean that
     displays identically; a column whose cells all display alike has no best, so
-    nothing in it is bold.
+    nothing in it is bold. A cell whose repeats disagreed (:func:`too_spread`) ends
+    in :data:`SPREAD_MARK`.
     """
     spec, st = table.spec, table.stats
     headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["n"]
@@ -199,7 +233,7 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
         b = [False] * (len(key) + len(spec.details))
         for m in spec.metrics:
             mean, std, n = row[f"{m.name}.mean"], row[f"{m.name}.std"], int(row[f"{m.name}.n"])
-            t.append(format_cell(mean, std, n, m))
+            t.append(format_cell(mean, std, n, m) + (SPREAD_MARK if too_spread(row, m) else ""))
             b.append(n > 0 and best.get(m.name) == format_number(mean, m))
         t.append(str(int(row["n"])))
         b.append(False)
@@ -239,26 +273,34 @@ def latex_escape(s: str) -> str:
     return "".join(_LATEX_SPECIALS.get(c, c) for c in s)
 
 
+def _latex_marks(s: str) -> str:
+    return s.replace(SPREAD_MARK, r"$^\dagger$")
+
+
 def to_latex(table: Table) -> str:
-    """A booktabs ``table`` with the title as caption; best cells in ``\\textbf{}``."""
+    """A booktabs ``table`` with the title (and :func:`footnotes`) as caption; best cells in ``\\textbf{}``."""
     headers, text, bold = cells(table)
     display = pd.DataFrame(text, columns=pd.Index(headers))
     flags = pd.DataFrame(bold, columns=display.columns, index=display.index)
     styler = (
         display.style.hide(axis="index")
-        .format(lambda s: s.replace("±", r"$\pm$").replace(MISSING, "--"), escape="latex")
+        .format(lambda s: _latex_marks(s.replace("±", r"$\pm$").replace(MISSING, "--")), escape="latex")
         .format_index(escape="latex", axis=1)
         .apply(lambda _: flags.map(lambda f: "textbf:--rwrap;" if f else ""), axis=None)
     )
     colfmt = "".join("r" if num else "l" for num in _numeric_columns(table))
-    return styler.to_latex(
-        hrules=True, column_format=colfmt, caption=latex_escape(table.spec.title), position_float="centering"
-    )
+    caption = latex_escape(table.spec.title)
+    if notes := footnotes(table):  # "Title. Latency re-measured on .... $^\dagger$ spread over 10 \% ..."
+        text = " ".join(f"{n.rstrip('.')}." for n in notes)
+        caption = f"{caption.rstrip('.')}. " + _latex_marks(latex_escape(text).replace("--", "-{}-"))
+    return styler.to_latex(hrules=True, column_format=colfmt, caption=caption, position_float="centering")
 
 
 def to_csv(table: Table) -> str:
-    """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric."""
+    """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric (and
+    ``<metric>.spread`` where its runs logged one)."""
     cols = [*table.spec.rows, *table.spec.details, "n"] + [
-        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n")
+        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n", "spread")
     ]
+    cols = [c for c in cols if not c.endswith(".spread") or c in table.stats.columns]
     return table.stats[cols].to_csv(index=False)

@@ -13,12 +13,17 @@ import torch
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.profiling import (
+    Latency,
     Measured,
     autocast_for,
+    cpu_model,
     describe_device,
+    describe_machine,
     measure,
+    measure_latencies,
     measure_latency,
     peak_train_memory,
+    time_forward,
     training_device,
 )
 
@@ -39,10 +44,24 @@ def model() -> PretrainingModel:
 
 
 def test_latency_positive_and_grows_with_batch(model: PretrainingModel) -> None:
-    # the best of three medians each, and 128x the work: robust to a busy machine (not a speed goal)
+    # the best of three runs of 5 repeats (each already the fastest), and 128x the work: robust to a busy machine
     b1 = min(measure_latency(model, V, batch=1, seq_len=32, repeats=5, warmup=1) for _ in range(3))
     b128 = min(measure_latency(model, V, batch=128, seq_len=32, repeats=5, warmup=1) for _ in range(3))
     assert 0 < b1 < b128
+
+
+def test_latency_is_the_fastest_repeat_beside_its_spread(model: PretrainingModel) -> None:
+    assert Latency((3.0, 1.0, 2.0)).min_ms == 1.0 and Latency((3.0, 1.0, 2.0)).median_ms == 2.0
+    assert Latency((3.0, 1.0, 2.0)).spread == 1.0  # (median - min) / min: the median repeat took twice the fastest
+    lat = time_forward(model, V, batch=2, seq_len=16, repeats=5, warmup=1)
+    assert len(lat.times_ms) == 5 and 0 < lat.min_ms <= lat.median_ms
+    assert lat.spread == pytest.approx((lat.median_ms - lat.min_ms) / lat.min_ms) and lat.spread >= 0
+    got = measure_latencies(model, V, seq_len=16, repeats=3, warmup=0)
+    assert set(got) == {"latency_ms_b1", "latency_ms_b1_spread", "latency_ms_b32", "latency_ms_b32_spread"}
+    assert got["latency_ms_b1"] > 0 and got["latency_ms_b32"] > 0
+    assert got["latency_ms_b1_spread"] >= 0 and got["latency_ms_b32_spread"] >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        time_forward(model, V, batch=1, seq_len=8, repeats=0)
 
 
 def test_activation_memory_is_linear_in_batch_and_length(model: PretrainingModel) -> None:
@@ -71,6 +90,7 @@ def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
     got = measure(m, V, seq_len=16, repeats=1, warmup=0, memory_batch=2)
     assert isinstance(got, Measured) and got.device == f"cpu ({torch.get_num_threads()} threads)"
     assert got.latency_ms_b1 > 0 and got.latency_ms_b32 > 0 and got.train_activation_mb > 0
+    assert got.latency_ms_b1_spread == 0 and got.latency_ms_b32_spread == 0  # one repeat: nothing to disagree
     assert m.training and not m.mlm_head.training and m.encoder.training
     assert all(p.grad is None for p in m.parameters())
     assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
@@ -90,6 +110,7 @@ def test_params_measure_json_has_measured_keys() -> None:
     assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(
         data
     )
+    assert data["latency_ms_b1_spread"] >= 0 and data["latency_ms_b32_spread"] >= 0
     # the CLI's plumbing; their order is test_latency_positive_and_grows_with_batch's (robust to a busy machine)
     assert data["device"].startswith(("cpu (", "cuda:")) and data["latency_ms_b1"] > 0 and data["latency_ms_b32"] > 0
     assert data["train_activation_mb"] > 0
@@ -112,6 +133,7 @@ def test_the_training_device_is_resolved_as_lightning_resolves_the_accelerator()
     assert training_device("cpu") == torch.device("cpu")
     assert training_device("auto") == cuda and training_device("gpu") == cuda and training_device("cuda") == cuda
     assert describe_device("cpu") == f"cpu ({torch.get_num_threads()} threads)"
+    assert cpu_model() and describe_machine("cpu") == f"{describe_device('cpu')}, {cpu_model()}"
     if torch.cuda.is_available():
         assert describe_device(cuda) == f"cuda:0 ({torch.cuda.get_device_name(0)})"
 

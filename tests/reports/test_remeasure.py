@@ -1,0 +1,228 @@
+"""``ablate report --remeasure`` and the spread marker: a real MLflow store whose trial runs were
+logged by the runner's own logging (``log_run_inputs``: params, config.yaml, the measured
+metrics), one with the runner's real measurement and the others with deliberately bogus latencies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow import MlflowClient
+from rich.console import Console
+
+from ablate import cli
+from ablate.lightning_modules import profiling
+from ablate.lightning_modules.accounting import metric_counts
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.reports import build_report, render_console
+from ablate.reports.remeasure import REMEASURED_METRICS, remeasure_runs
+from ablate.reports.runs import load_runs
+from ablate.reports.spec import ReportSpec
+from ablate.reports.tables import SPREAD_LIMIT, SPREAD_MARK, SPREAD_NOTE, SPREAD_SUFFIX, aggregate, cells, to_latex
+from ablate.sweeps.tracking import log_run_inputs
+
+STUDY = "latency-check"
+BOGUS = 9999.0  # what the bogus runs logged as their latency: no real tiny model is this slow
+
+
+def tiny_cfg(num_layers: int) -> ExperimentConfig:
+    model = {"preset": "albert-tiny", "vocab_size": 1000, "embed_dim": 16, "hidden_dim": 32, "num_heads": 2}
+    return build_config(
+        {
+            "model": {**model, "num_layers": num_layers, "ffn_dim": 64, "max_position": 32},
+            "data": {"max_length": 32, "batch_size": 4},
+            "trainer": {"accelerator": "cpu"},
+        }
+    )
+
+
+@dataclass
+class Study:
+    uri: str
+    root: Path
+    ids: dict[str, str]  # run name -> run id
+
+    def client(self) -> MlflowClient:
+        return MlflowClient(tracking_uri=self.uri)
+
+
+def _trial(client: MlflowClient, exp: str, parent: str, n: int, name: str, state: str = "COMPLETE") -> str:
+    tags = {"mlflow.parentRunId": parent, "ablate.role": "trial", "ablate.study": STUDY}
+    tags |= {"ablate.trial": str(n), "ablate.state": state}
+    return client.create_run(exp, run_name=name, tags=tags).info.run_id
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
+    root = tmp_path_factory.mktemp("remeasure")
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(STUDY, artifact_location=(root / "art").as_uri())
+    parent = client.create_run(exp, run_name=STUDY, tags={"ablate.role": "study", "ablate.study": STUDY}).info.run_id
+    ids: dict[str, str] = {}
+    # L=1: measured as a run measures before training (metric_counts: the same metrics, spread included)
+    cfg = tiny_cfg(1)
+    counts, _ = metric_counts(build_pretraining_model(cfg.model, cfg.objective), cfg.model, cfg)
+    ids["L=1"] = _trial(client, exp, parent, 0, "L=1")
+    log_run_inputs(client, ids["L=1"], cfg, counts, None)
+    # L=4, two seeds: bogus latencies, one of them logged on a busy machine (spread far over the limit)
+    cfg = tiny_cfg(4)
+    counts, _ = metric_counts(build_pretraining_model(cfg.model, cfg.objective), cfg.model, cfg)
+    for n, (seed, spread) in enumerate([(0, 0.5), (1, 0.01)], start=1):
+        bogus = {m: BOGUS for m in ("latency_ms_b1", "latency_ms_b32")}
+        bogus |= {m + SPREAD_SUFFIX: spread for m in bogus}
+        ids[f"L=4 seed={seed}"] = _trial(client, exp, parent, n, f"L=4 seed={seed}")
+        log_run_inputs(client, ids[f"L=4 seed={seed}"], cfg, {**counts, **bogus}, None)
+    # a failed trial is not in the table, so not measured either
+    ids["failed"] = _trial(client, exp, parent, 3, "failed", state="FAIL")
+    log_run_inputs(client, ids["failed"], tiny_cfg(2), {}, None)
+    for rid in [*ids.values(), parent]:
+        client.set_terminated(rid, "FINISHED")
+    return Study(uri, root, ids)
+
+
+def spec(**extra: object) -> ReportSpec:
+    return ReportSpec.from_mapping(
+        {
+            "title": "Layers",
+            "study": STUDY,
+            "rows": ["model.num_layers"],
+            "row_labels": {"model.num_layers": "L"},
+            "metrics": [
+                {"name": "params.backbone", "label": "Params", "format": "millions", "digits": 3},
+                {"name": "latency_ms_b1", "label": "ms/b1", "digits": 2, "better": "lower"},
+                {"name": "latency_ms_b32", "label": "ms/b32", "digits": 2, "better": "lower"},
+            ],
+            **extra,
+        }
+    )
+
+
+def test_a_run_logs_the_fastest_repeat_and_its_spread(study: Study) -> None:
+    metrics = study.client().get_run(study.ids["L=1"]).data.metrics
+    for name in REMEASURED_METRICS:
+        assert name in metrics and metrics[name] >= 0 and not math.isnan(metrics[name])
+    assert 0 < metrics["latency_ms_b1"] < BOGUS
+
+
+def test_remeasure_replaces_the_logged_latencies_and_says_where(study: Study, tmp_path: Path) -> None:
+    res = build_report(spec(), STUDY, study.uri, tmp_path / "out", remeasure=True, progress=False)
+    again = pd.read_csv(res.remeasured)
+    assert sorted(again["run_id"]) == sorted(study.ids[k] for k in ("L=1", "L=4 seed=0", "L=4 seed=1"))  # not failed
+    assert set(again["device"]) == {profiling.describe_device("cpu")} and (again["machine"] != "").all()
+    assert (again.loc[again["run_name"] != "L=1", "logged/latency_ms_b32"] == BOGUS).all()
+    # the seeds share one architecture: timed once, the same figure for both
+    l4 = again[again["run_name"].str.startswith("L=4")]
+    assert l4["latency_ms_b32"].nunique() == 1 and (l4["latency_ms_b32"] < BOGUS).all()
+    assert (again["latency_ms_b32_spread"] >= 0).all()
+    # the table's latency cells are this pass's figures, not the logged ones
+    st = res.table.stats.set_index("model.num_layers")
+    for layers, name in ((1, "L=1"), (4, "L=4 seed=0")):
+        row = again[again["run_name"] == name].iloc[0]
+        assert st.at[layers, "latency_ms_b32.mean"] == pytest.approx(row["latency_ms_b32"])
+        assert st.at[layers, "latency_ms_b1.mean"] == pytest.approx(row["latency_ms_b1"])
+    md = res.markdown.read_text()
+    assert f"{BOGUS:.2f}" not in md and "9999" not in res.latex.read_text()
+    machine = profiling.describe_machine("cpu")
+    assert profiling.cpu_model() in machine
+    note = next(line for line in md.splitlines() if line.startswith("Latency re-measured"))
+    assert machine in note and "load average" in note and "UTC" in note
+    assert "2 models for 3 runs" in note and "3 rounds" in note and "fastest of 12 repeats" in note
+    assert "re-measured" in res.latex.read_text() and res.remeasured in res.files
+    console = Console(record=True, width=200)
+    render_console(res, console)
+    assert "Latency re-measured" in console.export_text()
+    # the runs themselves keep what they logged
+    assert study.client().get_run(study.ids["L=4 seed=0"]).data.metrics["latency_ms_b32"] == BOGUS
+
+
+def test_a_wide_spread_gets_the_marker_and_the_footnote(study: Study, tmp_path: Path) -> None:
+    runs, _ = load_runs(study.uri, STUDY)
+    table = aggregate(runs, spec())
+    headers, text, _ = cells(table)
+    by_layers = {row[0]: dict(zip(headers, row, strict=True)) for row in text}
+    # L=4: one of its two runs was measured with spread 0.5 > SPREAD_LIMIT (the row's largest counts)
+    assert by_layers["4"]["ms/b32"] == f"{BOGUS:.2f}{SPREAD_MARK}" and SPREAD_LIMIT < 0.5
+    assert not by_layers["4"]["Params"].endswith(SPREAD_MARK)  # no spread logged: never marked
+    assert "\\dagger" in to_latex(table) and "spread over 10 \\%" in to_latex(table)
+    res = build_report(spec(), STUDY, study.uri, tmp_path / "out", log_to_parent=False)
+    md = res.markdown.read_text()
+    assert f"{BOGUS:.2f}{SPREAD_MARK}" in md and SPREAD_NOTE in md
+    assert "latency_ms_b32.spread" in res.csv.read_text()
+    # below the limit: no marker, no footnote
+    quiet = runs.assign(**{m: 0.01 for m in REMEASURED_METRICS if m.endswith(SPREAD_SUFFIX)})
+    _, text, _ = cells(aggregate(quiet, spec()))
+    assert not any(c.endswith(SPREAD_MARK) for row in text for c in row)
+
+
+def test_remeasure_leaves_out_a_run_without_config_and_says_so(study: Study) -> None:
+    runs, _ = load_runs(study.uri, STUDY)
+    runs = pd.concat([runs[runs["run_name"] == "L=1"], runs.assign(run_id="no-such-run", run_name="ghost").iloc[:1]])
+    again = remeasure_runs(runs, study.uri, repeats=2, warmup=0, progress=False)
+    assert list(again.frame["run_name"]) == ["L=1"] and again.models == 1
+    assert len(again.missing) == 1 and again.missing[0].startswith("run ghost (no-such-run): latency not re-measured")
+    applied = again.apply(runs)
+    assert math.isnan(applied.loc[applied["run_name"] == "ghost", "latency_ms_b32"].iloc[0])  # no stale figure
+
+
+def test_a_busy_round_is_outrun_by_quiet_ones_or_marked(study: Study, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs, _ = load_runs(study.uri, STUDY)
+    runs = runs[runs["run_name"] == "L=1"]
+
+    def timings(*slow_rounds: int) -> pd.Series:
+        calls: list[int] = []
+
+        def fake(model: object, vocab: int, batch: int, *args: object) -> profiling.Latency:
+            calls.append(batch)
+            this_round = (len(calls) - 1) // len(profiling.LATENCY_BATCHES)
+            return profiling.Latency((700.0 if this_round in slow_rounds else 45.0,) * 4)
+
+        monkeypatch.setattr(profiling, "time_forward", fake)
+        again = remeasure_runs(runs, study.uri, repeats=4, warmup=1, rounds=3, progress=False)
+        assert len(calls) == 3 * len(profiling.LATENCY_BATCHES)  # one model, three rounds
+        return again.frame.iloc[0]
+
+    one = timings(0)  # the first round ran beside something else: the quiet rounds give the figure
+    assert one["latency_ms_b32"] == 45.0 and one["latency_ms_b32_spread"] == 0.0
+    two = timings(0, 2)  # most of it was busy: still the fastest, but marked
+    assert two["latency_ms_b32"] == 45.0 and two["latency_ms_b32_spread"] > SPREAD_LIMIT
+
+
+def test_cli_remeasure(study: Study, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "layers.yaml"
+    report.write_text(yaml.safe_dump({**_spec_dict(), "tracking_uri": study.uri}))
+    out = tmp_path / "out"
+    assert cli.main(["report", str(report), "--remeasure", "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "Latency re-measured" in shown and profiling.describe_device("cpu") in shown and "remeasured.csv" in shown
+    assert (out / "remeasured.csv").is_file()
+    # a report without a latency column has nothing to re-measure: one error line, nothing written
+    plain = {**_spec_dict(), "tracking_uri": study.uri, "metrics": [{"name": "params.backbone"}]}
+    report.write_text(yaml.safe_dump(plain))
+    assert cli.main(["report", str(report), "--remeasure", "--out", str(tmp_path / "none")]) == 2
+    assert "error: --remeasure: this report shows no latency" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
+def _spec_dict() -> dict[str, object]:
+    return {
+        "title": "Layers",
+        "study": STUDY,
+        "rows": ["model.num_layers"],
+        "metrics": [{"name": "latency_ms_b32", "label": "ms/b32", "digits": 2, "better": "lower"}],
+    }
+
+
+def test_report_and_profiling_agree_on_the_names() -> None:
+    from ablate.reports import remeasure
+    from ablate.sweeps.chain import PRETRAIN_RUN
+
+    assert SPREAD_SUFFIX == profiling.SPREAD_SUFFIX == remeasure.SPREAD_SUFFIX
+    assert remeasure.PRETRAIN_RUN == PRETRAIN_RUN
+    assert {profiling.latency_metric(b) for b in profiling.LATENCY_BATCHES} <= set(REMEASURED_METRICS)
