@@ -87,10 +87,29 @@ def _measure(cfg):
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    cfg = _config(args.config, args.overrides)  # config errors answer before torch is imported
+    cfg = _config(args.config, args.overrides) if args.config else None  # config errors answer before torch
+    if cfg is None and not args.resume:
+        raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
+    if args.print_config:  # the resolved config (loadable by load_config), before torch is imported
+        from ablate.lightning_modules.config import to_yaml
+
+        if cfg is None:
+            raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
+        print(to_yaml(cfg), end="")
+        return
+    from ablate.sweeps import checkpoints, tracking
     from ablate.sweeps.runner import train
 
-    result = train(cfg, tracking_uri=args.tracking_uri)
+    resume: str | bool = False
+    if args.resume:
+        root = cfg.tracking.root if cfg is not None else "ablate-runs"
+        uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg and cfg.tracking.tracking_uri), root)
+        cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
+        print(f"resuming run {args.resume} from {resume}")
+    assert cfg is not None
+    uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
+    plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    result = train(cfg, tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume)
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     print(f"run {result.run_id} finished: {shown}")
     _print_ui_hint(result.tracking_uri)
@@ -108,6 +127,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         tasks = f", fine-tuned on {', '.join(t.task for t in spec.finetune)}" if spec.finetune else ""
         title, n = report.title if report else "none", spec.total_trials()
         print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}")
+        return
+    if args.print_config:  # the config of the first grid point (a placeholder for a study teacher's run)
+        from ablate.lightning_modules.config import to_yaml
+        from ablate.sweeps.spec import corner_configs
+
+        print(to_yaml(corner_configs(spec, base)[0]), end="")
         return
     from ablate.sweeps.study import run_study
 
@@ -157,24 +182,36 @@ def cmd_report(args: argparse.Namespace) -> None:
         raise ConfigError(f"{target}: study: required in a report spec (or give --study)")
     uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
     out = Path(args.out) if args.out else Path(root) / "reports" / study_name
-    result = build_report(report, study_name, uri, out)
+    result = build_report(report, study_name, uri, out, remeasure=args.remeasure)
     render_console(result)
-    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv, plots)")
+    extra = ", remeasured.csv" if result.remeasured is not None else ""
+    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
     _print_ui_hint(uri)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.interop import export
     from ablate.sweeps import tracking
-    from ablate.sweeps.weights import load_run_weights
+    from ablate.sweeps.weights import RUNS, export_run
 
     out = Path(args.out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before downloading anything
         raise ConfigError(f"{out}: already exists and is not an empty folder")
+    if args.private and not args.push_to_hub:
+        raise ConfigError("--private: only with --push-to-hub REPO")
+    api = None
+    if args.push_to_hub:
+        from ablate.lightning_modules.hf_export import hub_api
+
+        api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
+    run_id = args.run.removeprefix(RUNS).strip("/")
     uri = tracking.resolve_tracking_uri(args.tracking_uri, "ablate-runs")
-    cfg, model = load_run_weights(uri, args.run)
-    written = export(model, cfg, out, format=args.format)
-    print(f"run {args.run} exported to {out.resolve()}/ ({written} format)")
+    written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub)
+    extra = "" if written.tokenizer else "; no tokenizer: the run logged none"
+    print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
+    if api is not None:
+        from ablate.lightning_modules.hf_export import push_to_hub
+
+        print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
 
 
 def _print_ui_hint(uri: str) -> None:
@@ -204,9 +241,14 @@ def parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_params)
     s = sub.add_parser("train", help="train one config as one MLflow run")
-    s.add_argument("config", help="CONFIG.yaml or a preset name")
+    s.add_argument("config", nargs="?", help="CONFIG.yaml or a preset name (with --resume: the run's own)")
     s.add_argument("overrides", nargs="*", help="key=value")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    s.add_argument("--resume", metavar="RUN_ID", help="continue a killed or failed run from its last checkpoint")
+    s.add_argument(
+        "--checkpoints", help="where last.ckpt and best.ckpt go: a folder, an fsspec URL or mlflow (artifacts)"
+    )
     s.set_defaults(func=cmd_train)
     s = sub.add_parser("sweep", help="run (or resume) a study as an Optuna sweep")
     s.add_argument("study", help="STUDY.yaml")
@@ -214,6 +256,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite in ./ablate-runs)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.add_argument("--check", action="store_true", help="validate the study (every trial's config, tasks, report) only")
+    s.add_argument(
+        "--print-config", action="store_true", help="print the config of the study's first grid point as YAML and exit"
+    )
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
     s.add_argument(
@@ -222,9 +267,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--study", help="the study (MLflow experiment) to read; default: the spec's")
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
+    s.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time every run's model again on this machine, one after the other, and show those latencies",
+    )
     s.set_defaults(func=cmd_report)
-    s = sub.add_parser("export", help="export a run's trained weights (transformers checkpoint when expressible)")
-    s.add_argument("run", help="MLflow run id (the run must have saved its model/ artifacts)")
+    s = sub.add_parser(
+        "export",
+        help="export a run's trained weights, tokenizer and model card (a transformers model when expressible)",
+    )
+    s.add_argument("run", help="MLflow run id or runs:/RUN_ID (the run must have saved its model/ artifacts)")
     s.add_argument("out_dir", help="new or empty output folder")
     s.add_argument(
         "--format",
@@ -233,6 +286,8 @@ def parser() -> argparse.ArgumentParser:
         help="auto (default): a transformers checkpoint when expressible, else ablate safetensors",
     )
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.add_argument("--push-to-hub", metavar="REPO", help="then upload the folder to this Hugging Face Hub repo")
+    s.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     s.set_defaults(func=cmd_export)
     s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")
     from ablate.benchmarks.cli import add_arguments, run

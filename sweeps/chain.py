@@ -14,13 +14,13 @@ metric's mean over them, plus ``<task>/best_<metric>_std`` (sample standard devi
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from mlflow.entities import Metric
 
 from ablate.lightning_modules.config import ExperimentConfig
+from ablate.sweeps.checkpoints import Plan
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import FinetuneTask
 from ablate.sweeps.tracking import RunResult, tracked_run
@@ -41,7 +41,8 @@ def chained_trial(
     name: str,
     callbacks: list[Callback],
     extra_params: dict[str, str] | None = None,
-    checkpoint_dir: Path | None = None,
+    checkpoint: Plan | None = None,
+    resume: str | bool = False,
 ) -> RunResult:
     """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task, as one trial run."""
 
@@ -54,7 +55,8 @@ def chained_trial(
             tags={STAGE: "pretrain"},
             name=f"{name} | pretrain",
             callbacks=callbacks,
-            checkpoint_dir=checkpoint_dir,
+            checkpoint=checkpoint,
+            resume=resume,
         )
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's

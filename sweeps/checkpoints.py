@@ -1,29 +1,49 @@
-"""Checkpoints inside a trial, so that a killed trial resumes where it was.
+"""Checkpoints inside a run, so that a killed trial (or ``ablate train``) resumes where it was.
 
-A study trial keeps its Lightning checkpoints in ``<tracking.root>/checkpoints/<study>/
-<config sha256[:16]>/`` (any later attempt at the same resolved config finds them: a retry
-after a dead worker, or the configuration requeued after Ctrl-C): ``last.ckpt`` and
-``best.ckpt`` (lowest ``val/loss``), written at every validation; nothing else, so the
-disk does not grow with the steps. A retry starts from ``last.ckpt``: weights, optimizer,
-schedule, step, the random generators and the data stream's position, so its curve
-continues and it ends where an uninterrupted trial does.
+A run keeps two Lightning checkpoints, ``last.ckpt`` and ``best.ckpt`` (lowest ``val/loss``),
+written at every validation; nothing else, so the disk does not grow with the steps. A retry
+starts from ``last.ckpt``: weights, optimizer, schedule, step, the random generators and the
+data stream's position, so its curve continues and it ends where an uninterrupted run does.
+
+Where they go is a *location* (:func:`location`): a folder or fsspec URL that every worker
+sees (an NFS path, ``s3://bucket/ablate``), or ``mlflow``: Lightning writes to a local cache
+and ``last.ckpt`` is uploaded as the artifact ``checkpoints/last.ckpt`` of the run, where a
+retry on any machine of the same MLflow store finds it (the run is tagged with its config's
+sha256; an attempt at the same config has the same). By default the checkpoints follow the
+MLflow store: beside it under ``<tracking.root>/checkpoints/`` for the embedded SQLite store,
+``mlflow`` for any other store (a server, a shared database).
+
+A study trial's folder is ``<location>/<study>/<config sha256[:16]>/`` (every attempt at the
+same resolved config finds it); a single ``ablate train`` run's is ``<location>/runs/<run id>/``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from mlflow.exceptions import MlflowException
 
 from ablate.lightning_modules.config import ExperimentConfig, config_digest
 
 LAST = "last.ckpt"
+MLFLOW = "mlflow"
+"""The location that keeps ``last.ckpt`` as an artifact of the run."""
+ARTIFACTS = "checkpoints"
+CONFIG = "ablate.config_sha256"  # on a checkpointing run: its resolved config's digest
+WHERE = "ablate.checkpoints"  # on a checkpointing run: its checkpoint folder (or URL)
+_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 class RngState(Callback):
@@ -62,31 +82,180 @@ class RngState(Callback):
                 torch.cuda.set_rng_state_all(cuda)
 
 
-def trial_dir(root: str | Path, study: str, cfg: ExperimentConfig) -> Path:
-    """Where the checkpoints of a trial with this resolved config live (shared by its retries)."""
-    return Path(root) / "checkpoints" / study / config_digest(cfg)[:16]
+def location(setting: str | None, uri: str, root: str | Path) -> str:
+    """Where checkpoints go: ``setting`` (``mlflow``, a folder or an fsspec URL) when given; else
+    ``<root>/checkpoints`` when ``uri`` is the embedded SQLite store under ``root`` (both on this
+    disk), and ``mlflow`` for any other store, so that a worker elsewhere finds them."""
+    if setting:
+        return setting
+    if uri.startswith("sqlite:///") and Path(uri.removeprefix("sqlite:///")).resolve().parent == Path(root).resolve():
+        return str(Path(root) / "checkpoints")
+    return MLFLOW
 
 
-def callbacks(folder: Path, on_resume: Callable[[int], None] | None = None) -> list[Callback]:
-    """Keep ``last.ckpt`` and ``best.ckpt`` in ``folder``, written at each validation;
-    ``on_resume(step)`` is called when a fit restores one."""
-    return [
-        ModelCheckpoint(
-            dirpath=folder,
-            filename="best",
-            monitor="val/loss",
-            mode="min",
-            save_top_k=1,
-            save_last=True,
-            enable_version_counter=False,
-        ),
-        RngState(on_resume),
-    ]
+@dataclass(frozen=True)
+class Plan:
+    """Where one run writes its checkpoints.
+
+    Attributes:
+        folder: Lightning's folder: a local path or an fsspec URL (a local cache for ``mlflow``).
+        mirror: also upload ``last.ckpt`` as the run's artifact ``checkpoints/last.ckpt``.
+        digest: the run's config digest; an earlier attempt at the same config has the same.
+    """
+
+    folder: str
+    mirror: bool
+    digest: str
+    per_run: bool = False
+
+    def for_run(self, run_id: str) -> Plan:
+        """The plan of run ``run_id``: its own sub-folder when ``per_run`` (a single ``ablate train``)."""
+        return Plan(f"{self.folder}/{run_id}", self.mirror, self.digest) if self.per_run else self
+
+    @classmethod
+    def at(cls, where: str, root: str | Path, cfg: ExperimentConfig, *parts: str, per_run: bool = False) -> Plan:
+        """The plan for location ``where`` (see :func:`location`), in the sub-folder ``parts``."""
+        if where == MLFLOW:
+            return cls(str(Path(root, "checkpoints", *parts).resolve()), True, config_digest(cfg), per_run)
+        return cls("/".join([where.rstrip("/"), *parts]), False, config_digest(cfg), per_run)
 
 
-def resume_path(folder: Path | None) -> Path | None:
-    """``last.ckpt`` of ``folder`` if an earlier attempt wrote one."""
-    if folder is None:
+def trial_plan(where: str, root: str | Path, study: str, cfg: ExperimentConfig) -> Plan:
+    """A study trial's checkpoints: one folder per resolved config, shared by its retries."""
+    return Plan.at(where, root, cfg, study, config_digest(cfg)[:16])
+
+
+def run_plan(where: str, root: str | Path, cfg: ExperimentConfig) -> Plan:
+    """A single run's checkpoints (``ablate train``): a folder of its own, ``runs/<run id>``."""
+    return Plan.at(where, root, cfg, "runs", per_run=True)
+
+
+class _Mirrored(ModelCheckpoint):
+    """A ModelCheckpoint that hands every ``last.ckpt`` it writes to ``upload``."""
+
+    def __init__(self, upload: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.upload = upload
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if trainer.is_global_zero and Path(filepath).name == LAST:
+            self.upload(filepath)
+
+
+def callbacks(plan: Plan, client: Any, run_id: str, on_resume: Callable[[int], None] | None = None) -> list[Callback]:
+    """Keep ``last.ckpt`` and ``best.ckpt`` in ``plan.folder``, written at each validation (and
+    ``last.ckpt`` uploaded to run ``run_id`` when ``plan.mirror``); ``on_resume(step)`` is called
+    when a fit restores one. Tags the run with the plan's folder and config digest."""
+    client.set_tag(run_id, CONFIG, plan.digest)
+    client.set_tag(run_id, WHERE, MLFLOW if plan.mirror else plan.folder)
+    kwargs: dict[str, Any] = dict(
+        dirpath=plan.folder,
+        filename="best",
+        monitor="val/loss",
+        mode="min",
+        save_top_k=1,
+        save_last=True,
+        enable_version_counter=False,
+    )
+    saving = (
+        _Mirrored(lambda path: client.log_artifact(run_id, path, ARTIFACTS), **kwargs)
+        if plan.mirror
+        else ModelCheckpoint(**kwargs)
+    )
+    return [saving, RngState(on_resume)]
+
+
+def _exists(path: str) -> bool:
+    fs, inner = fsspec.core.url_to_fs(path)
+    return bool(fs.exists(inner))
+
+
+def _download(client: Any, run_id: str, folder: str) -> str | None:
+    """The artifact ``checkpoints/last.ckpt`` of ``run_id``, downloaded into ``folder``; None if it has none."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+            got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{LAST}", tmp))
+            return str(got.replace(Path(folder) / LAST))
+    except (MlflowException, OSError):
         return None
-    last = folder / LAST
-    return last if last.is_file() else None
+
+
+def resume_path(plan: Plan | None, client: Any, run_id: str) -> str | None:
+    """``last.ckpt`` that an earlier attempt at this run's config left: in ``plan.folder``, else (with
+    ``plan.mirror``) the newest one uploaded by another run of the experiment with the same config."""
+    if plan is None:
+        return None
+    last = f"{plan.folder}/{LAST}"
+    if _exists(last):
+        return last
+    if not plan.mirror:
+        return None
+    exp = client.get_run(run_id).info.experiment_id
+    for run in client.search_runs(
+        [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
+    ):
+        if run.info.run_id != run_id and (got := _download(client, run.info.run_id, plan.folder)) is not None:
+            return got
+    return None
+
+
+def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
+    """``last.ckpt`` of the earlier run ``run_id`` (``ablate train --resume``): in the folder it
+    was tagged with, or its uploaded artifact (downloaded into ``folder``)."""
+    where = client.get_run(run_id).data.tags.get(WHERE)
+    if where is None:
+        return None
+    if where != MLFLOW and _exists(f"{where}/{LAST}"):
+        return f"{where}/{LAST}"
+    return _download(client, run_id, folder)
+
+
+@contextlib.contextmanager
+def _quiet_download() -> Iterator[None]:
+    """No MLflow progress bar for a small download."""
+    old = os.environ.get(_BAR)
+    os.environ[_BAR] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_BAR, None)
+        else:
+            os.environ[_BAR] = old
+
+
+def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[ExperimentConfig, str]:
+    """What ``ablate train --resume RUN_ID`` continues: the run's config (``cfg`` must equal it when
+    given) and its ``last.ckpt``.
+
+    Raises:
+        ConfigError: no such run, it kept no checkpoint, or ``cfg`` differs from its config.
+    """
+    from ablate.lightning_modules.config import flatten
+    from ablate.lightning_modules.configio import build_config
+    from ablate.lightning_modules.errors import ConfigError
+    from ablate.sweeps import tracking
+
+    client = tracking.connect(uri)
+    try:
+        run = client.get_run(run_id)
+        with tempfile.TemporaryDirectory(prefix="ablate-resume-") as tmp, _quiet_download():
+            text = Path(client.download_artifacts(run_id, "config.yaml", tmp)).read_text(encoding="utf-8")
+    except MlflowException:
+        raise ConfigError(f"--resume {run_id}: no such run (with a config.yaml) in {tracking.redact(uri)}") from None
+    import yaml
+
+    theirs = build_config(yaml.safe_load(text))
+    if cfg is not None and config_digest(cfg) != config_digest(theirs):
+        mine, old = flatten(cfg), flatten(theirs)
+        key = next(k for k in mine if mine[k] != old.get(k))
+        raise ConfigError(f"--resume {run_id}: {key}: {mine[key]!r} here, {old.get(key)!r} in the run to resume")
+    root = Path(theirs.tracking.root, "checkpoints", "runs", run_id)
+    last = run_checkpoint(client, run_id, str(root)) if WHERE in run.data.tags else None
+    if last is None:
+        raise ConfigError(
+            f"--resume {run_id}: the run kept no checkpoint (it validated no step, or predates checkpoints)"
+        )
+    return theirs, last

@@ -46,7 +46,7 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     """The LightningModule of a run and its extra tags: a DistillModule for a ``distill`` run
     (tagged with the teacher's run), else a PretrainModule; the model starts from random
     weights or from those of ``init_from``."""
-    student = initial_model(cfg)
+    student = initial_model(cfg, tokenizer)
     if cfg.regime != "distill":
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
@@ -64,21 +64,24 @@ def _fit_run(
     client: Any,
     run_id: str,
     callbacks: list[Callback],
-    checkpoint_dir: Path | None = None,
+    checkpoint: checkpoints.Plan | None = None,
+    resume: str | bool = False,
 ) -> dict[str, float]:
-    """Fit ``module`` inside run ``run_id`` (resuming from ``checkpoint_dir/last.ckpt`` when an
-    earlier attempt left one), then log its weights; the final metrics."""
+    """Fit ``module`` inside run ``run_id``, keeping checkpoints as ``checkpoint`` says and
+    resuming from ``resume`` (a ``last.ckpt``; True: whatever an earlier attempt at this config
+    left), then log its weights; the final metrics."""
     logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=False)  # no wait on the store
-    resume = checkpoints.resume_path(checkpoint_dir)
+    plan = None if checkpoint is None else checkpoint.for_run(run_id)
+    start = checkpoints.resume_path(plan, client, run_id) if resume is True else resume or None
     saving = (
         []
-        if checkpoint_dir is None
+        if plan is None
         else checkpoints.callbacks(
-            checkpoint_dir, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{resume} (step {step})")
+            plan, client, run_id, on_resume=lambda step: client.set_tag(run_id, RESUMED, f"{start} (step {step})")
         )
     )
     trainer = build_trainer(cfg, logger, [ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
-    metrics = fit(trainer, module, data, ckpt_path=resume)
+    metrics = fit(trainer, module, data, ckpt_path=start)
     for callback in callbacks:  # under DDP a rank's prune reaches this process through the trial
         check_pruned = getattr(callback, "check_pruned", None)  # optuna-integration's documented call
         if check_pruned is not None:
@@ -92,7 +95,8 @@ def _fit_run(
         for key, value in scores.items():
             client.log_metric(run_id, key, value, step=step)
         metrics.update(scores)
-    log_weights(client, run_id, module.model, cfg)  # model/ artifacts: what `ablate export RUN` reads
+    # model/ artifacts (weights, config, tokenizer): what `ablate export RUN` reads
+    log_weights(client, run_id, module.model, cfg, tokenizer=data.tokenizer_path)
     return metrics
 
 
@@ -106,13 +110,15 @@ def train(
     name: str | None = None,
     callbacks: list[Callback] | None = None,
     extra_params: dict[str, str] | None = None,
-    checkpoint_dir: Path | None = None,
+    checkpoint: checkpoints.Plan | None = None,
+    resume: str | bool = False,
 ) -> tracking.RunResult:
     """Train ``cfg`` as one MLflow run, as its ``regime`` says (pre-training, distillation, pruning
     or fine-tuning); return its final metrics.
 
-    With ``checkpoint_dir`` (a study trial's), pre-training and distillation keep their last and
-    best checkpoints there and resume from the last one if an earlier attempt left it.
+    With a ``checkpoint`` plan, pre-training and distillation keep their last and best
+    checkpoints where it says; ``resume`` is a ``last.ckpt`` to start from, or True: the last one
+    an earlier attempt at the same config left (a study trial's retry).
 
     Corpus, store, teacher and source problems raise before the MLflow run is created. Any
     failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
@@ -142,7 +148,7 @@ def train(
         extra_params = {**measured_on, **(extra_params or {})}
 
         def work(client: Any, run_id: str) -> dict[str, float]:
-            return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [], checkpoint_dir)
+            return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [], checkpoint, resume)
     else:
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
             source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")

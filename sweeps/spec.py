@@ -26,6 +26,9 @@ Example::
                                                             # a whole finetune section each, plus seeds: [0, 1, 2]
     heartbeat: 10                                           # s between a running trial's heartbeats; silent
                                                             # for 3x that = its worker died: retried
+    checkpoints: mlflow                                     # where trials keep last.ckpt for a retry: a folder or
+                                                            # fsspec URL all workers see, or mlflow (artifacts);
+                                                            # default: beside the MLflow store (sweeps.checkpoints)
     report: albert-table3                                   # a shipped spec (reports/specs/), a REPORT.yaml path
                                                             # relative to this file, or inline: see ReportSpec
 """
@@ -239,6 +242,7 @@ class StudySpec:
     prune_source: PruneSourceSpec | None = None
     finetune: list[FinetuneTask] = Field(default_factory=list)
     heartbeat: int = Field(default=10, ge=1, le=3600)
+    checkpoints: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_upstream(self) -> StudySpec:

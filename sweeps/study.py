@@ -24,7 +24,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.lightning_modules.errors import ConfigError, StorageError, require_driver
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps import teacher as teachers
 from ablate.sweeps.chain import chained_trial
@@ -103,6 +103,7 @@ def open_study(
 
 def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> Any:
     """The Optuna RDB storage at ``url``, with heartbeats (StorageError naming the URL if unreachable)."""
+    require_driver(url)  # postgresql:// without psycopg: one line naming the extra
     try:
         return workers.storage(url, heartbeat, on_stale)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
@@ -240,7 +241,8 @@ def trial_objective(
         if teacher is not None:
             tags[tracking.TEACHER] = teachers.teacher_tag(teacher)
         pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
-        ckpt = checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg)
+        where = checkpoints.location(spec.checkpoints, uri, cfg.tracking.root)
+        ckpt = checkpoints.trial_plan(where, cfg.tracking.root, spec.name, cfg)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
@@ -255,7 +257,8 @@ def trial_objective(
                 name=run_name(params),
                 callbacks=[pruning],
                 extra_params=extra,
-                checkpoint_dir=ckpt,
+                checkpoint=ckpt,
+                resume=True,
             )
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")

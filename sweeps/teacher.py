@@ -151,7 +151,10 @@ def _trained_teacher(
             parent_run_id=parent,
             tags=tags,
             name=upstream.SECTION,
-            checkpoint_dir=checkpoints.trial_dir(cfg.tracking.root, spec.name, cfg),
+            checkpoint=checkpoints.trial_plan(
+                checkpoints.location(spec.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, spec.name, cfg
+            ),
+            resume=True,
         )
         _CONSOLE.print(f"{upstream.SECTION}: trained run {result.run_id}", markup=False)
         return 0.0

@@ -23,6 +23,7 @@ from ablate.benchmarks.train_speed import batches, build_sides, race
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.profiling import measure, training_device
+from ablate.sweeps import checkpoints
 from ablate.sweeps.runner import MEASURED_ON, train
 from tests.conftest import requires_cuda
 
@@ -90,14 +91,20 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
     on = MlflowClient(uri).get_run(straight.run_id).data.params[MEASURED_ON]
     assert on == f"cuda:0 ({torch.cuda.get_device_name(0)})"
     folder = tmp_path / "ckpt"
+    plan = checkpoints.Plan.at(str(folder), tmp_path, cfg)
     with pytest.raises(KeyboardInterrupt):  # killed after the checkpoint at STEPS // 2
         train(
-            cfg, tracking_uri=uri, experiment="resumed", checkpoint_dir=folder, callbacks=[_InterruptAt(STEPS // 2 + 5)]
+            cfg,
+            tracking_uri=uri,
+            experiment="resumed",
+            checkpoint=plan,
+            resume=True,
+            callbacks=[_InterruptAt(STEPS // 2 + 5)],
         )
     ckpt = torch.load(folder / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == STEPS // 2
     assert len(ckpt["ablate_rng"]["cuda"]) == torch.cuda.device_count()
-    resumed = train(cfg, tracking_uri=uri, experiment="resumed", checkpoint_dir=folder)
+    resumed = train(cfg, tracking_uri=uri, experiment="resumed", checkpoint=plan, resume=True)
     assert resumed.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
 
 

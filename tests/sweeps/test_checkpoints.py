@@ -1,4 +1,4 @@
-"""The random generators a trial checkpoint carries (sweeps.checkpoints.RngState), on the CPU.
+"""Checkpoints: the random generators they carry (RngState), where they go, and resuming from them, on the CPU.
 
 The GPU half (a resumed CUDA trial ends where an uninterrupted one does) is in tests/test_gpu.py.
 """
@@ -6,12 +6,22 @@ The GPU half (a resumed CUDA trial ends where an uninterrupted one does) is in t
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
+import lightning.pytorch as pl
 import numpy as np
+import pytest
 import torch
+from mlflow import MlflowClient
 
+from ablate.cli import main
+from ablate.lightning_modules.config import to_yaml
+from ablate.lightning_modules.configio import build_config
+from ablate.sweeps import checkpoints
 from ablate.sweeps.checkpoints import RngState
+from ablate.sweeps.runner import RESUMED, train
+from tests.sweeps.conftest import tiny_base
 
 
 def _saved() -> dict:
@@ -58,3 +68,57 @@ def test_a_checkpoint_without_cuda_state_or_from_other_devices_still_loads() -> 
     RngState().on_load_checkpoint(None, None, other)  # type: ignore[arg-type]
     assert _draws() == expected
     RngState().on_load_checkpoint(None, None, {"global_step": 3})  # type: ignore[arg-type]  # no ablate state at all
+
+
+# --- where checkpoints go, and resuming a single run from another machine's upload --------------
+
+
+class _InterruptAt(pl.Callback):
+    """Ctrl-C at a step, as a killed process would stop (after the checkpoint before it)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_checkpoints_follow_the_mlflow_store(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    beside = f"sqlite:///{root / 'mlflow.db'}"
+    assert checkpoints.location(None, beside, root) == str(root / "checkpoints")  # one disk: beside the store
+    for elsewhere in (f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}", "http://127.0.0.1:5000", "postgresql://db/x"):
+        assert checkpoints.location(None, elsewhere, root) == checkpoints.MLFLOW  # another worker must find them
+    assert checkpoints.location("s3://bucket/ckpt", beside, root) == "s3://bucket/ckpt"
+
+
+def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
+    tmp_path: Path, wiki_validation: Path, capsys
+) -> None:
+    cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
+    straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}")
+    uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"  # a store other workers see: checkpoints go to MLflow
+    plan = checkpoints.run_plan(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tracking_uri=uri, checkpoint=plan, callbacks=[_InterruptAt(6)])  # after the step-4 checkpoint
+    client = MlflowClient(uri)
+    (killed,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    assert killed.info.status == "KILLED" and killed.data.tags[checkpoints.WHERE] == checkpoints.MLFLOW
+    assert [a.path for a in client.list_artifacts(killed.info.run_id, "checkpoints")] == ["checkpoints/last.ckpt"]
+    shutil.rmtree(Path(cfg.tracking.root) / "checkpoints")  # another machine: no local copy
+    path = tmp_path / "run.yaml"
+    path.write_text(to_yaml(cfg))
+    capsys.readouterr()
+    assert main(["train", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 0
+    assert f"resuming run {killed.info.run_id}" in capsys.readouterr().out
+    resumed = next(r for r in client.search_runs([killed.info.experiment_id]) if r.info.run_id != killed.info.run_id)
+    assert resumed.info.status == "FINISHED" and resumed.data.tags[RESUMED].endswith("(step 4)")
+    assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
+    # a config that is not the run's is refused, naming the first key that differs
+    assert main(["train", str(path), "optim.lr=0.5", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --resume {killed.info.run_id}: optim.lr: 0.5 here, 0.001 in the run to resume"
+    )
+    assert main(["train", "--resume", "0" * 32, "--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --resume {'0' * 32}: no such run")

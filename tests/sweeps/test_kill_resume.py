@@ -15,8 +15,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from mlflow import MlflowClient
 
+from ablate.lightning_modules.configio import replace
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import load_study, trial_config
 from tests.sweeps.conftest import write_study
@@ -25,11 +27,11 @@ from tests.sweeps.test_study_teacher import TEACHER_MODEL
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sweep(study: Path, log: Path) -> subprocess.Popen:
+def _sweep(study: Path, log: Path, *stores: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "ablate", "sweep", str(study)],
+        [sys.executable, "-m", "ablate", "sweep", str(study), *stores],
         cwd=study.parent,
         env=env,
         stdout=log.open("w"),
@@ -38,13 +40,13 @@ def _sweep(study: Path, log: Path) -> subprocess.Popen:
     )
 
 
-def _kill_at_first_checkpoint(study: Path, checkpoints: Path, name: str) -> None:
+def _kill_at_first_checkpoint(study: Path, checkpoints: Path, pattern: str, *stores: str) -> None:
     """Start a worker on ``study``; SIGKILL it as soon as its first ``last.ckpt`` is written."""
     log = study.parent / "first.log"
-    proc = _sweep(study, log)
+    proc = _sweep(study, log, *stores)
     try:
         deadline = time.monotonic() + 400
-        while not list(checkpoints.glob(f"{name}/*/last.ckpt")):
+        while not list(checkpoints.glob(pattern)):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.05)
@@ -54,8 +56,11 @@ def _kill_at_first_checkpoint(study: Path, checkpoints: Path, name: str) -> None
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_validation):
-    study = write_study(
+def test_sigkill_mid_trial_then_another_machine_resumes_and_counts_once(tmp_path, wiki_validation):
+    """Two workers in two working directories (two machines) share only the Optuna and MLflow
+    stores: the first is killed mid-trial, the second resumes that trial from the checkpoint the
+    first uploaded to MLflow (the default when the store is not the worker's own SQLite file)."""
+    made = write_study(
         tmp_path,
         wiki_validation,
         name="killed",
@@ -63,18 +68,27 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_val
         trainer={"max_steps": 120, "val_every": 20, "measure": False},
         heartbeat=1,
     )
-    runs_dir = tmp_path / "runs"
-    _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "killed")  # mid-trial
-    storage = f"sqlite:///{runs_dir / 'optuna.db'}"
-    uri = f"sqlite:///{runs_dir / 'mlflow.db'}"
+    raw = yaml.safe_load(made.read_text())
+    raw["base"]["tracking"]["root"] = "runs"  # each machine's own, relative to where it runs
+    first, second_dir = tmp_path / "machine-a", tmp_path / "machine-b"
+    for folder in (first, second_dir):
+        folder.mkdir()
+        (folder / "killed.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    storage, uri = f"sqlite:///{shared / 'optuna.db'}", f"sqlite:///{shared / 'mlflow.db'}"
+    stores = ("--storage", storage, "--tracking-uri", uri)
+    _kill_at_first_checkpoint(first / "killed.yaml", shared, "artifacts/**/checkpoints/last.ckpt", *stores)
     trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
     assert [t.state.name for t in trials].count("RUNNING") == 1  # left behind by the dead worker
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("killed").experiment_id
     (killed,) = client.search_runs([exp], "tags.`ablate.role` = 'trial' and attributes.status = 'RUNNING'")
+    assert killed.data.tags["ablate.checkpoints"] == "mlflow"
 
-    second = _sweep(study, tmp_path / "second.log")
+    second = _sweep(second_dir / "killed.yaml", tmp_path / "second.log", *stores)
     assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    study = second_dir / "killed.yaml"
 
     trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
     complete = [t for t in trials if t.state.name == "COMPLETE"]
@@ -92,13 +106,16 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_counts_once(tmp_path, wiki_val
     assert 0 < step < 120
     history = client.get_metric_history(resumed.info.run_id, "train/loss")
     assert min(m.step for m in history) > step and max(m.step for m in history) >= 110  # continued, not repeated
-    ckpts = sorted(p.name for p in (runs_dir / "checkpoints" / "killed").rglob("*.ckpt"))
+    assert str(second_dir) in resumed.data.tags["ablate.resumed_from"]  # downloaded there from the first's upload
+    ckpts = sorted(p.name for p in (second_dir / "runs" / "checkpoints" / "killed").rglob("*.ckpt"))
     assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt"]  # only last and best per trial
+    uploaded = [a.path for r in runs for a in client.list_artifacts(r.info.run_id, "checkpoints")]
+    assert uploaded == ["checkpoints/last.ckpt"] * 3  # the killed attempt's, and each finished trial's
 
     # the resumed trial ends where an uninterrupted run of the same config does
     spec, base = load_study(study)
     params = {"model.sharing": resumed.data.params["model.sharing"], "seed": 0}
-    cfg = trial_config(base, spec, params, None)
+    cfg = replace(trial_config(base, spec, params, None), {"tracking.root": str(tmp_path / "straight")})
     straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}", experiment="straight")
     assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
 
@@ -117,7 +134,7 @@ def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, w
         teacher={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 200, "trainer.val_every": 20}},
     )
     runs_dir = tmp_path / "runs"
-    _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "teach")  # mid-teacher
+    _kill_at_first_checkpoint(study, runs_dir / "checkpoints", "teach/*/last.ckpt")  # mid-teacher
 
     second = _sweep(study, tmp_path / "second.log")
     assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
