@@ -6,13 +6,17 @@ Errors a user can cause end with one line ``error: ...`` and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 import warnings
 from collections import Counter
 from pathlib import Path
 
+from ablate.benchmarks.cli import positive_int
 from ablate.lightning_modules.errors import AblateError, ConfigError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -252,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_train)
     s = sub.add_parser("sweep", help="run (or resume) a study as an Optuna sweep")
     s.add_argument("study", help="STUDY.yaml")
-    s.add_argument("--n-trials", type=int, help="run at most this many more trials")
+    s.add_argument("--n-trials", type=positive_int, help="run at most this many more trials")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite in ./ablate-runs)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.add_argument("--check", action="store_true", help="validate the study (every trial's config, tasks, report) only")
@@ -297,14 +301,49 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class UsageError(Exception):
+    """A command line argparse refuses, as one line (without argparse's usage block)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser().parse_args``; a usage error raises :class:`UsageError`, one line naming the option:
+    ``--n-trials: must be a positive integer, got 0``. ``--help`` still exits (status 0)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        lines = [line for line in captured.getvalue().splitlines() if line.strip()]
+        found = re.match(r"^(.*?): error: (.*)$", lines[-1]) if lines else None
+        if found is None:
+            raise UsageError(" ".join(lines) or "invalid command line (see ablate --help)") from None
+        prog, message = found.groups()
+        if message.startswith("argument "):  # argument --n-trials: must be ...
+            raise UsageError(message.removeprefix("argument ")) from None
+        raise UsageError(f"{prog}: {message} (see {prog} --help)") from None
+    sys.stderr.write(captured.getvalue())
+    return args
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (a message is one line by rule; a multi-line one is joined)."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: runs were marked KILLED; run the same command again to resume", file=sys.stderr)

@@ -4,7 +4,9 @@ optionally write it as markdown (``--out``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +21,53 @@ if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --h
 
 SUITES = ("train", "precision", "data", "pruning", "loop")
 console = Console(highlight=False, soft_wrap=True)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer above 0 (``error: --steps: must be a positive integer, got 0``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """argparse type: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, and present on this machine."""
+    name = text.strip().lower()
+    if name in ("auto", "cpu"):
+        return name
+    if not re.fullmatch(r"cuda(:\d+)?|mps", name):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N, mps or auto, got {text!r}")
+    import torch
+
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError("mps: no MPS device on this machine")
+        return name
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.partition(":")[2] or 0)
+    if index >= count:
+        have = f"{count} CUDA device{'s' * (count != 1)}" if count else "no CUDA device"
+        raise argparse.ArgumentTypeError(f"{name}: this machine has {have}")
+    return name
+
+
+def output_file(text: str) -> Path:
+    """argparse type: a file that can be written (checked before a benchmark runs, not after)."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write in {parent}")
+    return path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,10 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "on a CPU and the GPU-sized ones on CUDA; one small case for the others)",
     )
     parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (train: 20; precision: 300)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="timed steps (train: 20; precision: 300)")
     parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile (always on CUDA)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the tables as markdown here")
+    parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda or auto (default)")
+    parser.add_argument("--out", type=output_file, default=None, help="also write the tables as markdown here")
 
 
 def machine(device: torch.device) -> str:

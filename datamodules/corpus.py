@@ -16,9 +16,11 @@ DataLoader worker of one DDP rank.
 
 from __future__ import annotations
 
-import codecs
 import gzip
 import hashlib
+import json
+import logging
+import zlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -43,6 +45,18 @@ __all__ = [
 ]
 
 Split = Literal["train", "validation"]
+
+
+class _QuietReadFailures(logging.Filter):
+    """Drops the line ``datasets`` logs before raising a read failure (``Failed to load JSON from
+    file ...``): ablate reports the failure itself, as one line naming the file and record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Failed to load JSON", "Failed to read", "Failed to convert"))
+
+
+for _name in ("datasets.packaged_modules.json.json", "datasets.packaged_modules.parquet.parquet"):
+    logging.getLogger(_name).addFilter(_QuietReadFailures())
 
 _READ_BATCH = 256  # documents per Arrow batch pulled from `datasets`
 DOC_SHUFFLE_BUFFER = 256
@@ -80,30 +94,73 @@ def open_corpus(spec: CorpusSpec) -> datasets.IterableDataset:
     return ds
 
 
-def _find_non_utf8(files: tuple[str, ...]) -> str | None:
-    for name in files:
-        opener = gzip.open if name.endswith(".gz") else open
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        try:
-            with opener(name, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    decoder.decode(chunk)
-                decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            return name
-        except OSError:
-            continue
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _bad_json_document(name: str, text: str) -> str | None:
+    """A whole-file JSON corpus (``[...]``) that does not parse: where."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"{name}: not valid JSON at line {exc.lineno} ({exc.msg}: column {exc.colno})"
+    return None
+
+
+def _bad_record_in(name: str, builder: str) -> str | None:
+    """The first unreadable record of one local text or JSON file: ``FILE: problem at line N``."""
+    opener = gzip.open if name.endswith(".gz") else open
+    n = 0
+    try:
+        with opener(name, "rb") as fh:
+            for n, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    return f"{name}: not UTF-8 text at line {n} (byte {exc.start + 1} of the line)"
+                if builder != "json" or not line.strip():
+                    continue
+                if n == 1 and line.lstrip().startswith("["):  # one JSON document, not JSON Lines
+                    return _bad_json_document(name, line + b"".join(fh).decode("utf-8", errors="replace"))
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    return f"{name}: not valid JSON at line {n} ({exc.msg}: column {exc.colno})"
+                if not isinstance(record, dict):
+                    return f'{name}: not a JSON object at line {n} (one record per line: {{"text": ...}})'
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        where = f"after line {n}" if n else "at its start"
+        return f"{name}: truncated or corrupt {where} ({_first_line(exc)})"
+    except OSError as exc:
+        return f"{name}: {exc.strerror or _first_line(exc)}"
+    return None
+
+
+def find_bad_record(spec: CorpusSpec) -> str | None:
+    """The first record of a local ``.txt`` or JSON-lines corpus (optionally ``.gz``) that cannot
+    be read, as ``FILE: problem at line N`` (not UTF-8, not JSON, truncated gzip), or None.
+
+    Reads the files in order up to that record: called on the error path only, to say where a
+    read failed (``datasets`` and Arrow name neither the file nor the line)."""
+    if spec.builder not in ("text", "json"):
+        return None
+    for name in spec.files:
+        bad = _bad_record_in(name, spec.builder)
+        if bad is not None:
+            return bad
     return None
 
 
 def _read_error(spec: CorpusSpec, exc: BaseException) -> DataError:
-    if isinstance(exc, UnicodeDecodeError):
-        bad = _find_non_utf8(spec.files) if spec.builder != "parquet" else None
-        return error(spec.source, f"{bad}: not UTF-8 text" if bad else "not UTF-8 text")
-    first_line = (str(exc).splitlines() or [""])[0]
     if spec.is_local:
-        return error(spec.source, f"cannot read: {type(exc).__name__}: {first_line}")
-    return error(spec.source, f"cannot load this hub dataset: {type(exc).__name__}: {first_line}")
+        bad = find_bad_record(spec)
+        if bad is not None:
+            return error(spec.source, f"cannot read {bad}")
+    if isinstance(exc, UnicodeDecodeError):
+        return error(spec.source, "not UTF-8 text")
+    if spec.is_local:
+        return error(spec.source, f"cannot read: {type(exc).__name__}: {_first_line(exc)}")
+    return error(spec.source, f"cannot load this hub dataset: {type(exc).__name__}: {_first_line(exc)}")
 
 
 def num_shards(data: DataConfig) -> int:

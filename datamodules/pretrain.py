@@ -28,6 +28,7 @@ from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
 from ablate.datamodules.transfer import packed, unpack
 from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import FAIL_REASON, AblateError
 
 
 class PretrainDataModule(pl.LightningDataModule):
@@ -121,6 +122,21 @@ class PretrainDataModule(pl.LightningDataModule):
             prefetch_factor=4 if workers > 0 else None,
             pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
         )
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A user's error stopping the fit (a corrupt corpus record, read in a DataLoader worker or
+        here) is tagged on the run as its failure reason (``ablate.fail_reason``), the one line the
+        command prints; the run itself is ended FAILED by whoever started it."""
+        if not isinstance(exception, AblateError) or self.trainer is None:
+            return
+        for logger in self.trainer.loggers:
+            run_id = getattr(logger, "run_id", None)
+            if run_id is None:
+                continue
+            try:
+                logger.experiment.set_tag(run_id, FAIL_REASON, str(exception)[:500])
+            except Exception:  # noqa: BLE001 - a store problem must not hide the error itself
+                pass
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""

@@ -109,6 +109,8 @@ def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
     Raises:
         DataError: a local corpus is missing, has an unknown extension, or mixes formats.
     """
+    if not corpus.strip():  # not the working directory (Path("") is ".")
+        raise DataError(f"data.corpus: empty; give {', '.join(BUILTIN)}, a file, glob or folder, or a hub dataset name")
     if corpus in BUILTIN:
         package, resource = BUILTIN[corpus]
         try:

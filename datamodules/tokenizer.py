@@ -171,6 +171,13 @@ def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenize
     """
     spec = resolve_corpus(data.corpus, data.text_field)
     path = tokenizer_path(data, vocab_size, spec)
+    try:  # an unusable cache folder fails now, not after training the tokenizer
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = "" if data.cache_dir is not None else " (set data.cache_dir or $ABLATE_CACHE)"
+        raise DataError(
+            f"data.cache_dir: cannot create the tokenizer cache folder {path.parent}: {exc.strerror or exc}{where}"
+        ) from None
     if path.is_file():
         try:
             tok = Tokenizer.from_file(str(path))
@@ -195,7 +202,10 @@ def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenize
         bar.close()
     if counted.n == 0:
         raise DataError(f"data.corpus: {spec.source}: corpus is empty (no training document)")
-    _save_atomic(tok, path)
+    try:
+        _save_atomic(tok, path)
+    except OSError as exc:
+        raise DataError(f"data.cache_dir: cannot write the tokenizer {path}: {exc.strerror or exc}") from None
     return tok, path
 
 

@@ -43,6 +43,10 @@ Regime = Literal["pretrain", "distill", "prune", "finetune"]
 # a regime other than pre-training starts from a trained model, named by this field
 REGIME_SOURCE: dict[str, str] = {"distill": "distill.teacher", "prune": "prune.source", "finetune": "finetune.source"}
 Activation = Literal["gelu", "relu"]
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+"""``trainer.accelerator`` values Lightning knows."""
+MAX_SEED = 2**32 - 1
+"""The largest ``seed`` (numpy's, which Lightning seeds too)."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -415,6 +419,35 @@ class ExperimentConfig:
             schedule(self.distill, self.model.num_layers, self.trainer.max_steps)
         except ValueError as exc:
             raise ValueError(f"distill.{exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_sections(self) -> ExperimentConfig:
+        """Constraints between sections that would otherwise fail inside the training loop, after
+        the MLflow run exists: ``key: what is wrong (the other key and its value)``."""
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed: must be between 0 and {MAX_SEED} (numpy's range), got {self.seed}")
+        if self.trainer.accelerator not in ACCELERATORS:
+            raise ValueError(
+                f"trainer.accelerator: {self.trainer.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+            )
+        if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
+            return self
+        m, data = self.model, self.data
+        # the default length is not held against a model with fewer positions: such configs describe
+        # models (exports, tests); a run of one sets its own data.max_length
+        if m.position == "learned" and m.max_position < data.max_length != DataConfig().max_length:
+            raise ValueError(
+                f"data.max_length: {data.max_length} tokens, but the position embedding has "
+                f"model.max_position {m.max_position} rows (raise model.max_position or lower data.max_length)"
+            )
+        if m.token_types == 1 and (self.objective.sentence != "none" or self.trainer.intrinsic):
+            why = (
+                f"objective.sentence {self.objective.sentence!r} puts a second segment (token type 1) in each sequence"
+                if self.objective.sentence != "none"
+                else "trainer.intrinsic probes NSP and SOP on segment pairs (token type 1)"
+            )
+            raise ValueError(f"model.token_types: 1 row, but {why}; use 2, or 0 for no token-type embedding")
         return self
 
 

@@ -16,6 +16,53 @@ from ablate.lightning_modules.errors import ConfigError, format_error
 from ablate.lightning_modules.presets import preset_fields
 
 
+class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
+    """PyYAML's SafeLoader, reading what a person (and a YAML 1.2 reader) means:
+
+    * a key given twice in one mapping is an error naming both lines (PyYAML keeps the last one
+      silently); keys merged in with ``<<: *anchor`` may be overridden;
+    * ``1e-3`` and ``5E4`` are floats (YAML 1.1 reads them as strings: it wants ``1.0e-3``);
+    * only ``true`` and ``false`` are booleans: ``yes``, ``no``, ``on`` and ``off`` stay strings (a
+      variant called ``no``, a choice ``off``); a boolean field still takes them, as pydantic does.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r} (first at line {seen[key]}); a key may appear once in a mapping",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+# ... and PyYAML's dumper quotes a string the reader would take for a float ("1e-3"), so that what
+# yaml.safe_dump writes (a resolved config, to_yaml) reads back the same
+yaml.SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with :class:`YamlLoader` (raises ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader subclass: plain data only
+
+
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node = tree
@@ -34,7 +81,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
         raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
+    except yaml.constructor.ConstructorError as exc:  # a duplicate key in a flow mapping
+        raise ConfigError(f"override {text!r}: {exc.problem}") from None
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -46,13 +95,15 @@ def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> d
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "syntax error"
+        if "'\\t'" in problem:
+            problem += " (indent with spaces, not tabs)"
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     if data is None:
         raise ConfigError(f"{path}: empty file; expected {what}")
@@ -70,7 +121,12 @@ def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     tree = copy.deepcopy(raw)
     for key, value in (overrides or {}).items():
         set_dotted(tree, key, value)
+    not_names = ["null" if k is None else str(k) for k in tree if not isinstance(k, str)]
+    if not_names:
+        raise ConfigError(f"{not_names[0]}: unknown key (a config's keys are section names: model, data, trainer, ...)")
     model = tree.get("model")
+    if isinstance(model, str):  # model: albert-tiny
+        raise ConfigError(f"model: a mapping of model fields, not {model!r} (a preset: model: {{preset: {model}}})")
     if isinstance(model, dict) and "preset" in model:
         model = dict(model)
         base = preset_fields(model.pop("preset"))

@@ -13,7 +13,17 @@ class AblateError(Exception):
     """Base class for every error caused by user input (config, corpus, storage, ...).
 
     The message must name the offending key or file, e.g. ``model.num_heads: ...``.
+
+    Raised in a DataLoader worker (a corrupt corpus record), it reaches the training process
+    rebuilt by torch from a message ``Caught DataError in DataLoader worker process 0.`` plus
+    the worker's traceback; the error keeps only the worker's own one-line message
+    (:func:`worker_message`).
     """
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (worker_message(args[0], type(self)),)
+        super().__init__(*args)
 
 
 class ConfigError(AblateError):
@@ -26,6 +36,23 @@ class DataError(AblateError):
 
 class StorageError(AblateError):
     """A tracking or study storage cannot be reached or used."""
+
+
+FAIL_REASON = "ablate.fail_reason"
+"""The MLflow tag (and Optuna trial attribute) holding why a run failed: ``sweeps.tracking.FAIL_REASON``,
+here so that the data layer can tag a run its corpus failed."""
+
+
+def worker_message(text: str, cls: type[BaseException] = AblateError) -> str:
+    """The original message of an error of type ``cls`` that torch re-raised from a DataLoader
+    worker (``Caught DataError in DataLoader worker process 0.\\nOriginal Traceback ...``,
+    the traceback's last line being ``ablate.lightning_modules.errors.DataError: MESSAGE``);
+    any other text unchanged."""
+    if not text.startswith(f"Caught {cls.__name__} ") or "\nOriginal Traceback" not in text:
+        return text
+    prefix = f"\n{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(prefix)
+    return text[at + len(prefix) :].strip() if at >= 0 else text
 
 
 def require(module: str, extra: str) -> ModuleType:

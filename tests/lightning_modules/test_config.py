@@ -146,3 +146,87 @@ def test_lightning_knobs_default_off_and_round_trip_through_yaml(tmp_path):
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     assert load_config(tmp_path / "cfg.yaml") == cfg
     assert load_config(None, ["trainer.profiler=null"]).trainer.profiler is None
+
+
+# -- bad input that used to pass, or to fail only inside the training loop ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"data": {"max_length": 256}, "model": {"max_position": 128}}, "data.max_length: 256 tokens, but"),
+        ({"model": {"token_types": 1}}, "model.token_types: 1 row, but objective.sentence 'sop'"),
+        (
+            {"model": {"token_types": 1}, "objective": {"sentence": "none"}, "trainer": {"intrinsic": True}},
+            "model.token_types: 1 row, but trainer.intrinsic",
+        ),
+        ({"seed": -1}, "seed: must be between 0 and 4294967295"),
+        ({"seed": 2**32}, "seed: must be between 0 and 4294967295"),
+        ({"trainer": {"accelerator": "GPU0"}}, "trainer.accelerator: 'GPU0' is not one of auto, cpu"),
+    ],
+)
+def test_settings_of_two_sections_that_cannot_go_together(raw, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(raw)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"data": {"max_length": 512}, "model": {"max_position": 512}},
+        {"data": {"max_length": 1024}, "model": {"position": "none", "max_position": 128}},
+        {"model": {"max_position": 64}},  # the default length describes a model, not a run of it
+        {"model": {"token_types": 1}, "objective": {"sentence": "none"}},
+        {"model": {"token_types": 0}},
+        {"seed": 2**32 - 1, "trainer": {"accelerator": "cuda"}},
+        {"prune": {"source": "runs:/x"}, "data": {"max_length": 256}, "model": {"max_position": 128}},
+    ],
+)
+def test_settings_that_go_together_still_build(raw):
+    build_config(raw)
+
+
+def test_yaml_reads_what_it_looks_like(tmp_path):
+    from ablate.lightning_modules.configio import load_yaml, read_yaml
+
+    values = load_yaml("[1e-3, 5E4, -2.5e+3, .5e-2, 1.0e-3, 1_000, e5, 1e, yes, no, on, off, true, False, 'no']")
+    assert values == [
+        0.001,
+        50000.0,
+        -2500.0,
+        0.005,
+        0.001,
+        1000,
+        "e5",
+        "1e",
+        "yes",
+        "no",
+        "on",
+        "off",
+        True,
+        False,
+        "no",
+    ]
+    assert [type(v) for v in values[:5]] == [float] * 5
+    assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}")["c"] == {"x": 3, "y": 2}  # a merge may override
+    assert parse_override("optim.lr=1e-3") == ("optim.lr", 0.001)
+    assert load_config(None, ["optim.lr=1e-3", "trainer.progress=off", "trainer.measure=yes"]).trainer.progress is False
+    path = tmp_path / "cfg.yaml"
+    path.write_text("optim: {lr: 2e-4}\ntrainer: {progress: no}\nname: off\n")
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.trainer.progress, cfg.name) == (2e-4, False, "off")
+    path.write_text("optim:\n  lr: 1.0e-3\n  eps: 1.0e-8\n  lr: 2.0e-3\n")
+    with pytest.raises(ConfigError, match=r"cfg.yaml: invalid YAML at line 4: duplicate key 'lr' \(first at line 2\)"):
+        read_yaml(path)
+    path.write_text("model:\n\tpreset: albert-tiny\n")
+    with pytest.raises(ConfigError, match="indent with spaces, not tabs"):
+        read_yaml(path)
+
+
+def test_every_written_config_reads_back_the_same(tmp_path):
+    """to_yaml (PyYAML's dump) and the stricter reader agree, strings that look like other things included."""
+    cfg = load_config(None, ["name='no'", "tracking.run_name='1e-3'", "optim.lr=3e-5", "optim.eps=1.0e-8"])
+    assert (cfg.name, cfg.tracking.run_name) == ("no", "1e-3")
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    assert load_config(tmp_path / "cfg.yaml") == cfg
