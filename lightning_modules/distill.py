@@ -79,6 +79,11 @@ class DistillModule(PretrainModule):
                 f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
                 f"student's model.vocab_size is {student_cfg.vocab_size}"
             )
+        if teacher_cfg.position == "learned" and teacher_cfg.max_position < cfg.data.max_length:
+            raise ConfigError(
+                f"distill.teacher: the teacher has {teacher_cfg.max_position} positions (its model.max_position), "
+                f"fewer than data.max_length {cfg.data.max_length}"
+            )
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher.mask_prob = self.model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         self.stages = schedule(d, student_cfg.num_layers, cfg.trainer.max_steps)

@@ -14,10 +14,12 @@ from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.distill import DistillModule
+from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.interop import initial_model
 from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.probe import intrinsic_eval
 from ablate.lightning_modules.profiling import placed, training_device
+from ablate.lightning_modules.pruning.gates import check_supported
 from ablate.sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
@@ -153,6 +155,11 @@ def train(
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
             source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")
             check_same_tokenizer(source, tokenizer, field="prune.source")
+        try:  # a source that layer surgery cannot shrink (shared layers ...) fails before the run exists
+            if cfg.prune.method != "fewer-layers":  # which only drops whole layers
+                check_supported(source.model_cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"prune.source: {exc}") from None
         module_tags, inputs = {tracking.SOURCE: source.run_id or source.source}, {}
 
         def work(client: Any, run_id: str) -> dict[str, float]:

@@ -74,7 +74,17 @@ def test_imports_point_one_way() -> None:
 
 CONFIG = {
     f"ablate.lightning_modules.{m}"
-    for m in ("errors", "config", "configio", "presets", "distill_config", "finetune_config", "pruning.config")
+    for m in (
+        "errors",
+        "fields",
+        "config",
+        "run_config",
+        "configio",
+        "presets",
+        "distill_config",
+        "finetune_config",
+        "pruning.config",
+    )
 }
 
 

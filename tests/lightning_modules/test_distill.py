@@ -27,7 +27,8 @@ def _cfg(model: dict | None = None, **distill):
         "trainer.max_steps": 40,
         **{f"distill.{k}": v for k, v in distill.items()},
     }
-    return build_config({"model": model or STUDENT, "objective": {"sentence": "sop"}}, overrides)
+    raw = {"model": model or STUDENT, "objective": {"sentence": "sop"}, "data": {"max_length": 64}}
+    return build_config(raw, overrides)
 
 
 def _teacher(model: dict | None = None):
@@ -140,6 +141,12 @@ def test_widths_that_differ_get_learned_projections():
 def test_vocabularies_must_match():
     teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V + 1})
     with pytest.raises(ConfigError, match="distill.teacher: the teacher's vocabulary has 301"):
+        DistillModule(_cfg(), teacher, teacher_cfg)
+
+
+def test_a_teacher_must_read_sequences_as_long_as_the_students():
+    teacher, teacher_cfg = _teacher({**TEACHER, "max_position": 32})
+    with pytest.raises(ConfigError, match="distill.teacher: the teacher has 32 positions .* data.max_length 64"):
         DistillModule(_cfg(), teacher, teacher_cfg)
 
 

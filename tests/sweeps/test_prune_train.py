@@ -101,3 +101,15 @@ def test_a_bad_source_is_one_line_and_no_run(source_run, tmp_path, capsys):
         .splitlines()[-1]
         .startswith("error: prune.source: run ffffffffffffffffffffffffffffffff: no such run")
     )
+
+
+def test_a_source_with_shared_layers_is_refused_before_the_run(tmp_path, wiki_validation, capsys):
+    base, source = trained_run(tmp_path, wiki_validation, {**MODEL, "sharing": "all"})
+    path = tmp_path / "shared.yaml"
+    path.write_text(yaml.safe_dump(_pruned(base, f"runs:/{source.run_id}", method="schubert-f")))
+    client = MlflowClient(source.tracking_uri)
+    before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: prune.source: model.sharing:"), err
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == before  # no run
