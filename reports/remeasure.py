@@ -17,13 +17,11 @@ the report measured is said under the table and in ``remeasured.csv`` beside it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +31,8 @@ import pandas as pd
 from mlflow import MlflowClient
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ablate.sweeps import tracking
 
 #: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX) for b in LATENCY_BATCHES.
 LATENCY_METRICS = ("latency_ms_b1", "latency_ms_b32")
@@ -126,20 +126,6 @@ def _load() -> float | None:
         return None
 
 
-@contextlib.contextmanager
-def _quiet_downloads() -> Iterator[None]:
-    """No MLflow download bars over the progress bar."""
-    old = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old
-
-
 def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> Any:
     """The :class:`ExperimentConfig` of the model run ``run_id`` ended with (see the module doc)."""
     import yaml
@@ -211,7 +197,7 @@ def remeasure_runs(
     missing: list[str] = []
     models: dict[tuple[str, ...], _Model] = {}
     records = runs.to_dict("records")
-    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, _quiet_downloads():
+    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads():
         for run in records:
             try:
                 cfg = _run_config(client, str(run["run_id"]), Path(tmp))

@@ -19,11 +19,9 @@ same resolved config finds it); a single ``ablate train`` run's is ``<location>/
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,6 @@ MLFLOW = "mlflow"
 ARTIFACTS = "checkpoints"
 CONFIG = "ablate.config_sha256"  # on a checkpointing run: its resolved config's digest
 WHERE = "ablate.checkpoints"  # on a checkpointing run: its checkpoint folder (or URL)
-_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 class RngState(Callback):
@@ -212,20 +209,6 @@ def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
     return _download(client, run_id, folder)
 
 
-@contextlib.contextmanager
-def _quiet_download() -> Iterator[None]:
-    """No MLflow progress bar for a small download."""
-    old = os.environ.get(_BAR)
-    os.environ[_BAR] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_BAR, None)
-        else:
-            os.environ[_BAR] = old
-
-
 def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[ExperimentConfig, str]:
     """What ``ablate train --resume RUN_ID`` continues: the run's config (``cfg`` must equal it when
     given) and its ``last.ckpt``.
@@ -241,7 +224,7 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
     client = tracking.connect(uri)
     try:
         run = client.get_run(run_id)
-        with tempfile.TemporaryDirectory(prefix="ablate-resume-") as tmp, _quiet_download():
+        with tempfile.TemporaryDirectory(prefix="ablate-resume-") as tmp, tracking.quiet_downloads():
             text = Path(client.download_artifacts(run_id, "config.yaml", tmp)).read_text(encoding="utf-8")
     except MlflowException:
         raise ConfigError(f"--resume {run_id}: no such run (with a config.yaml) in {tracking.redact(uri)}") from None

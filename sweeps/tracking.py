@@ -44,6 +44,21 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
+@contextmanager
+def quiet_downloads() -> Iterator[None]:
+    """No MLflow download progress bars (small files, or downloads under a progress bar of our own)."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    old = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def experiment_name(experiment: str | None) -> str:
     """The MLflow experiment of a run: ``tracking.experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``ablate``."""
     return experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "ablate"

@@ -7,12 +7,9 @@ it, so ``ablate export`` (:func:`export_run`) and ``init_from`` (on a downloaded
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from ablate.lightning_modules.errors import AblateError, ConfigError, StorageErr
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.hf_export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
 from ablate.lightning_modules.interop import WEIGHTS, export, load_pretrained, state_dict
+from ablate.sweeps import tracking
 
 ARTIFACT = "model"
 TOKENIZER_ARTIFACT = "tokenizer"  # the run's tokenizer file, logged when the run starts
@@ -77,8 +75,6 @@ def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, Pretraini
     StorageError when the store is missing or unreachable, ConfigError when the run is unknown or
     saved no weights.
     """
-    from ablate.sweeps import tracking
-
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise StorageError(f"--tracking-uri {uri}: no MLflow store there")
     client = tracking.connect(uri)
@@ -113,28 +109,12 @@ class Source:
     run_id: str | None = None
 
 
-@contextmanager
-def _quiet_downloads() -> Iterator[None]:
-    """No MLflow download bars inside a trial's output."""
-    old = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old
-
-
 def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Source:
     """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``):
     ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer artifact is downloaded into ``workdir``)
     or a checkpoint folder (an ``ablate export`` folder or a transformers checkpoint; its
     ``tokenizer.json``, when it has one, is the source's tokenizer).
     ConfigError/StorageError prefixed with ``field`` (the config key that named it)."""
-    from ablate.sweeps import tracking
-
     try:
         if not source.startswith(RUNS):
             model_cfg, model = load_pretrained(source)
@@ -145,7 +125,7 @@ def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teac
                 )
             return Source(source, model_cfg, model, tok)
         run_id = source.removeprefix(RUNS).strip("/")
-        with _quiet_downloads():
+        with tracking.quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
             tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
@@ -164,9 +144,7 @@ class Exported:
 def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo: str | None = None) -> Exported:  # noqa: A002
     """``ablate export``: run ``run_id``'s ``model/`` weights, its tokenizer and a model card with
     its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`."""
-    from ablate.sweeps import tracking
-
-    with _quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
+    with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
         cfg, model = load_run_weights(uri, run_id)
         client = tracking.connect(uri)
         tok = run_tokenizer(client, run_id, Path(tmp))

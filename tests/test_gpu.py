@@ -13,7 +13,6 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -26,20 +25,10 @@ from ablate.lightning_modules.profiling import measure, training_device
 from ablate.sweeps import checkpoints
 from ablate.sweeps.runner import MEASURED_ON, train
 from tests.conftest import requires_cuda
+from tests.sweeps.conftest import InterruptAt
 
 pytestmark = requires_cuda
 STEPS = 60
-
-
-class _InterruptAt(pl.Callback):
-    """Ctrl-C at a step, as a killed worker would stop (after the checkpoint before it)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def _config(tmp_path: Path, corpus: Path, **trainer: object):
@@ -99,7 +88,7 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
             experiment="resumed",
             checkpoint=plan,
             resume=True,
-            callbacks=[_InterruptAt(STEPS // 2 + 5)],
+            callbacks=[InterruptAt(STEPS // 2 + 5)],
         )
     ckpt = torch.load(folder / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == STEPS // 2

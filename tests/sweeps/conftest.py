@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import yaml
 
@@ -81,3 +82,14 @@ def trained_run(tmp_path: Path, corpus: Path, model: dict | None = None) -> tupl
         base["model"] = model
     base["trainer"]["measure"] = False
     return base, train(build_config(base))
+
+
+class InterruptAt(pl.Callback):
+    """Ctrl-C at a step, as a killed process would stop (after the checkpoint before it)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt

@@ -9,7 +9,6 @@ import random
 import shutil
 from pathlib import Path
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -21,7 +20,7 @@ from ablate.lightning_modules.configio import build_config
 from ablate.sweeps import checkpoints
 from ablate.sweeps.checkpoints import RngState
 from ablate.sweeps.runner import RESUMED, train
-from tests.sweeps.conftest import tiny_base
+from tests.sweeps.conftest import InterruptAt, tiny_base
 
 
 def _saved() -> dict:
@@ -73,17 +72,6 @@ def test_a_checkpoint_without_cuda_state_or_from_other_devices_still_loads() -> 
 # --- where checkpoints go, and resuming a single run from another machine's upload --------------
 
 
-class _InterruptAt(pl.Callback):
-    """Ctrl-C at a step, as a killed process would stop (after the checkpoint before it)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
-
-
 def test_checkpoints_follow_the_mlflow_store(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     beside = f"sqlite:///{root / 'mlflow.db'}"
@@ -101,7 +89,7 @@ def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"  # a store other workers see: checkpoints go to MLflow
     plan = checkpoints.run_plan(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tracking_uri=uri, checkpoint=plan, callbacks=[_InterruptAt(6)])  # after the step-4 checkpoint
+        train(cfg, tracking_uri=uri, checkpoint=plan, callbacks=[InterruptAt(6)])  # after the step-4 checkpoint
     client = MlflowClient(uri)
     (killed,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
     assert killed.info.status == "KILLED" and killed.data.tags[checkpoints.WHERE] == checkpoints.MLFLOW
