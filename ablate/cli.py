@@ -41,7 +41,7 @@ def cmd_params(args: argparse.Namespace) -> None:
     cfg = _config(args.target, args.overrides)  # config errors answer before torch is imported
     from ablate.lightning_modules.accounting import report_for
 
-    report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
+    report = report_for(cfg.model, cfg.objective, cfg.data.max_length, cfg.quant)
     measured = _measure(cfg) if args.measure else None
     if args.json:
         print(json.dumps({**report.as_dict(), **(measured.as_dict() if measured else {})}))
@@ -65,6 +65,8 @@ def cmd_params(args: argparse.Namespace) -> None:
     ]
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
+    stored = "stored model, bytes" + (f" ({cfg.quant.method})" if cfg.quant.enabled else " (each tensor at its dtype)")
+    table.add_row(stored, f"{report.model_bytes:,}", f"{report.model_bytes / 2**20:.1f} MiB")
     table.add_row(
         f"forward FLOPs/token (T={report.seq_len})",
         f"{report.flops_per_token:,}",
@@ -74,7 +76,8 @@ def cmd_params(args: argparse.Namespace) -> None:
         on = f"{measured.device}, T={report.seq_len}"
         table.add_row(f"encoder latency, batch 1 ({on})", f"{measured.latency_ms_b1:,.2f}", "ms")
         table.add_row(f"encoder latency, batch 32 ({on})", f"{measured.latency_ms_b32:,.2f}", "ms")
-        table.add_row(f"train activation memory, batch 32 ({on})", f"{measured.train_activation_mb:,.1f}", "MiB")
+        if measured.train_activation_mb == measured.train_activation_mb:  # NaN for a quantized model: it does not train
+            table.add_row(f"train activation memory, batch 32 ({on})", f"{measured.train_activation_mb:,.1f}", "MiB")
     Console().print(table)
 
 
@@ -87,6 +90,13 @@ def _measure(cfg):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
+    if cfg.quant.enabled:  # a quantized model runs on the CPU and does not train: its latency only
+        from ablate.lightning_modules.profiling import Measured, describe_device, measure_latencies
+        from ablate.lightning_modules.quantization.apply import quantize
+
+        cpu = torch.device("cpu")
+        lat = measure_latencies(quantize(model, cfg.quant), cfg.model.vocab_size, cfg.data.max_length, cpu)
+        return Measured(**lat, train_activation_mb=float("nan"), device=describe_device(cpu))
     return measure(model, cfg.model.vocab_size, cfg.data.max_length, device)
 
 

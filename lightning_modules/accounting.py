@@ -11,11 +11,14 @@ Counting rule:
   token in a sequence of ``seq_len`` tokens (every Linear, bottlenecks and the trigram
   projection included, plus attention scores QK^T and AV); a shared layer costs as much
   as an unshared one, since it still runs L times. Element-wise work is not counted.
+- ``model_bytes``: what the whole model's weights (backbone and heads) take stored, each
+  tensor at its dtype, tied tensors once; a quantized model's at its quantized size
+  (:func:`~ablate.lightning_modules.quantization.apply.stored_bytes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import cast
 
 from torch import nn
@@ -23,8 +26,11 @@ from torch import nn
 from ablate.lightning_modules.components.attention import MultiHeadAttention
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.encoder import Encoder, Residual
+from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.profiling import measure, training_device
+from ablate.lightning_modules.profiling import measure, measure_latencies, training_device
+from ablate.lightning_modules.quant_config import QuantConfig
+from ablate.lightning_modules.quantization.apply import quantize, stored_bytes
 
 
 def count(module: nn.Module | None) -> int:
@@ -46,6 +52,7 @@ class ParamReport:
     paper_count: int
     flops_per_token: int
     seq_len: int
+    model_bytes: int
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -87,16 +94,45 @@ def param_report(model: PretrainingModel, cfg: ModelConfig, seq_len: int = 128) 
         paper_count=backbone + pooler,
         flops_per_token=flops_per_token(model.encoder, seq_len),
         seq_len=seq_len,
+        model_bytes=stored_bytes(model),
     )
 
 
-def report_for(cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128) -> ParamReport:
-    """Build the model on the meta device (no memory, instant even for xxlarge) and count it."""
+def report_for(
+    cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128, quant: QuantConfig | None = None
+) -> ParamReport:
+    """Build the model on the meta device (no memory, instant even for xxlarge) and count it; with a
+    ``quant`` method, build it for real and give the quantized model's ``model_bytes``.
+
+    Raises:
+        ConfigError: ``weight-mixed``, whose bits per layer follow from a trained model's sensitivity.
+    """
     import torch
 
-    with torch.device("meta"):
-        model = build_pretraining_model(cfg, objective or ObjectiveConfig())
-    return param_report(model, cfg, seq_len)
+    if quant is None or not quant.enabled:
+        with torch.device("meta"):
+            model = build_pretraining_model(cfg, objective or ObjectiveConfig())
+        return param_report(model, cfg, seq_len)
+    if quant.method == "weight-mixed":
+        raise ConfigError(
+            "quant.method: weight-mixed gives bits by each layer's measured sensitivity, so its size is known "
+            "only after a run (ablate train); ablate params sizes uniform methods"
+        )
+    model = build_pretraining_model(cfg, objective or ObjectiveConfig())
+    report = param_report(model, cfg, seq_len)
+    return replace(report, model_bytes=stored_bytes(quantize(model, quant)))
+
+
+def quantized_counts(quantized: nn.Module, cfg: ExperimentConfig) -> dict[str, float]:
+    """A quantized model's ``model_bytes`` and (unless ``trainer.measure`` is off) its latency, measured
+    on the CPU like every model's (:func:`metric_counts`; no activation memory: it does not train)."""
+    import torch
+
+    out: dict[str, float] = {"model_bytes": stored_bytes(quantized)}
+    if cfg.trainer.measure:
+        cpu = torch.device("cpu")
+        out.update(measure_latencies(quantized, cfg.model.vocab_size, cfg.data.max_length, cpu, 5, 1, "32-true"))
+    return out
 
 
 MEASURED_ON = "measure.device"  # param: where latency and activation memory were measured
@@ -120,9 +156,12 @@ def metric_counts(
     """
     counts = param_report(model, model_cfg, cfg.data.max_length)
     out: dict[str, float] = {
-        f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len")
+        f"params.{k}": v
+        for k, v in counts.as_dict().items()
+        if k not in ("flops_per_token", "seq_len", "model_bytes")
     }
     out["flops_per_token"] = counts.flops_per_token
+    out["model_bytes"] = counts.model_bytes
     if not cfg.trainer.measure:
         return out, {}
     device = training_device(cfg.trainer.accelerator)

@@ -24,6 +24,7 @@ from ablate.lightning_modules.errors import STRICT
 from ablate.lightning_modules.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, Prob
 from ablate.lightning_modules.finetune_config import FinetuneConfig
 from ablate.lightning_modules.pruning.config import PruneConfig
+from ablate.lightning_modules.quant_config import QuantConfig
 from ablate.lightning_modules.run_config import OptimConfig, TrackingConfig, TrainerConfig
 
 Sharing = Literal["none", "all", "attn", "ffn"]
@@ -35,9 +36,14 @@ SHARES: dict[str, tuple[bool, bool]] = {
     "ffn": (False, True),
 }
 Norm = Literal["layer_norm", "no_norm"]
-Regime = Literal["pretrain", "distill", "prune", "finetune"]
+Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
 # a regime other than pre-training starts from a trained model, named by this field
-REGIME_SOURCE: dict[str, str] = {"distill": "distill.teacher", "prune": "prune.source", "finetune": "finetune.source"}
+REGIME_SOURCE: dict[str, str] = {
+    "distill": "distill.teacher",
+    "prune": "prune.source",
+    "finetune": "finetune.source",
+    "quant": "quant.source",
+}
 Activation = Literal["gelu", "relu"]
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 """``trainer.accelerator`` values Lightning knows."""
@@ -253,7 +259,9 @@ class ExperimentConfig:
 
     Attributes:
         regime: what the run is: ``pretrain``, ``distill`` (from ``distill.teacher``), ``prune``
-            (``prune.source``) or ``finetune`` (``finetune.source``). Left out, it is the regime
+            (``prune.source``), ``finetune`` (``finetune.source``) or ``quant`` (``quant.source``:
+            quantize a trained model; ``quant.method`` without a source quantizes the model any
+            other regime trains, when it ends). Left out, it is the regime
             whose source is set (``pretrain`` when none is); a config naming two regimes' sources,
             or a regime without its own, is an error, as is a field set in another regime's
             section (``distill.*`` in a pre-training run). Logged as the param ``regime``.
@@ -278,6 +286,7 @@ class ExperimentConfig:
     distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
     prune: PruneConfig = dataclasses.field(default_factory=PruneConfig)
     finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
+    quant: QuantConfig = dataclasses.field(default_factory=QuantConfig)
 
     @model_validator(mode="after")
     def _resolve_regime(self) -> ExperimentConfig:
@@ -285,18 +294,23 @@ class ExperimentConfig:
 
         Sources of two regimes, or a regime without its source (or with another's), are errors.
         """
-        sources = {"distill": self.distill.teacher, "prune": self.prune.source, "finetune": self.finetune.source}
+        sources = {
+            "distill": self.distill.teacher,
+            "prune": self.prune.source,
+            "finetune": self.finetune.source,
+            "quant": self.quant.source,
+        }
         named = [r for r, source in sources.items() if source is not None]
         if len(named) > 1:
             first, second = (REGIME_SOURCE[r] for r in named[:2])
-            raise ValueError(f"{second}: a run has one regime (pretrain, distill, prune, finetune); {first} is set too")
+            raise ValueError(f"{second}: a run has one regime (pretrain, {', '.join(REGIME_SOURCE)}); {first} is set too")
         found = named[0] if named else "pretrain"
         if self.regime is not None and self.regime != found:
             if self.regime == "pretrain":
                 raise ValueError(f"{REGIME_SOURCE[found]}: set, but regime is 'pretrain' (use regime: {found})")
             raise ValueError(f"{REGIME_SOURCE[self.regime]}: required by regime '{self.regime}'")
         object.__setattr__(self, "regime", found)  # frozen: resolved once, here
-        for regime in REGIME_SOURCE:  # the other regimes' sections stay at their defaults
+        for regime in ("distill", "prune", "finetune"):  # the other regimes' sections stay at their defaults
             section = getattr(self, regime)
             default = type(section)()
             changed = [
@@ -337,6 +351,11 @@ class ExperimentConfig:
         if self.trainer.accelerator not in ACCELERATORS:
             raise ValueError(
                 f"trainer.accelerator: {self.trainer.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+            )
+        if self.quant.method == "qat-int8" and self.regime == "prune":
+            raise ValueError(
+                "quant.method: 'qat-int8' trains with fake quantization, which pruning's phases do not; "
+                "quantize the pruned model after training (dynamic-int8, weight-int8 ...)"
             )
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
@@ -388,9 +407,15 @@ def config_digest(cfg: ExperimentConfig) -> str:
 
 def run_params(cfg: ExperimentConfig) -> dict[str, Any]:
     """The fields the run uses, dotted: :func:`flatten` without the sections of the other regimes
-    (a pre-training run logs no ``distill.*``, ``prune.*`` or ``finetune.*``)."""
-    unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime != cfg.regime)
-    return {k: v for k, v in flatten(cfg).items() if not k.startswith(unused)}
+    (a pre-training run logs no ``distill.*``, ``prune.*`` or ``finetune.*``), and of ``quant`` the
+    fields its method reads (``quant.method`` always: a report's column for every run)."""
+    unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime not in (cfg.regime, "quant"))
+    quant = {f"quant.{name}" for name in cfg.quant.used_fields() if name != "source" or cfg.regime == "quant"}
+    return {
+        k: v
+        for k, v in flatten(cfg).items()
+        if not k.startswith(unused) and (not k.startswith("quant.") or k in quant)
+    }
 
 
 def field_names() -> set[str]:

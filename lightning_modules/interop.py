@@ -208,6 +208,12 @@ def export(
     Written to a temporary sibling and renamed, so a failure leaves nothing behind.
     """
     out = Path(out_dir)
+    if cfg.quant.enabled:  # its model/ artifacts hold the float weights: never hand those out as the model
+        where = f"its source {cfg.quant.source}" if cfg.quant.source else "the same run without quant.method"
+        raise ConfigError(
+            f"quant.method: {cfg.quant.method}: a quantized model has no transformers (or ablate) export, and "
+            f"writing its float weights would not be this model; export {where} instead"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: already exists and is not an empty folder")
     if format not in ("auto", "transformers", "ablate"):

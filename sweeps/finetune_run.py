@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -22,9 +23,30 @@ from ablate.datamodules.classification import ClassificationDataModule
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.finetune import FinetuneModule
+from ablate.lightning_modules.quantization.apply import prepare_qat, stored_bytes
 from ablate.sweeps import tracking
+from ablate.sweeps.quant_run import first_batches, mean_loss, quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
 from ablate.sweeps.weights import load_source
+
+
+def quantize_classifier(
+    module: FinetuneModule, cfg: ExperimentConfig, data: ClassificationDataModule, fp32: float
+) -> dict[str, float]:
+    """Quantize ``module``'s fine-tuned classifier as ``cfg.quant`` says (``weight-mixed``: layers ranked on
+    training batches by the classification loss) and score the dev set with it on the CPU."""
+    f = cfg.finetune
+    batches = first_batches(data, cfg.quant.calib_batches) if cfg.quant.method == "weight-mixed" else []
+    loss = mean_loss(batches, lambda m, b: F.cross_entropy(m(b).float(), b["labels"]))
+    quantized, _, bits = quantized_model(module.model, cfg, loss)
+    module.model = quantized  # the same dev metrics, on the quantized classifier
+    scores = validate(module, cfg, data)
+    out = {
+        f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"],
+        f"{f.task}/fp32_{f.metric}": fp32,
+        "model_bytes": float(stored_bytes(quantized)),
+    }
+    return out if bits is None else {**out, "quant/avg_bits": bits}
 
 
 def finetune(
@@ -46,7 +68,7 @@ def finetune(
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tmp = Path(tempfile.mkdtemp(prefix="ablate-finetune-"))
     try:
-        source = load_source(f.source, uri, tmp, field="finetune.source")
+        source = load_source(f.source, uri, tmp, field="finetune.source", quantized=True)
         if source.tokenizer is None:
             raise ConfigError(
                 f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
@@ -55,6 +77,8 @@ def finetune(
         data = ClassificationDataModule(f, source.tokenizer, seed=cfg.seed)
         data.setup("fit")
         module = FinetuneModule(cfg, source.model)
+        if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
+            module.model = prepare_qat(module.model)
 
         def work(client: Any, run_id: str) -> dict[str, float]:
             baseline = {
@@ -74,7 +98,15 @@ def finetune(
                 val_every=min(f.val_every, steps_per_epoch),
                 val_batches=1.0,
             )
-            return {**fit(trainer, module, data), **baseline}
+            metrics = {**fit(trainer, module, data), **baseline}
+            final = f"{f.task}/{f.metric}"
+            metrics[f"{f.task}/final_{f.metric}"] = metrics[final]  # the dev score of the model the run leaves
+            if cfg.quant.enabled:  # ... which is the fine-tuned classifier, quantized
+                metrics.update(quantize_classifier(module, cfg, data, metrics[final]))
+            for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):
+                if key in metrics:
+                    client.log_metric(run_id, key, metrics[key], step=trainer.global_step)
+            return metrics
 
         return tracking.tracked_run(
             cfg,

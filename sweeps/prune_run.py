@@ -20,6 +20,7 @@ from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.accounting import metric_counts
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.pruning.schubert import dims_markdown, dims_table, prune
+from ablate.sweeps.quant_run import quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
 
@@ -68,5 +69,7 @@ def prune_train(
     client.set_tag(run_id, "ablate.pruned_layers", layers)
     # the shape found, as a param a report can show beside the metrics: "h=96 a/k/v/f per layer"
     client.log_param(run_id, "pruned.dims", f"h={new_cfg.hidden_dim} {layers}")
+    if cfg.quant.enabled:  # the pruned model, quantized
+        metrics.update(quantize_and_log(model, final, data, client, run_id, logger.offset, metrics))
     log_weights(client, run_id, model, final)
     return metrics

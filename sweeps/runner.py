@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.probe import intrinsic_eval
 from ablate.lightning_modules.profiling import placed, training_device
 from ablate.lightning_modules.pruning.gates import check_supported
+from ablate.lightning_modules.quantization.apply import prepare_qat
 from ablate.sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
+from ablate.sweeps.quant_run import quant_train, quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import check_same_tokenizer, load_source, log_weights
 
@@ -49,6 +52,8 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     (tagged with the teacher's run), else a PretrainModule; the model starts from random
     weights or from those of ``init_from``."""
     student = initial_model(cfg, tokenizer)
+    if cfg.quant.method == "qat-int8":  # fake-quantized from the first step
+        student = prepare_qat(student)
     if cfg.regime != "distill":
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
@@ -97,6 +102,8 @@ def _fit_run(
         for key, value in scores.items():
             client.log_metric(run_id, key, value, step=step)
         metrics.update(scores)
+    if cfg.quant.enabled:  # the trained model, quantized: its metrics become the run's
+        metrics.update(quantize_and_log(module.model, cfg, data, client, run_id, trainer.global_step, metrics))
     # model/ artifacts (weights, config, tokenizer): what `ablate export RUN` reads
     log_weights(client, run_id, module.model, cfg, tokenizer=data.tokenizer_path)
     return metrics
@@ -144,7 +151,17 @@ def train(
     data.setup("fit")
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tokenizer = Path(data.tokenizer_path)
-    if cfg.regime != "prune":
+    if cfg.regime == "quant":
+        with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
+            source = load_source(cfg.quant.source, uri, Path(tmp), field="quant.source")
+            check_same_tokenizer(source, tokenizer, field="quant.source")
+        cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
+        inputs, measured_on = metric_counts(source.model, cfg.model, cfg)
+        module_tags, extra_params = {tracking.SOURCE: source.run_id or source.source}, {**measured_on, **(extra_params or {})}
+
+        def work(client: Any, run_id: str) -> dict[str, float]:
+            return quant_train(cfg, source, data, uri, client, run_id)
+    elif cfg.regime != "prune":
         module, module_tags = build_module(cfg, uri, tokenizer)
         inputs, measured_on = metric_counts(module.model, cfg.model, cfg)
         extra_params = {**measured_on, **(extra_params or {})}

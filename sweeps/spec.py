@@ -219,6 +219,7 @@ class FinetuneTask(FinetuneConfig):
         a ``finetune`` run with the trial's model, data and tracking settings."""
         fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source")}
         tree = {k: v for k, v in to_dict(cfg).items() if k not in REGIME_SOURCE}  # the trial's regime section
+        tree["quant"] = {**to_dict(cfg.quant), "source": None}  # a quantized trial's classifier is quantized alike
         regime = {"regime": "finetune", "finetune.source": source}
         return build_config(tree, {**fields, **({} if seed is None else {"seed": seed}), **regime})
 

@@ -109,12 +109,17 @@ class Source:
     run_id: str | None = None
 
 
-def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teacher") -> Source:
+def load_source(
+    source: str, uri: str, workdir: Path, field: str = "distill.teacher", quantized: bool = False
+) -> Source:
     """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``):
     ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer artifact is downloaded into ``workdir``)
     or a checkpoint folder (an ``ablate export`` folder or a transformers checkpoint; its
     ``tokenizer.json``, when it has one, is the source's tokenizer).
-    ConfigError/StorageError prefixed with ``field`` (the config key that named it)."""
+    ConfigError/StorageError prefixed with ``field`` (the config key that named it).
+
+    A quantized run's ``model/`` artifacts are its float weights: only a fine-tuning run, which
+    quantizes its classifier the same way, takes it (``quantized``); others are refused."""
     try:
         if not source.startswith(RUNS):
             model_cfg, model = load_pretrained(source)
@@ -127,6 +132,11 @@ def load_source(source: str, uri: str, workdir: Path, field: str = "distill.teac
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
+            if cfg.quant.enabled and not quantized:
+                raise ConfigError(
+                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
+                    f"weights; start from the model it quantized, then quantize the result (quant.method)"
+                )
             tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:

@@ -1,0 +1,178 @@
+"""Quantize a model's encoder as ``quant.method`` says, with the libraries made for it.
+
+- ``dynamic-int8``: ``torch.ao.quantization.quantize_dynamic`` (int8 weights per output channel,
+  activations quantized per batch; the fbgemm/x86 int8 GEMM on a CPU).
+- ``weight-intN`` and ``weight-mixed``: torchao ``IntxWeightOnlyConfig`` (group-wise, symmetric),
+  one bit width per layer (:data:`Plan`).
+- ``qat-int8``: torchao QAT: :func:`prepare_qat` swaps in fake-quantized Linears (int8 weights per
+  channel, int8 activations per token) for training, :func:`convert_qat` turns them into torchao's
+  int8 dynamic-activation layers.
+
+Only the encoder's ``nn.Linear`` layers are quantized (:func:`targets`); embeddings, norms, the
+pooler and the heads stay in floating point. Quantized models run on the CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ablate.lightning_modules.quant_config import WEIGHT_BITS, QuantConfig
+
+Plan = dict[str, int]
+"""Bits per quantized layer, by its name in the model (``encoder.attentions.0.inner.qkv``)."""
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """torch.ao's eager quantization warns that it is deprecated in favour of torchao, whose CPU
+    int8 dynamic kernels are slower than fbgemm's (docs/quantization.md): hide the warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
+        warnings.filterwarnings("ignore", message=r".*quantize_per_tensor, torch\.quantize_per_channel.*")
+        yield
+
+
+def _torchao():  # noqa: ANN202 - torchao prints load notes for kernels this machine lacks: import quietly, late
+    import logging
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    import torchao.quantization as q
+
+    return q
+
+
+def targets(model: nn.Module) -> dict[str, nn.Linear]:
+    """The layers quantization applies to: every ``nn.Linear`` of ``model.encoder``, by name."""
+    encoder = model.get_submodule("encoder")
+    return {f"encoder.{name}": m for name, m in encoder.named_modules() if type(m) is nn.Linear}
+
+
+def uniform_plan(model: nn.Module, bits: int) -> Plan:
+    """Every target layer at ``bits``."""
+    return dict.fromkeys(targets(model), bits)
+
+
+def quantize_weights(model: nn.Module, plan: Plan, group_size: int) -> nn.Module:
+    """Weight-only, group-wise quantization of the layers ``plan`` names, each at its bits (in place);
+    a layer whose input width ``group_size`` does not divide (a pruned one) gets one scale per row."""
+    q = _torchao()
+    from torchao.quantization.granularity import PerGroup
+
+    from torchao.quantization.granularity import PerAxis
+
+    layers = targets(model)
+    for bits in sorted(set(plan.values())):
+        for grouped in (True, False):  # a layer whose input width group_size does not divide: per row
+            names = {n for n, b in plan.items() if b == bits and (layers[n].in_features % group_size == 0) == grouped}
+            granularity = PerGroup(group_size) if grouped else PerAxis(0)
+            config = q.IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=granularity)
+            q.quantize_(model, config, filter_fn=lambda m, fqn, names=names: fqn in names)
+    return model
+
+
+def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
+    """torch.ao dynamic int8 (per-channel weights) of the target layers; a new model."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    spec = dict.fromkeys(targets(model), per_channel_dynamic_qconfig)
+    with _quiet():
+        return quantize_dynamic(model, spec, dtype=torch.qint8)
+
+
+def _qat_config(step: str):  # noqa: ANN202 - a torchao config
+    q = _torchao()
+    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization.qat import QATConfig
+
+    base = q.Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    return QATConfig(base, step=step)
+
+
+def prepare_qat(model: nn.Module) -> nn.Module:
+    """Fake-quantize the target layers for quantization-aware training (in place; the state dict keeps
+    its names, so checkpoints and ``model/`` artifacts load into an unprepared model)."""
+    names = set(targets(model))
+    _torchao().quantize_(model, _qat_config("prepare"), filter_fn=lambda m, fqn: fqn in names)
+    return model
+
+
+def convert_qat(model: nn.Module) -> nn.Module:
+    """Turn a :func:`prepare_qat` model's fake-quantized layers into int8 ones (in place)."""
+    from torchao.quantization.qat.linear import FakeQuantizedLinear
+
+    names = {name for name, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
+    _torchao().quantize_(model, _qat_config("convert"), filter_fn=lambda m, fqn: fqn in names)
+    return model
+
+
+def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.Module:
+    """``model`` (float, or prepared for QAT) quantized as ``q`` says, in eval mode on the CPU.
+
+    ``plan`` is ``weight-mixed``'s bits per layer (:func:`ablate.lightning_modules.quantization.mixed.mixed_plan`).
+    The model is changed in place except by ``dynamic-int8``, which returns a new one.
+    """
+    model = model.cpu().eval()
+    if q.method == "none":
+        return model
+    if q.method == "dynamic-int8":
+        return quantize_dynamic_int8(model)
+    if q.method == "qat-int8":
+        return convert_qat(model)
+    if q.method == "weight-mixed":
+        if plan is None:
+            raise ValueError("weight-mixed needs a plan of bits per layer (mixed_plan)")
+        return quantize_weights(model, plan, q.group_size)
+    return quantize_weights(model, uniform_plan(model, WEIGHT_BITS[q.method]), q.group_size)
+
+
+def _tensor_bytes(t: torch.Tensor) -> float:
+    """Bytes of a tensor as stored: each inner tensor of a torchao tensor at its own dtype, a
+    quantized weight's values at their bit width (int4 values: half a byte), torch.ao's qint8 with
+    its per-channel scales and zero points."""
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, nn.Parameter):
+        names, meta = t.__tensor_flatten__()
+        bits = getattr(meta, "get", lambda *_: None)("target_dtype") if isinstance(meta, dict) else None
+        total = 0.0
+        for name in names:
+            inner = getattr(t, name)
+            if name == "qdata" and isinstance(bits, torch.dtype) and bits.itemsize <= 1:
+                total += inner.numel() * _bits(bits) / 8
+            else:
+                total += _tensor_bytes(inner)
+        return total
+    if t.is_quantized:
+        extra = 0.0
+        if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            extra = t.q_per_channel_scales().nelement() * 8 + t.q_per_channel_zero_points().nelement() * 8
+        return t.numel() * t.element_size() + extra
+    return float(t.numel() * t.element_size())
+
+
+def _bits(dtype: torch.dtype) -> int:
+    name = str(dtype).removeprefix("torch.")
+    digits = "".join(c for c in name if c.isdigit())
+    return int(digits) if name.startswith(("int", "uint")) and digits else dtype.itemsize * 8
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """The bytes ``model``'s weights take, each tensor at its dtype (tied tensors once)."""
+    seen: set[int] = set()
+    kept: list[torch.Tensor] = []  # alive until the end: an id is unique only among live objects
+    total = 0.0
+    for module in model.modules():
+        tensors: list[torch.Tensor] = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        packed = getattr(module, "_packed_params", None)
+        if packed is not None and callable(getattr(module, "weight", None)):  # torch.ao quantized Linear
+            bias = module.bias()
+            tensors += [module.weight(), *([] if bias is None else [bias])]
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                kept.append(t)
+                total += _tensor_bytes(t)
+    return round(total)
