@@ -21,6 +21,8 @@ Example::
       model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
     # prune_source: {model: ..., overrides: ...}            # or: the one model every trial prunes (schuBERT)
+    # reference: {model: ..., overrides: ...}               # or: the model every trial compresses, each by its
+                                                            # own regime (distill, prune, quant: five-families)
     finetune:                                               # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
                                                             # a whole finetune section each, plus seeds: [0, 1, 2]
@@ -39,7 +41,7 @@ import copy
 import itertools
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import optuna
 from pydantic import Field, StrictInt, ValidationError, model_validator
@@ -49,6 +51,13 @@ from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, fie
 from ablate.lightning_modules.configio import build_config, read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
 from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
+    REFERENCE_FIELDS,
+    PruneSourceSpec,
+    ReferenceSpec,
+    StudyModel,
+    TeacherSpec,
+)
 
 PLACEHOLDER_SOURCE = "runs:/study-model"
 """Stands in for the study's teacher or model to prune when trial configs are validated before it exists."""
@@ -145,55 +154,6 @@ class ObjectiveSpec:
 
 
 @dataclass(frozen=True, config=STRICT)
-class StudyModel:
-    """A trained model the whole study uses, given or trained once for the study.
-
-    Attributes:
-        source: an existing model, used as is: ``runs:/RUN_ID`` or a checkpoint folder.
-        model: the ``model`` section of a model trained once for the study (``preset:``
-            allowed); the rest of its config is the study's base.
-        overrides: dotted overrides of this model's config only (``trainer.max_steps``,
-            ``optim.lr``, ...); the study's ``overrides``, search and variants are the trials'.
-    """
-
-    FIELD: ClassVar[str] = ""
-    """The trial config field it is given as."""
-    SECTION: ClassVar[str] = ""
-    """The study's section that declares it (also its MLflow run's name and role)."""
-
-    source: str | None = Field(default=None, min_length=1)
-    model: dict[str, Any] | None = None
-    overrides: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _check_source(self) -> StudyModel:
-        if (self.source is None) == (self.model is None):
-            raise ValueError(
-                f"source: give exactly one of {self.SECTION}.source (an existing model: runs:/RUN_ID or a "
-                f"checkpoint folder) and {self.SECTION}.model (a model to train once for the study)"
-            )
-        if self.source is not None and self.overrides:
-            raise ValueError(f"overrides: only for a model the study trains ({self.SECTION}.model), not .source")
-        return self
-
-
-@dataclass(frozen=True, config=STRICT)
-class TeacherSpec(StudyModel):
-    """The teacher every trial of a study distils from (``distill.teacher`` of each trial)."""
-
-    FIELD: ClassVar[str] = "distill.teacher"
-    SECTION: ClassVar[str] = "teacher"
-
-
-@dataclass(frozen=True, config=STRICT)
-class PruneSourceSpec(StudyModel):
-    """The trained model every trial of a study prunes (``prune.source`` of each trial: schuBERT studies)."""
-
-    FIELD: ClassVar[str] = "prune.source"
-    SECTION: ClassVar[str] = "prune_source"
-
-
-@dataclass(frozen=True, config=STRICT)
 class FinetuneTask(FinetuneConfig):
     """One fine-tuning task of a chained study: a whole ``finetune`` section (unset fields take
     its defaults; ``source`` is each trial's own pre-trained model) and the seeds it is
@@ -241,20 +201,29 @@ class StudySpec:
     report: str | dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
     prune_source: PruneSourceSpec | None = None
+    reference: ReferenceSpec | None = None
     finetune: list[FinetuneTask] = Field(default_factory=list)
     heartbeat: int = Field(default=10, ge=1, le=3600)
     checkpoints: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_upstream(self) -> StudySpec:
-        if self.teacher is not None and self.prune_source is not None:
-            raise ValueError("prune_source: a study distils from a teacher or prunes a model, not both")
+        given = [name for name in ("teacher", "prune_source", "reference") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: a study has one trained model (teacher, prune_source or reference)")
         return self
 
     @property
     def upstream(self) -> StudyModel | None:
         """The study's teacher or model to prune, if any."""
-        return self.teacher or self.prune_source
+        return self.teacher or self.prune_source or self.reference
+
+    @property
+    def set_by_study(self) -> tuple[str, ...]:
+        """The trial fields the study's trained model fills."""
+        if self.reference is not None:
+            return tuple(REFERENCE_FIELDS.values())
+        return () if self.upstream is None else (self.upstream.FIELD,)
 
     @property
     def space(self) -> dict[str, ParamSpace]:
@@ -305,7 +274,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         for key in keys:
             if key not in known:
                 raise ConfigError(f"{where}: {section}.{key}: not a config field")
-            if spec.upstream is not None and key == spec.upstream.FIELD:
+            if key in spec.set_by_study:
                 raise ConfigError(f"{where}: {section}.{key}: set by the study's {spec.upstream.SECTION} section")
             if spec.finetune and key.startswith("finetune."):
                 raise ConfigError(f"{where}: {section}.{key}: a chained study's fine-tuning is its finetune: tasks")
@@ -334,7 +303,7 @@ def _validate_upstream(
     for key in upstream.overrides:
         if key not in known:
             raise ConfigError(f"{where}: {section}.overrides.{key}: not a config field")
-        if key in ("regime", "distill.teacher", "prune.source", "finetune.source"):
+        if key in ("regime", *REGIME_SOURCE.values()):
             raise ConfigError(f"{where}: {section}.overrides.{key}: the study's {section} is pre-trained from scratch")
     try:
         model = flatten(teacher_config(base, spec))
@@ -392,12 +361,25 @@ def trial_config(
     params = dict(params)
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
-    field = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
-    distill = {field: teacher} if teacher is not None else {}
     try:
+        field = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
+        if spec.reference is not None:
+            field = _reference_field(base, {**spec.overrides, **variant, **params})
+        distill = {field: teacher} if teacher is not None else {}
         return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
     except ConfigError as exc:
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
+
+
+def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str:
+    """The source field a trial's regime fills with the study's reference."""
+    regime = changes.get("regime", base.get("regime"))
+    if regime not in REFERENCE_FIELDS:
+        raise ConfigError(
+            f"regime: {regime!r}: a trial of a study with a reference names its regime, one of "
+            f"{', '.join(REFERENCE_FIELDS)} (the reference is its {', '.join(REFERENCE_FIELDS.values())})"
+        )
+    return REFERENCE_FIELDS[regime]
 
 
 def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:

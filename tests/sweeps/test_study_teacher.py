@@ -173,7 +173,7 @@ def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys
         None,
         40,
     )
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="one trained model"):
         StudySpec(name="s", teacher={"source": "runs:/a"}, prune_source={"source": "runs:/b"})
     # the old spelling, a teacher given ``into: prune.source``, says where the model to prune went
     path = _study(tmp_path, tiny_corpus, teacher={"model": TEACHER_MODEL, "into": "prune.source"})
@@ -181,6 +181,44 @@ def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys
     assert capsys.readouterr().err.strip() == (
         f"error: {path}: teacher.into: gone; declare the model every trial prunes as prune_source: instead"
     )
+
+
+def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corpus, capsys):
+    base = tiny_base(tmp_path, tiny_corpus)
+    variants = {
+        "distilled": {"regime": "distill", "model.sharing": "all"},
+        "pruned": {"regime": "prune", "prune.rounds": 1, "prune.gate_steps": 2, "prune.finetune_steps": 2},
+        "int8": {"regime": "quant", "quant.method": "dynamic-int8"},
+        "pruned+int4": {"regime": "prune", "prune.rounds": 1, "quant.method": "weight-int4"},
+    }
+    spec = StudySpec(name="s", base=base, reference={"model": TEACHER_MODEL}, variants=variants)
+    assert spec.upstream is spec.reference
+    assert spec.set_by_study == ("distill.teacher", "prune.source", "quant.source")
+    configs = {v: trial_config(base, spec, {"variant": v, "seed": 0}, teacher="runs:/ref") for v in variants}
+    assert {v: (c.regime, c.distill.teacher, c.prune.source, c.quant.source) for v, c in configs.items()} == {
+        "distilled": ("distill", "runs:/ref", None, None),
+        "pruned": ("prune", None, "runs:/ref", None),
+        "int8": ("quant", None, None, "runs:/ref"),
+        "pruned+int4": ("prune", None, "runs:/ref", None),
+    }
+    assert configs["pruned+int4"].quant.method == "weight-int4"  # pruned, then quantized
+    assert teacher_config(base, spec).name == "s-reference"
+    # a trial that names no regime (or one the reference cannot be the source of) is refused before it runs
+    path = _study(tmp_path, tiny_corpus, name="ref", reference={"model": TEACHER_MODEL})
+    raw = yaml.safe_load(path.read_text())
+    raw["variants"] = {"scratch": {"model.sharing": "all"}}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["sweep", "--check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}: variants.scratch: regime: None: a trial of a study with a reference names")
+    raw["variants"] = {"int8": {"regime": "quant", "quant.source": "runs:/other"}}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["sweep", "--check", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {path}: variants.int8.quant.source: set by the study's reference section"
+    )
+    with pytest.raises(ValueError, match="one trained model"):
+        StudySpec(name="s", teacher={"source": "runs:/a"}, reference={"source": "runs:/b"})
 
 
 def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, capsys):
