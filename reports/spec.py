@@ -108,6 +108,8 @@ class ReportSpec:
         details: Params shown as text columns after the row keys, not grouping runs: the
             distinct values among a row's included runs (e.g. ``pruned.dims``, the shape a
             pruning run found).
+        order: Row order for a row param: its values listed first, in this order (e.g. a study's
+            variants as declared); other values follow, naturally sorted (the default for all).
         study: Study name (standalone REPORT.yaml only).
         tracking_uri: MLflow tracking URI (standalone REPORT.yaml only).
     """
@@ -119,6 +121,7 @@ class ReportSpec:
     include_states: tuple[State, ...] = Field(default=("COMPLETE",), min_length=1)
     row_labels: dict[str, str] = Field(default_factory=dict)
     details: tuple[str, ...] = ()
+    order: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
     study: str | None = None
     tracking_uri: str | None = None
 
@@ -150,6 +153,9 @@ class ReportSpec:
                     "give one of them a label (row_labels or label)",
                 )
             seen[header] = key
+        for key in self.order:
+            if key not in self.rows:
+                raise _keyed(f"order.{key}", f"not one of rows {list(self.rows)}")
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:
                 raise _keyed(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")

@@ -96,6 +96,13 @@ def natural_key(value: Any) -> tuple[Any, ...]:
     return (1, tuple(int(p) if i % 2 else p.lower() for i, p in enumerate(parts)))
 
 
+def _row_key(spec: ReportSpec, row: str, value: Any) -> tuple[Any, ...]:
+    """Sort key of one row param's value: its place in ``spec.order[row]``, then natural order."""
+    listed = [_clean(v) for v in spec.order.get(row, ())]
+    value = _clean(value)
+    return (listed.index(value), ()) if value in listed else (len(listed), natural_key(value))
+
+
 def row_text(spec: ReportSpec, key: tuple[Any, ...], skip: str | None = None) -> str:
     """``sharing=all E=64 F=1`` for a row key."""
     return " ".join(f"{spec.row_label(r)}={v}" for r, v in zip(spec.rows, key, strict=True) if r != skip)
@@ -138,7 +145,7 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
         if not pd.api.types.is_numeric_dtype(runs[name]):
             raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
     runs = runs.assign(**{_KEY: [tuple(_clean(v) for v in t) for t in runs[list(spec.rows)].itertuples(index=False)]})
-    keys = sorted(set(runs[_KEY]), key=lambda k: tuple(natural_key(v) for v in k))
+    keys = sorted(set(runs[_KEY]), key=lambda k: tuple(_row_key(spec, row, v) for row, v in zip(spec.rows, k)))
     used = runs[runs["state"].isin(spec.include_states)]
 
     grouped = used.groupby(_KEY, sort=False)

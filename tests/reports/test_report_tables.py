@@ -160,3 +160,16 @@ def test_a_column_of_equal_values_has_no_bold_cell(runs):
     body = md.splitlines()[2:]
     assert not any("**" in line.split("|")[2] for line in body)  # all equal: none bold
     assert sum("**" in line.split("|")[3] for line in body) == 1  # the best MLM acc still is
+
+
+def test_rows_follow_a_given_order_then_the_natural_one(runs):
+    spec = ReportSpec(
+        title="t",
+        rows=("model.sharing", "model.embed_dim"),
+        order={"model.sharing": ("none", "all"), "model.embed_dim": (128,)},
+        metrics=(MetricSpec(name="val/mlm_acc"),),
+    )
+    keys = aggregate(runs, spec).keys()
+    assert [k[:2] for k in keys] == [("none", 128), ("none", 64), ("all", 128), ("all", 64), ("attn", 64), ("ffn", 64)]
+    with pytest.raises(Exception, match="not one of rows"):
+        ReportSpec(title="t", rows=("model.sharing",), order={"model.num_ffn": (1,)}, metrics=spec.metrics)
