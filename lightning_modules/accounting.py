@@ -123,7 +123,7 @@ def report_for(
     return replace(report, model_bytes=stored_bytes(quantize(model, quant)))
 
 
-def quantized_counts(quantized: nn.Module, cfg: ExperimentConfig) -> dict[str, float]:
+def quantized_counts(quantized: PretrainingModel, cfg: ExperimentConfig) -> dict[str, float]:
     """A quantized model's ``model_bytes`` and (unless ``trainer.measure`` is off) its latency, measured
     on the CPU like every model's (:func:`metric_counts`; no activation memory: it does not train)."""
     import torch
@@ -156,9 +156,7 @@ def metric_counts(
     """
     counts = param_report(model, model_cfg, cfg.data.max_length)
     out: dict[str, float] = {
-        f"params.{k}": v
-        for k, v in counts.as_dict().items()
-        if k not in ("flops_per_token", "seq_len", "model_bytes")
+        f"params.{k}": v for k, v in counts.as_dict().items() if k not in ("flops_per_token", "seq_len", "model_bytes")
     }
     out["flops_per_token"] = counts.flops_per_token
     out["model_bytes"] = counts.model_bytes

@@ -303,7 +303,8 @@ class ExperimentConfig:
         named = [r for r, source in sources.items() if source is not None]
         if len(named) > 1:
             first, second = (REGIME_SOURCE[r] for r in named[:2])
-            raise ValueError(f"{second}: a run has one regime (pretrain, {', '.join(REGIME_SOURCE)}); {first} is set too")
+            regimes = ", ".join(("pretrain", *REGIME_SOURCE))
+            raise ValueError(f"{second}: a run has one regime ({regimes}); {first} is set too")
         found = named[0] if named else "pretrain"
         if self.regime is not None and self.regime != found:
             if self.regime == "pretrain":
@@ -412,9 +413,7 @@ def run_params(cfg: ExperimentConfig) -> dict[str, Any]:
     unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime not in (cfg.regime, "quant"))
     quant = {f"quant.{name}" for name in cfg.quant.used_fields() if name != "source" or cfg.regime == "quant"}
     return {
-        k: v
-        for k, v in flatten(cfg).items()
-        if not k.startswith(unused) and (not k.startswith("quant.") or k in quant)
+        k: v for k, v in flatten(cfg).items() if not k.startswith(unused) and (not k.startswith("quant.") or k in quant)
     }
 
 

@@ -35,8 +35,8 @@ WEIGHT_BITS: dict[str, int] = {f"weight-int{b}": b for b in (8, 6, 5, 4, 3, 2)}
 
 @dataclass(frozen=True, config=STRICT)
 class QuantConfig:
-    """How the run's model is quantized (the encoder's Linear layers; embeddings, norms and heads
-    stay in floating point).
+    """How the run's model is quantized (the encoder's Linear layers; embedding tables, norms and
+    heads stay in floating point).
 
     Attributes:
         method: ``none``; ``dynamic-int8`` (post-training dynamic quantization: int8 weights per

@@ -27,7 +27,7 @@ from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
 from ablate.sweeps.quant_run import quant_train, quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
-from ablate.sweeps.weights import check_same_tokenizer, load_source, log_weights
+from ablate.sweeps.weights import check_positions, check_same_tokenizer, load_source, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
@@ -155,9 +155,11 @@ def train(
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
             source = load_source(cfg.quant.source, uri, Path(tmp), field="quant.source")
             check_same_tokenizer(source, tokenizer, field="quant.source")
+            check_positions(source, cfg.data.max_length, field="quant.source")
         cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
         inputs, measured_on = metric_counts(source.model, cfg.model, cfg)
-        module_tags, extra_params = {tracking.SOURCE: source.run_id or source.source}, {**measured_on, **(extra_params or {})}
+        module_tags = {tracking.SOURCE: source.run_id or source.source}
+        extra_params = {**measured_on, **(extra_params or {})}
 
         def work(client: Any, run_id: str) -> dict[str, float]:
             return quant_train(cfg, source, data, uri, client, run_id)
@@ -172,6 +174,7 @@ def train(
         with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
             source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")
             check_same_tokenizer(source, tokenizer, field="prune.source")
+            check_positions(source, cfg.data.max_length, field="prune.source")
         try:  # a source that layer surgery cannot shrink (shared layers ...) fails before the run exists
             if cfg.prune.method != "fewer-layers":  # which only drops whole layers
                 check_supported(source.model_cfg)

@@ -172,6 +172,16 @@ def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo:
     return Exported(written, tok is not None)
 
 
+def check_positions(source: Source, max_length: int, field: str) -> None:
+    """A source model must have a position for every token of the run's sequences (``data.max_length``)."""
+    m = source.model_cfg
+    if m.position == "learned" and m.max_position < max_length:
+        raise ConfigError(
+            f"{field}: {source.source} has {m.max_position} positions (its model.max_position), "
+            f"fewer than data.max_length {max_length}"
+        )
+
+
 def check_same_tokenizer(teacher: Source, student_tokenizer: Path, field: str = "distill.teacher") -> None:
     """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
     teacher (or pruned model) must use this run's vocabulary."""

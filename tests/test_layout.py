@@ -84,6 +84,7 @@ CONFIG = {
         "distill_config",
         "finetune_config",
         "pruning.config",
+        "quant_config",
     )
 }
 

@@ -8,7 +8,8 @@
   channel, int8 activations per token) for training, :func:`convert_qat` turns them into torchao's
   int8 dynamic-activation layers.
 
-Only the encoder's ``nn.Linear`` layers are quantized (:func:`targets`); embeddings, norms, the
+Only the encoder's ``nn.Linear`` layers are quantized (:func:`targets`: attention, feed-forward,
+bottleneck and the embedding's E -> H or trigram projection); the embedding tables, norms, the
 pooler and the heads stay in floating point. Quantized models run on the CPU.
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -29,21 +32,29 @@ Plan = dict[str, int]
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """torch.ao's eager quantization warns that it is deprecated in favour of torchao, whose CPU
-    int8 dynamic kernels are slower than fbgemm's (docs/quantization.md): hide the warning."""
+    """torch.ao's eager quantization warns that it is deprecated in favour of torchao; on a CPU its
+    fbgemm/x86 int8 GEMM is the fast dynamic int8 path (torchao 0.18's ran slower than float32 on
+    the development machine): hide the warning."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
         warnings.filterwarnings("ignore", message=r".*quantize_per_tensor, torch\.quantize_per_channel.*")
         yield
 
 
-def _torchao():  # noqa: ANN202 - torchao prints load notes for kernels this machine lacks: import quietly, late
+def _torchao() -> ModuleType:
+    """``torchao.quantization``, imported late and quietly (it logs a note for each kernel library this
+    machine cannot load, and torch a deprecation note on one of its enums)."""
+    import importlib
     import logging
 
     logging.getLogger("torchao").setLevel(logging.ERROR)
-    import torchao.quantization as q
-
-    return q
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        return importlib.import_module("torchao.quantization")
+    finally:
+        pytree.setLevel(level)
 
 
 def targets(model: nn.Module) -> dict[str, nn.Linear]:
@@ -61,9 +72,7 @@ def quantize_weights(model: nn.Module, plan: Plan, group_size: int) -> nn.Module
     """Weight-only, group-wise quantization of the layers ``plan`` names, each at its bits (in place);
     a layer whose input width ``group_size`` does not divide (a pruned one) gets one scale per row."""
     q = _torchao()
-    from torchao.quantization.granularity import PerGroup
-
-    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization.granularity import PerAxis, PerGroup
 
     layers = targets(model)
     for bits in sorted(set(plan.values())):
@@ -81,10 +90,10 @@ def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
 
     spec = dict.fromkeys(targets(model), per_channel_dynamic_qconfig)
     with _quiet():
-        return quantize_dynamic(model, spec, dtype=torch.qint8)
+        return cast(nn.Module, quantize_dynamic(model, spec, dtype=torch.qint8))  # type: ignore[no-untyped-call]
 
 
-def _qat_config(step: str):  # noqa: ANN202 - a torchao config
+def _qat_config(step: str) -> Any:  # noqa: ANN401 - a torchao QATConfig
     q = _torchao()
     from torchao.quantization.granularity import PerAxis
     from torchao.quantization.qat import QATConfig
@@ -166,10 +175,10 @@ def stored_bytes(model: nn.Module) -> int:
     total = 0.0
     for module in model.modules():
         tensors: list[torch.Tensor] = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        packed = getattr(module, "_packed_params", None)
-        if packed is not None and callable(getattr(module, "weight", None)):  # torch.ao quantized Linear
-            bias = module.bias()
-            tensors += [module.weight(), *([] if bias is None else [bias])]
+        packed: Any = module
+        if getattr(packed, "_packed_params", None) is not None and callable(packed.weight):  # torch.ao's Linear
+            bias = packed.bias()
+            tensors += [packed.weight(), *([] if bias is None else [bias])]
         for t in tensors:
             if id(t) not in seen:
                 seen.add(id(t))

@@ -1,7 +1,7 @@
 """Q-BERT's question at small scale: which layers need more bits?
 
 Each quantized layer's sensitivity is the loss increase when that layer alone is quantized to
-``quant.low_bits`` (a cheap proxy for the Hessian trace Q-BERT ranks by), measured on a few
+``quant.low_bits`` (a cheap proxy for the Hessian's top eigenvalue Q-BERT ranks by), measured on a few
 training batches. :func:`mixed_plan` then gives ``quant.high_bits`` to the most sensitive layers
 (``rank: reverse``: the least sensitive, the control) while they fit ``quant.high_fraction`` of
 the quantized weights, and ``low_bits`` to the rest.

@@ -104,7 +104,8 @@ def test_a_run_says_its_regime(raw, regime):
     [
         (  # used to fine-tune silently
             {"distill": {"teacher": "runs:/t"}, "finetune": {"source": "runs:/s", **_FT}},
-            "finetune.source: a run has one regime (pretrain, distill, prune, finetune, quant); distill.teacher is set too",
+            "finetune.source: a run has one regime (pretrain, distill, prune, finetune, quant); "
+            "distill.teacher is set too",
         ),
         ({"regime": "prune"}, "prune.source: required by regime 'prune'"),
         ({"regime": "pretrain", "distill": {"teacher": "runs:/t"}}, "distill.teacher: set, but regime is 'pretrain'"),
