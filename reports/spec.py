@@ -57,6 +57,8 @@ class MetricSpec:
             ``float``, ``int`` or ``sci``.
         digits: Digits after the point; default depends on ``format``.
         better: ``higher`` or ``lower`` bolds the best cell; None bolds nothing.
+        optional: Only some rows' runs log it (``quant/mlm_acc_drop``: quantized runs): their
+            other cells are empty (–) without being reported missing.
     """
 
     name: str = Field(min_length=1)
@@ -64,6 +66,7 @@ class MetricSpec:
     format: Format = "float"
     digits: int | None = Field(default=None, ge=0, le=12)
     better: Literal["higher", "lower"] | None = None
+    optional: bool = False
 
     @property
     def display(self) -> str:

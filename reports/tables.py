@@ -178,7 +178,7 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
             missing.append(Missing(key, None, f"no {wanted} runs ({seen})"))
             continue
         for metric in spec.metrics:
-            if stats.at[i, f"{metric.name}.n"] == 0:
+            if stats.at[i, f"{metric.name}.n"] == 0 and not metric.optional:
                 missing.append(Missing(key, metric.name, f"not recorded by its {n_runs} {wanted} run(s)"))
     return Table(spec, stats, sorted(used["run_id"]), missing)
 

@@ -8,6 +8,8 @@ tests replay them into a new SQLite MLflow store and build each shipped report f
 Re-record after a study is run again (from the repository root)::
 
     .venv/bin/python -m tests.reports.recorded --tracking-uri sqlite:///ablate-runs/mlflow.db
+    # or only the studies run again, kept beside the others' recording:
+    .venv/bin/python -m tests.reports.recorded --tracking-uri sqlite:///ablate-runs/mlflow.db --study five-families
 """
 
 from __future__ import annotations
@@ -98,9 +100,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tracking-uri", required=True)
     p.add_argument("--out", type=Path, default=FIXTURE)
+    p.add_argument("--study", action="append", help="re-record only this study (repeatable); the rest are kept")
     args = p.parse_args()
-    studies = sorted({ReportSpec.from_yaml(catalog.shipped(n)).study for n in catalog.names()})
+    studies = args.study or sorted({ReportSpec.from_yaml(catalog.shipped(n)).study for n in catalog.names()})
     data = export(args.tracking_uri, studies)
+    if args.study and args.out.is_file():  # merged into the recording of the other studies
+        kept = json.loads(gzip.decompress(args.out.read_bytes()))
+        data = {**kept, "studies": {**kept["studies"], **data["studies"]}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(gzip.compress(json.dumps(data, sort_keys=True).encode(), mtime=0))
     counts = {s: len(v["trials"]) for s, v in data["studies"].items()}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -173,3 +174,13 @@ def test_rows_follow_a_given_order_then_the_natural_one(runs):
     assert [k[:2] for k in keys] == [("none", 128), ("none", 64), ("all", 128), ("all", 64), ("attn", 64), ("ffn", 64)]
     with pytest.raises(Exception, match="not one of rows"):
         ReportSpec(title="t", rows=("model.sharing",), order={"model.num_ffn": (1,)}, metrics=spec.metrics)
+
+
+def test_an_optional_metric_leaves_empty_cells_not_missing_ones(runs, spec):
+    mapping = _as_mapping(spec)
+    mapping["metrics"] = [dataclasses.replace(m, optional=m.name == "val/sentence_acc") for m in spec.metrics]
+    table = aggregate(runs, ReportSpec.from_mapping(mapping))
+    notes = [m.describe(table.spec) for m in table.missing]
+    assert not any("SOP acc" in n for n in notes)  # none/128 logged no sentence accuracy: an empty cell
+    assert "sharing=attn E=64 F=2: no COMPLETE runs (1 FAIL)" in notes  # a row without runs still is missing
+    assert _row(table, "none", 128)["val/sentence_acc.n"] == 0
