@@ -95,6 +95,12 @@ class FinetuneModule(pl.LightningModule):
             }
         )
         self.best: float | None = None
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def restore_best(self) -> None:
+        """Load the weights of the best validation so far (early stopping's choice) into the model."""
+        if self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = F.cross_entropy(self.model(batch).float(), batch["labels"])
@@ -112,6 +118,9 @@ class FinetuneModule(pl.LightningModule):
         values = {f"{task}/{name}": metric.compute() for name, metric in self.metrics.items()}
         values[f"{task}/loss"] = self.val_loss.compute()
         current = float(values[f"{task}/{f.metric}"])
+        if not self.trainer.sanity_checking and (self.best is None or current > self.best):
+            # the best validation's weights, which the run leaves (restore_best): kept on the CPU
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         self.best = current if self.best is None else max(self.best, current)
         values[f"{task}/best_{f.metric}"] = torch.tensor(self.best)
         for name, value in values.items():

@@ -99,10 +99,12 @@ def finetune(
                 val_batches=1.0,
             )
             metrics = {**fit(trainer, module, data), **baseline}
-            final = f"{f.task}/{f.metric}"
-            metrics[f"{f.task}/final_{f.metric}"] = metrics[final]  # the dev score of the model the run leaves
-            if cfg.quant.enabled:  # ... which is the fine-tuned classifier, quantized
-                metrics.update(quantize_classifier(module, cfg, data, metrics[final]))
+            # the model the run leaves: the best validation's weights (early stopping's choice) ...
+            module.restore_best()
+            best = metrics[f"{f.task}/best_{f.metric}"]
+            metrics[f"{f.task}/final_{f.metric}"] = best
+            if cfg.quant.enabled:  # ... quantized: its dev score is scored again
+                metrics.update(quantize_classifier(module, cfg, data, best))
             for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):
                 if key in metrics:
                     client.log_metric(run_id, key, metrics[key], step=trainer.global_step)

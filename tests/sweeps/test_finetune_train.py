@@ -55,6 +55,7 @@ def test_finetune_logs_dev_metrics_and_the_majority_baseline(pretrained):
         assert name in m, name
     assert 0.0 <= m["sst2/accuracy"] <= 1.0 and -1.0 <= m["sst2/mcc"] <= 1.0
     assert m["sst2/best_accuracy"] >= m["sst2/accuracy"]
+    assert m["sst2/final_accuracy"] == m["sst2/best_accuracy"]  # the run leaves its best validation's weights
     assert m["sst2/majority_accuracy"] == pytest.approx(428 / 872, abs=0.03)  # SST-2 dev: 444 pos / 428 neg
     steps = [h.step for h in client.get_metric_history(result.run_id, "sst2/accuracy")]
     assert len(steps) == 2  # validated every 6 of 12 steps
