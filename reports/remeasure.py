@@ -187,6 +187,7 @@ def remeasure_runs(
 
     from ablate.lightning_modules import profiling
     from ablate.lightning_modules.heads import build_pretraining_model
+    from ablate.lightning_modules.quantization.apply import quantized_like
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
@@ -205,8 +206,9 @@ def remeasure_runs(
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
                 continue
-            device = profiling.training_device(cfg.trainer.accelerator)
-            key = (repr(cfg.model), str(cfg.data.max_length), cfg.trainer.precision, str(device))
+            # a quantized model runs on the CPU, in float32 around its int8 kernels, as its run measured it
+            device = torch.device("cpu") if cfg.quant.enabled else profiling.training_device(cfg.trainer.accelerator)
+            key = (repr(cfg.model), repr(cfg.quant), str(cfg.data.max_length), cfg.trainer.precision, str(device))
             models.setdefault(key, _Model(cfg, device, [])).runs.append(run)
     bar = Progress(
         TextColumn("[bold]re-measuring latency[/]"),
@@ -228,6 +230,8 @@ def remeasure_runs(
                     torch.manual_seed(0)
                     model = build_pretraining_model(m.cfg.model, m.cfg.objective)  # random weights: the shape times
                 cfg = m.cfg
+                if cfg.quant.enabled:
+                    model = quantized_like(model, cfg.quant)
                 for batch in profiling.LATENCY_BATCHES:
                     lat = profiling.time_forward(
                         model,
@@ -237,7 +241,7 @@ def remeasure_runs(
                         repeats,
                         warmup,
                         m.device,
-                        cfg.trainer.precision,
+                        "32-true" if cfg.quant.enabled else cfg.trainer.precision,
                     )
                     m.times.setdefault(batch, []).extend(lat.times_ms)
                 del model

@@ -139,6 +139,17 @@ def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.M
     return quantize_weights(model, uniform_plan(model, WEIGHT_BITS[q.method]), q.group_size)
 
 
+def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
+    """``model`` (float, random weights will do) quantized the way a run with ``q`` ends, to time it:
+    ``qat-int8`` as its converted layers; ``weight-mixed`` at ``low_bits`` everywhere, which runs the
+    same kernels as its plan (torchao keeps every width unpacked in int8 and dequantizes it)."""
+    if q.method == "weight-mixed":
+        return quantize_weights(model.cpu().eval(), uniform_plan(model, q.low_bits), q.group_size)
+    if q.method == "qat-int8":
+        return quantize(prepare_qat(model), q)
+    return quantize(model, q)
+
+
 def _tensor_bytes(t: torch.Tensor) -> float:
     """Bytes of a tensor as stored: each inner tensor of a torchao tensor at its own dtype, a
     quantized weight's values at their bit width (int4 values: half a byte), torch.ao's qint8 with
@@ -175,8 +186,8 @@ def stored_bytes(model: nn.Module) -> int:
     total = 0.0
     for module in model.modules():
         tensors: list[torch.Tensor] = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        packed: Any = module
-        if getattr(packed, "_packed_params", None) is not None and callable(packed.weight):  # torch.ao's Linear
+        packed: Any = module  # torch.ao's quantized Linear keeps weight and bias packed, behind methods
+        if getattr(packed, "_packed_params", None) is not None and callable(getattr(packed, "weight", None)):
             bias = packed.bias()
             tensors += [packed.weight(), *([] if bias is None else [bias])]
         for t in tensors:
