@@ -145,7 +145,9 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
         if not pd.api.types.is_numeric_dtype(runs[name]):
             raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
     runs = runs.assign(**{_KEY: [tuple(_clean(v) for v in t) for t in runs[list(spec.rows)].itertuples(index=False)]})
-    keys = sorted(set(runs[_KEY]), key=lambda k: tuple(_row_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True)))
+    keys = sorted(
+        set(runs[_KEY]), key=lambda k: tuple(_row_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True))
+    )
     used = runs[runs["state"].isin(spec.include_states)]
 
     grouped = used.groupby(_KEY, sort=False)
