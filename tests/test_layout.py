@@ -85,6 +85,7 @@ CONFIG = {
         "finetune_config",
         "pruning.config",
         "quant_config",
+        "model_config",
     )
 }
 
