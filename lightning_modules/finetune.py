@@ -118,7 +118,8 @@ class FinetuneModule(pl.LightningModule):
         values = {f"{task}/{name}": metric.compute() for name, metric in self.metrics.items()}
         values[f"{task}/loss"] = self.val_loss.compute()
         current = float(values[f"{task}/{f.metric}"])
-        if not self.trainer.sanity_checking and (self.best is None or current > self.best):
+        fitting = self.trainer.state.fn == "fit"  # not a later validation (of the quantized classifier)
+        if fitting and not self.trainer.sanity_checking and (self.best is None or current > self.best):
             # the best validation's weights, which the run leaves (restore_best): kept on the CPU
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         self.best = current if self.best is None else max(self.best, current)

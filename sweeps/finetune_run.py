@@ -103,6 +103,7 @@ def finetune(
             module.restore_best()
             best = metrics[f"{f.task}/best_{f.metric}"]
             metrics[f"{f.task}/final_{f.metric}"] = best
+            metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
             if cfg.quant.enabled:  # ... quantized: its dev score is scored again
                 metrics.update(quantize_classifier(module, cfg, data, best))
             for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):

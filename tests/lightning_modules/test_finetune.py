@@ -57,3 +57,44 @@ def test_a_model_without_sentence_head_gets_a_fresh_pooler_and_more_classes():
     module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
     assert module.model.head.pooler.in_features == 32 and module.model.head.classifier.out_features == 3
     assert module.model(_batch(3)).shape == (4, 3)
+
+
+def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():
+    """Early stopping's choice is what the run leaves; a later validation (of the quantized
+    classifier, whose state holds packed tensors and dtypes) keeps nothing."""
+    import copy
+
+    import lightning.pytorch as pl
+
+    from ablate.lightning_modules.quant_config import QuantConfig
+    from ablate.lightning_modules.quantization.apply import quantize
+
+    cfg = _cfg(num_labels=2, max_steps=4, val_every=2)
+    module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
+    from torch.utils.data import DataLoader
+
+    batches = DataLoader([_batch() for _ in range(4)], batch_size=None)
+    dev = DataLoader([_batch()], batch_size=None)
+    trainer = pl.Trainer(
+        max_steps=4,
+        val_check_interval=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+    )
+    trainer.fit(module, batches, dev)
+    assert module.best_state is not None and module.best is not None
+    kept = copy.deepcopy(module.best_state)
+    torch.nn.init.zeros_(module.model.head.classifier.weight)  # the weights drift after the best validation
+    module.restore_best()
+    assert all(torch.equal(v, kept[k]) for k, v in module.model.state_dict().items())
+    module.best = -1.0  # the quantized classifier scores "better": still nothing is kept
+    module.model = quantize(module.model, QuantConfig(method="dynamic-int8"))
+    pl.Trainer(logger=False, enable_progress_bar=False, accelerator="cpu", limit_val_batches=1).validate(
+        module, dev, verbose=False
+    )
+    assert all(torch.equal(v, kept[k]) for k, v in module.best_state.items())

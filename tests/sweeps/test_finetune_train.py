@@ -56,6 +56,9 @@ def test_finetune_logs_dev_metrics_and_the_majority_baseline(pretrained):
     assert 0.0 <= m["sst2/accuracy"] <= 1.0 and -1.0 <= m["sst2/mcc"] <= 1.0
     assert m["sst2/best_accuracy"] >= m["sst2/accuracy"]
     assert m["sst2/final_accuracy"] == m["sst2/best_accuracy"]  # the run leaves its best validation's weights
+    backbone = client.get_run(source.run_id).data.metrics["params.backbone"]
+    H = int(run.data.params["model.hidden_dim"])
+    assert m["model_bytes"] == 4 * (backbone + H * H + H + 2 * H + 2)  # the classifier's: backbone, pooler, 2 labels
     assert m["sst2/majority_accuracy"] == pytest.approx(428 / 872, abs=0.03)  # SST-2 dev: 444 pos / 428 neg
     steps = [h.step for h in client.get_metric_history(result.run_id, "sst2/accuracy")]
     assert len(steps) == 2  # validated every 6 of 12 steps
