@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
 from matplotlib.ticker import FuncFormatter
 
 from ablate.reports.spec import PlotSpec, ReportSpec
-from ablate.reports.tables import Table, natural_key, row_text
+from ablate.reports.tables import Table, row_sort_key, row_text
 
 DPI = 150
 _MARKERS = "osD^vP*Xhp"
@@ -76,7 +77,8 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
     fig = Figure(figsize=(6.4, 4.8), dpi=DPI)
     ax = fig.add_subplot()
     hues = [k[spec.rows.index(plot.hue)] if plot.hue else None for k in keys]
-    groups = sorted({h for h, o in zip(hues, ok, strict=True) if o}, key=natural_key)
+    groups = sorted({h for h, o in zip(hues, ok, strict=True) if o}, key=lambda h: row_sort_key(spec, plot.hue, h))
+    colors = colormaps["tab20" if len(groups) > 10 else "tab10"].colors  # no two groups alike
     for g, hue in enumerate(groups):
         idx = [i for i in range(len(keys)) if ok[i] and hues[i] == hue]
         ax.errorbar(
@@ -85,6 +87,7 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
             xerr=(xerr.iloc[idx] * sx).where(lambda s: s > 0) if xerr.iloc[idx].any() else None,
             yerr=(yerr.iloc[idx] * sy).where(lambda s: s > 0) if yerr.iloc[idx].any() else None,
             fmt=_MARKERS[g % len(_MARKERS)],
+            color=colors[g % len(colors)],
             capsize=3,
             markersize=6,
             label=None if plot.hue is None else str(hue),
@@ -129,9 +132,10 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
     ax.set_title("\n".join(textwrap.wrap(f"{spec.title}: {ylabel} vs {xlabel}", 70)), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, title=spec.row_label(plot.hue) if plot.hue else None, title_fontsize=8)
+        beside = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if len(groups) > 6 else {}  # not over points
+        ax.legend(fontsize=8, title=spec.row_label(plot.hue) if plot.hue else None, title_fontsize=8, **beside)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return True
 
 

@@ -96,9 +96,9 @@ def natural_key(value: Any) -> tuple[Any, ...]:
     return (1, tuple(int(p) if i % 2 else p.lower() for i, p in enumerate(parts)))
 
 
-def _row_key(spec: ReportSpec, row: str, value: Any) -> tuple[Any, ...]:
+def row_sort_key(spec: ReportSpec, row: str | None, value: Any) -> tuple[Any, ...]:
     """Sort key of one row param's value: its place in ``spec.order[row]``, then natural order."""
-    listed = [_clean(v) for v in spec.order.get(row, ())]
+    listed = [_clean(v) for v in spec.order.get(row or "", ())]
     value = _clean(value)
     return (listed.index(value), ()) if value in listed else (len(listed), natural_key(value))
 
@@ -146,7 +146,7 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
             raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
     runs = runs.assign(**{_KEY: [tuple(_clean(v) for v in t) for t in runs[list(spec.rows)].itertuples(index=False)]})
     keys = sorted(
-        set(runs[_KEY]), key=lambda k: tuple(_row_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True))
+        set(runs[_KEY]), key=lambda k: tuple(row_sort_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True))
     )
     used = runs[runs["state"].isin(spec.include_states)]
 
