@@ -53,7 +53,7 @@ def chained_trial(
             experiment=experiment,
             parent_run_id=trial_run,
             tags={STAGE: "pretrain"},
-            name=f"{name} | pretrain",
+            name=f"{name} | {cfg.regime}",  # | pretrain, | distill, | prune, | quant
             callbacks=callbacks,
             checkpoint=checkpoint,
             resume=resume,

@@ -69,6 +69,10 @@ def test_a_chained_trial_nests_its_stages_and_carries_their_metrics(tmp_path, wi
         assert sorted(s.data.tags["ablate.stage"] for s in stages) == ["finetune:sst2", "pretrain"]
         pre = next(s for s in stages if s.data.tags["ablate.stage"] == "pretrain")
         ft = next(s for s in stages if s.data.tags["ablate.stage"] != "pretrain")
+        assert (
+            pre.info.run_name == f"{trial.info.run_name} | {pre.data.params['regime']}"
+            and pre.data.params["regime"] == "pretrain"
+        )  # the model's stage is named by its regime (| distill, | prune, | quant elsewhere)
         assert trial.data.tags["ablate.pretrain_run"] == pre.info.run_id == ft.data.tags["ablate.pretrain_run"]
         assert ft.data.params["finetune.source"] == f"runs:/{pre.info.run_id}"
         assert {k: m.get(k) for k in pre.data.metrics} == pre.data.metrics  # the trial carries the stage's figures
