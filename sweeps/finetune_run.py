@@ -25,7 +25,7 @@ from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.finetune import FinetuneModule
 from ablate.lightning_modules.quantization.apply import prepare_qat, stored_bytes
 from ablate.sweeps import tracking
-from ablate.sweeps.quant_run import first_batches, mean_loss, quantized_model, validate
+from ablate.sweeps.quant_run import quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
 from ablate.sweeps.weights import load_source
 
@@ -36,9 +36,9 @@ def quantize_classifier(
     """Quantize ``module``'s fine-tuned classifier as ``cfg.quant`` says (``weight-mixed``: layers ranked on
     training batches by the classification loss) and score the dev set with it on the CPU."""
     f = cfg.finetune
-    batches = first_batches(data, cfg.quant.calib_batches) if cfg.quant.method == "weight-mixed" else []
-    loss = mean_loss(batches, lambda m, b: F.cross_entropy(m(b).float(), b["labels"]))
-    quantized, _, bits = quantized_model(module.model, cfg, loss)
+    quantized, _, bits = quantized_model(
+        module.model, cfg, data, lambda m, b: F.cross_entropy(m(b).float(), b["labels"])
+    )
     module.model = quantized  # the same dev metrics, on the quantized classifier
     scores = validate(module, cfg, data)
     out = {

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+import pandas as pd
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
@@ -30,7 +31,7 @@ from torch import nn
 from ablate.lightning_modules.accounting import quantized_counts
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.pretrain import PretrainModule
-from ablate.lightning_modules.quantization.apply import quantize, stored_bytes
+from ablate.lightning_modules.quantization.apply import prepare_qat, quantize, stored_bytes
 from ablate.lightning_modules.quantization.mixed import average_bits, choose_plan
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
@@ -66,27 +67,26 @@ def first_batches(data: pl.LightningDataModule, n: int) -> list[dict[str, torch.
     return batches
 
 
-def mean_loss(batches: Iterable[dict[str, torch.Tensor]], loss: Callable[[nn.Module, Any], torch.Tensor]):  # noqa: ANN201
-    """A model's mean ``loss`` over ``batches`` (eval mode, no gradients)."""
-    batches = list(batches)
-
-    def of(model: nn.Module) -> float:
-        model.eval()
-        with torch.inference_mode():
-            return sum(float(loss(model, b)) for b in batches) / len(batches)
-
-    return of
-
-
-def quantized_model(model: nn.Module, cfg: ExperimentConfig, loss: Callable[[nn.Module], float] | None):  # noqa: ANN201
-    """A quantized copy of ``model`` (left as it is) and, for ``weight-mixed``, the table of its plan;
-    ``loss`` scores a model on calibration batches (needed by ``weight-mixed`` only)."""
+def quantized_model(
+    model: nn.Module,
+    cfg: ExperimentConfig,
+    data: pl.LightningDataModule,
+    loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+) -> tuple[nn.Module, pd.DataFrame | None, float | None]:
+    """A quantized copy of ``model`` (left as it is), for ``weight-mixed`` the table of its plan, and its
+    bits per quantized weight. ``weight-mixed`` ranks the layers by ``loss`` (of a model on a batch)
+    over the first ``quant.calib_batches`` training batches of ``data``."""
     model = copy.deepcopy(model).cpu().eval()
     if cfg.quant.method != "weight-mixed":
-        bits = cfg.quant.average_bits
-        return quantize(model, cfg.quant), None, bits
-    assert loss is not None, "weight-mixed needs a calibration loss"
-    plan, table = choose_plan(model, loss, cfg.quant)
+        return quantize(model, cfg.quant), None, cfg.quant.average_bits
+    batches = first_batches(data, cfg.quant.calib_batches)
+
+    def mean_loss(m: nn.Module) -> float:
+        m.eval()
+        with torch.inference_mode():
+            return sum(float(loss(m, b)) for b in batches) / len(batches)
+
+    plan, table = choose_plan(model, mean_loss, cfg.quant)
     return quantize(model, cfg.quant, plan), table, average_bits(model, plan)
 
 
@@ -102,9 +102,7 @@ def quantize_and_log(
     """Quantize a trained pre-training model as ``cfg.quant`` says, evaluate it, log it (see the
     module's docstring) at ``step``; the metrics logged. ``fp32``: the float model's MLM metrics."""
     eval_cfg = on_cpu(cfg)
-    batches = first_batches(data, cfg.quant.calib_batches) if cfg.quant.method == "weight-mixed" else []
-    loss = mean_loss(batches, lambda m, b: m(b).mlm_loss)
-    quantized, table, bits = quantized_model(model, cfg, loss)
+    quantized, table, bits = quantized_model(model, cfg, data, lambda m, b: m(b).mlm_loss)
     metrics = validate(PretrainModule(eval_cfg, quantized), eval_cfg, data)
     metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
     if "val/mlm_acc" in fp32 and "val/mlm_acc" in metrics:
@@ -125,10 +123,8 @@ def quant_train(
 ) -> dict[str, float]:
     """The ``quant`` regime in run ``run_id``: evaluate ``source``, train it with fake quantization for
     ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it."""
-    from ablate.lightning_modules.quantization.apply import prepare_qat
-
-    model = source.model
-    fp32 = validate(PretrainModule(on_cpu(cfg), model), on_cpu(cfg), data)
+    model, eval_cfg = source.model, on_cpu(cfg)
+    fp32 = validate(PretrainModule(eval_cfg, model), eval_cfg, data)
     step = 0
     if cfg.quant.method == "qat-int8":
         model = prepare_qat(model)

@@ -27,7 +27,7 @@ from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
 from ablate.sweeps.quant_run import quant_train, quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
-from ablate.sweeps.weights import check_positions, check_same_tokenizer, load_source, log_weights
+from ablate.sweeps.weights import Source, check_positions, check_same_tokenizer, load_source, log_weights
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
@@ -61,6 +61,17 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
         check_same_tokenizer(teacher, tokenizer)
     module = DistillModule(cfg, teacher.model, teacher.model_cfg, student)
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
+
+
+def checked_source(cfg: ExperimentConfig, field: str, uri: str, tokenizer: Path) -> Source:
+    """The model ``field`` (``prune.source``, ``quant.source``) names, loaded and checked against this
+    run's tokenizer and sequence length, before the run exists."""
+    section, key = field.split(".")
+    with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
+        source = load_source(getattr(getattr(cfg, section), key), uri, Path(tmp), field=field)
+        check_same_tokenizer(source, tokenizer, field=field)
+        check_positions(source, cfg.data.max_length, field=field)
+    return source
 
 
 def _fit_run(
@@ -152,10 +163,7 @@ def train(
     uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tokenizer = Path(data.tokenizer_path)
     if cfg.regime == "quant":
-        with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
-            source = load_source(cfg.quant.source, uri, Path(tmp), field="quant.source")
-            check_same_tokenizer(source, tokenizer, field="quant.source")
-            check_positions(source, cfg.data.max_length, field="quant.source")
+        source = checked_source(cfg, "quant.source", uri, tokenizer)
         cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
         inputs, measured_on = metric_counts(source.model, cfg.model, cfg)
         module_tags = {tracking.SOURCE: source.run_id or source.source}
@@ -171,10 +179,7 @@ def train(
         def work(client: Any, run_id: str) -> dict[str, float]:
             return _fit_run(module, cfg, data, uri, client, run_id, callbacks or [], checkpoint, resume)
     else:
-        with tempfile.TemporaryDirectory(prefix="ablate-source-") as tmp:
-            source = load_source(cfg.prune.source, uri, Path(tmp), field="prune.source")
-            check_same_tokenizer(source, tokenizer, field="prune.source")
-            check_positions(source, cfg.data.max_length, field="prune.source")
+        source = checked_source(cfg, "prune.source", uri, tokenizer)
         try:  # a source that layer surgery cannot shrink (shared layers ...) fails before the run exists
             if cfg.prune.method != "fewer-layers":  # which only drops whole layers
                 check_supported(source.model_cfg)
