@@ -9,8 +9,6 @@ correlation, logged as ``<task>/accuracy``, ``<task>/f1``, ``<task>/mcc`` and
 
 from __future__ import annotations
 
-import copy
-
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
@@ -18,57 +16,10 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
 
+from ablate.lightning_modules.classifier import build_classifier
 from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.encoder import Encoder
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.pretrain import adamw, clip_gradients, param_groups, use_tensor_cores, warmup_linear_decay
-
-
-class ClassificationHead(nn.Module):
-    """``classifier(dropout(tanh(pooler(h_cls))))``."""
-
-    def __init__(self, pooler: nn.Linear, classifier: nn.Linear, dropout: float) -> None:
-        super().__init__()
-        self.pooler, self.classifier, self.dropout = pooler, classifier, nn.Dropout(dropout)
-
-    def forward(self, cls: torch.Tensor) -> torch.Tensor:
-        """cls: (B, H) -> logits (B, C)."""
-        return self.classifier(self.dropout(torch.tanh(self.pooler(cls))))
-
-
-class Classifier(nn.Module):
-    """A pre-trained encoder with a classification head."""
-
-    def __init__(self, encoder: Encoder, head: ClassificationHead) -> None:
-        super().__init__()
-        self.encoder, self.head = encoder, head
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))  # (B, T, H)
-        return self.head(hidden[:, 0])  # (B, C)
-
-
-def build_classifier(pretrained: PretrainingModel, num_labels: int, dropout: float, init_std: float) -> Classifier:
-    """A copy of ``pretrained``'s encoder with a fresh classifier (and its pooler, when it has one)."""
-    sentence = pretrained.sentence_head
-    pooler = copy.deepcopy(sentence.pooler) if sentence is not None else None
-    if pooler is None:
-        width = _hidden_width(pretrained.encoder)
-        pooler = nn.Linear(width, width)
-        nn.init.normal_(pooler.weight, std=init_std)
-        nn.init.zeros_(pooler.bias)
-    classifier = nn.Linear(pooler.out_features, num_labels)
-    nn.init.normal_(classifier.weight, std=init_std)
-    nn.init.zeros_(classifier.bias)
-    return Classifier(copy.deepcopy(pretrained.encoder), ClassificationHead(pooler, classifier, dropout))
-
-
-def _hidden_width(encoder: Encoder) -> int:
-    """H, read off the encoder (the width of its output)."""
-    emb = encoder.embeddings
-    if emb.projection is not None:
-        return emb.projection.out_features
-    return emb.trigram.linear.out_features if emb.trigram is not None else emb.word.embedding_dim
 
 
 class FinetuneModule(pl.LightningModule):

@@ -38,6 +38,20 @@ class FinetuneConfig:
         val_every: validate on the dev set every this many steps.
         patience: stop after this many validations without improving ``metric``.
         metric: the dev metric for early stopping and the run's result.
+        augment_copies: TinyBERT's data augmentation: this many augmented copies of each
+            training example are added to the training set (0 = none; the paper uses 20).
+        augment_prob: the probability that a word of a copy is replaced by a candidate from
+            the masked LM's predictions for it (TinyBERT's p_t).
+        augment_top_k: candidates per word: the masked LM's top K predictions (TinyBERT's K).
+        augment_model: the masked LM that proposes candidates: ``runs:/RUN_ID``, an ``ablate
+            export`` folder or a transformers checkpoint, with its MLM head; None = the
+            fine-tuned model's own source (``finetune.source``).
+        exits: FastBERT: an exit classifier after every layer but the last, trained by
+            self-distillation from the final classifier once fine-tuning ends.
+        exit_steps: steps of FastBERT's self-distillation (the backbone and final classifier
+            frozen; only the exits train).
+        exit_speeds: the speed thresholds evaluated: a sample leaves at the first layer whose
+            exit's normalized entropy is below the threshold (0 = every layer runs).
     """
 
     source: str | None = None
@@ -54,3 +68,10 @@ class FinetuneConfig:
     val_every: Annotated[int, Field(gt=0)] = 100
     patience: Annotated[int, Field(ge=1)] = 3
     metric: Metric = "accuracy"
+    augment_copies: Annotated[int, Field(ge=0, le=100)] = 0
+    augment_prob: Annotated[float, Field(gt=0.0, le=1.0)] = 0.4
+    augment_top_k: Annotated[int, Field(ge=1, le=1000)] = 15
+    augment_model: str | None = None
+    exits: bool = False
+    exit_steps: Annotated[int, Field(ge=0)] = 0
+    exit_speeds: tuple[Annotated[float, Field(ge=0.0, le=1.0)], ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
