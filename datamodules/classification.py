@@ -5,11 +5,14 @@
 (``glue/sst2``, ``path/config``, ``path:config``) whose ``train``/``validation`` splits go to the
 ``datasets`` cache. A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).
 Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
-``attention_mask`` (B, T) bool; ``labels`` (B,) long.
+``attention_mask`` (B, T) bool; ``labels`` (B,) long. With ``finetune.augment_copies``, the training
+split is enlarged by TinyBERT's data augmentation (:mod:`ablate.datamodules.augment`), cached on disk.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -24,10 +27,13 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from ablate.datamodules.tokenizer import special_ids
+from ablate.datamodules.augment import augment_rows, cached_augmentation, sample_table, vocab_digest
+from ablate.datamodules.tokenizer import cache_root, special_ids
 from ablate.datamodules.transfer import packed, unpack
+from ablate.lightning_modules.config import DataConfig
 from ablate.lightning_modules.errors import ConfigError, DataError
 from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.heads import PretrainingModel
 
 _BUILDERS = {".tsv": "csv", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 _PATH_SUFFIXES = {*_BUILDERS, ".gz", ".txt", ".parquet", ".tar", ".zip"}
@@ -204,12 +210,22 @@ class ClassificationDataModule(pl.LightningDataModule):
         seed: seeds the training order (the same seed gives the same batches).
         num_workers: DataLoader workers (0: collate in the main process).
         limit_train: keep only the first N training examples (quick runs, tests).
+        mlm: the masked LM that proposes replacements for ``finetune.augment_copies`` (the caller
+            resolves ``finetune.augment_model``); unused without augmentation.
+        cache_dir: where augmented training sets are cached (under ``augment/``); None:
+            ``$ABLATE_CACHE`` or ``~/.cache/ablate``, as ``data.cache_dir``'s default.
+        mlm_id: the masked LM's identity (a run id, a path), part of the cache key.
 
     Attributes:
-        tokenizer, train_set, val_set: the tokenizer and the tokenized splits (after ``setup``).
+        tokenizer, train_set, val_set: the tokenizer and the tokenized splits (after ``setup``);
+            with augmentation, ``train_set`` holds the originals, then every example's copies
+            (example 0's first), each with its original's label.
+        augment_sample: a TSV of the first examples and their copies (after ``setup``), or None
+            without augmentation.
 
     Raises:
-        ConfigError: ``finetune.train`` is unset, or ``finetune.validation`` is unset for a local file.
+        ConfigError: ``finetune.train`` is unset, ``finetune.validation`` is unset for a local file,
+            or ``finetune.augment_copies`` is set without ``mlm``.
         DataError: a local file is missing or has an unknown extension.
     """
 
@@ -220,6 +236,9 @@ class ClassificationDataModule(pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         limit_train: int | None = None,
+        mlm: PretrainingModel | None = None,
+        cache_dir: str | Path | None = None,
+        mlm_id: str = "",
     ) -> None:
         super().__init__()
         if limit_train is not None and limit_train <= 0:
@@ -232,6 +251,14 @@ class ClassificationDataModule(pl.LightningDataModule):
         if cfg.validation is None and self._train_src.files:
             raise ConfigError("finetune.validation: required for a local train file")
         self._val_src = _resolve("finetune.validation", cfg.validation or cfg.train, "validation")
+        if cfg.augment_copies > 0 and mlm is None:
+            raise ConfigError(
+                "finetune.augment_copies: augmentation needs a masked LM "
+                "(finetune.augment_model or a finetune.source with an MLM head)"
+            )
+        self.mlm, self.mlm_id = mlm, mlm_id
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else cache_root(DataConfig())
+        self.augment_sample: str | None = None
         self.tokenizer: Tokenizer | None = None
         self.train_set: EncodedSplit | None = None
         self.val_set: EncodedSplit | None = None
@@ -253,12 +280,44 @@ class ClassificationDataModule(pl.LightningDataModule):
             raise DataError(f"{self.tokenizer_path}: cannot load the tokenizer: {first}") from None
         return tok
 
-    def _encode(self, src: _Source, limit: int | None) -> EncodedSplit:
+    def _encode(self, src: _Source, limit: int | None, augment: bool = False) -> EncodedSplit:
         assert self.tokenizer is not None
         cols = _read(src, [self.cfg.label_field, *self.cfg.text_fields], limit)
         labels = _check_labels(src, cols[self.cfg.label_field], self.cfg.num_labels)
         texts = [["" if t is None else str(t) for t in cols[f]] for f in self.cfg.text_fields]
+        if augment and self.cfg.augment_copies > 0:
+            rows = [list(row) for row in zip(*texts, strict=True)]
+            copies = self._augment(src, rows)
+            texts = [col + [row[f] for row in copies] for f, col in enumerate(texts)]
+            labels = labels + [y for y in labels for _ in range(self.cfg.augment_copies)]
+            self.augment_sample = sample_table(rows, copies, self.cfg.augment_copies)
         return encode(self.tokenizer, texts, labels, self.cfg.max_length)
+
+    def _augment(self, src: _Source, rows: list[list[str]]) -> list[list[str]]:
+        """TinyBERT's augmented copies of the training ``rows``, cached by everything they depend on."""
+        assert self.tokenizer is not None and self.mlm is not None
+        tok, mlm, cfg = self.tokenizer, self.mlm, self.cfg
+        norm = tok.normalizer
+        lowercase = norm is not None and norm.normalize_str("A") == "a"  # the vocabulary is uncased
+        files = [{"path": f, "size": os.path.getsize(f), "mtime": os.path.getmtime(f)} for f in src.files]
+        key: dict[str, object] = {
+            "train": src.name,
+            "files": files,
+            "texts": hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest(),
+            "model": self.mlm_id,
+            "copies": cfg.augment_copies,
+            "prob": cfg.augment_prob,
+            "top_k": cfg.augment_top_k,
+            "seed": self.seed,
+            "vocab": vocab_digest(tok),
+            "lowercase": lowercase,
+        }
+
+        def compute() -> list[list[str]]:
+            args = (cfg.augment_copies, cfg.augment_prob, cfg.augment_top_k, self.seed, lowercase)
+            return augment_rows(rows, tok, mlm, *args)
+
+        return cached_augmentation(self.cache_dir, key, compute)
 
     def setup(self, stage: str | None = None) -> None:
         """Read, check and tokenize both splits (first call only).
@@ -270,7 +329,7 @@ class ClassificationDataModule(pl.LightningDataModule):
         if self.train_set is not None:
             return
         self.tokenizer = self._load_tokenizer()
-        train = self._encode(self._train_src, self.limit_train)
+        train = self._encode(self._train_src, self.limit_train, augment=True)
         self.val_set, self.train_set = self._encode(self._val_src, None), train
 
     def _ready(self) -> tuple[EncodedSplit, EncodedSplit]:
@@ -280,7 +339,7 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     @property
     def num_train(self) -> int:
-        """Training examples (after ``limit_train``)."""
+        """Training examples (after ``limit_train``; with augmentation, the copies included)."""
         return len(self._ready()[0])
 
     @property
