@@ -220,7 +220,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     run_id = args.run.removeprefix(RUNS).strip("/")
     uri = tracking.resolve_tracking_uri(args.tracking_uri, "ablate-runs")
     written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub)
-    extra = "" if written.tokenizer else "; no tokenizer: the run logged none"
+    extra = "; a fine-tuned sequence classifier" if written.classifier else ""
+    extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
     print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
     if api is not None:
         from ablate.lightning_modules.hf_export import push_to_hub
@@ -289,7 +290,8 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_report)
     s = sub.add_parser(
         "export",
-        help="export a run's trained weights, tokenizer and model card (a transformers model when expressible)",
+        help="export a run's trained weights, tokenizer and model card (a transformers model when expressible; "
+        "a fine-tuning run's classifier as a sequence classifier)",
     )
     s.add_argument("run", help="MLflow run id or runs:/RUN_ID (the run must have saved its model/ artifacts)")
     s.add_argument("out_dir", help="new or empty output folder")

@@ -8,7 +8,8 @@
   ``AutoTokenizer.from_pretrained(folder)`` loads it and ablate's own readers
   (``tokenizers.Tokenizer.from_file``) read the same ``tokenizer.json``.
 - :func:`model_card`: the folder's ``README.md`` (Hub metadata, how to load it, parameter and
-  FLOP counts, the run's final metrics, the resolved config).
+  FLOP counts, the run's final metrics, the resolved config); for a fine-tuned classifier also
+  its task, labels and dev metric, and that FastBERT's exits are not exported.
 - :func:`hub_api` / :func:`push_to_hub`: upload the folder with ``huggingface_hub`` (imported
   only when asked for).
 """
@@ -27,6 +28,7 @@ from ablate.lightning_modules.errors import AblateError, ConfigError, StorageErr
 if TYPE_CHECKING:  # torch, tokenizers and transformers are imported when used: Hub checks answer without them
     from tokenizers import Tokenizer
 
+    from ablate.lightning_modules.classifier import Classifier
     from ablate.lightning_modules.heads import PretrainingModel
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -140,7 +142,7 @@ def _metric_rows(metrics: Mapping[str, float]) -> list[str]:
 
 
 def model_card(
-    model: PretrainingModel,
+    model: PretrainingModel | Classifier,
     cfg: ExperimentConfig,
     *,
     hf_class: str | None,
@@ -153,69 +155,85 @@ def model_card(
     """The ``README.md`` of an export folder.
 
     Args:
-        model: the exported model (counted with :func:`accounting.param_report`).
+        model: the exported model (counted with :func:`accounting.param_report`), or a fine-tuned
+            :class:`Classifier` (its card names the task, labels and dev metric, and says that
+            FastBERT's exits are not exported).
         cfg: its resolved config (shown as YAML, URL passwords masked).
-        hf_class: the transformers ``*ForPreTraining`` class written, or None for an ablate export.
+        hf_class: the transformers ``*ForPreTraining`` (``*ForSequenceClassification``) class
+            written, or None for an ablate export.
         why_not: why an ablate export has no transformers equivalent.
         tokens: the size of the tokenizer saved beside the weights; None when there is none.
         metrics: the run's final metrics (learning rates, ``epoch`` and the counts left out).
         source: where the weights come from (``runs:/RUN_ID``).
         repo: the name to load it by in the usage example (a Hub repository), else the folder.
     """
-    from ablate.lightning_modules.accounting import param_report
+    from ablate.lightning_modules.classifier import Classifier
 
+    classifier = isinstance(model, Classifier)
     m, where = cfg.model, repo or "PATH/TO/THIS/FOLDER"
-    report = param_report(model, m, cfg.data.max_length)
-    family = hf_class.removesuffix("ForPreTraining").lower() if hf_class else None
-    tags = ["ablate", "masked-lm", *([family] if family else [])]
-    front = ["---", *(["library_name: transformers", "pipeline_tag: fill-mask"] if hf_class else [])]
+    family = (
+        hf_class.removesuffix("ForSequenceClassification").removesuffix("ForPreTraining").lower() if hf_class else None
+    )
+    task = ["text-classification", cfg.finetune.task] if classifier else ["masked-lm"]
+    tags = ["ablate", *task, *([family] if family else [])]
+    pipeline_tag = "text-classification" if classifier else "fill-mask"
+    front = ["---", *(["library_name: transformers", f"pipeline_tag: {pipeline_tag}"] if hf_class else [])]
     front += ["tags:", *(f"- {t}" for t in tags), "---", ""]
     title = repo.rsplit("/", 1)[-1] if repo else cfg.tracking.run_name or cfg.name
     what = f"a transformers `{hf_class}` checkpoint" if hf_class else "an ablate checkpoint (not a transformers model)"
-    lines = [
-        *front,
-        f"# {title}",
-        "",
-        f"{'An' if family == 'albert' else 'A'} {_FAMILY_NAMES.get(family or '', 'BERT-family')} encoder "
-        f"trained with ablate (regime `{cfg.regime}`)" + (f" in {source}" if source else "") + f", exported as {what}.",
-    ]
-    lines += ["", "## Use", ""]
-    if hf_class:
-        lines += [
-            "```python",
-            "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
-            "",
-            f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
-            f'model = AutoModelForMaskedLM.from_pretrained("{where}")',
-            f'fill = pipeline("fill-mask", model="{where}")',
-            'print(fill("The capital of France is [MASK]."))',
-            "```",
-            "",
-            f"`{hf_class}` loads the sentence head ({'SOP' if family == 'albert' else 'NSP'}) too; "
-            "`AutoModelForSequenceClassification` starts a classifier from the same weights. "
-            "In ablate, a local copy of this folder is a `finetune.source` (fine-tuned with this folder's "
-            "tokenizer) and an `init_from` (pre-training continues; the run's data settings must give "
-            "the same tokenizer).",
-        ]
-        if family == "mobilebert" and m.mlm_head != "mobilebert":
-            lines += [
-                "",
-                "Its MLM head is ablate's `factorized` one, approximated in transformers (the encoder is exact).",
-            ]
+    name = f"{'An' if family == 'albert' else 'A'} {_FAMILY_NAMES.get(family or '', 'BERT-family')}"
+    lines = [*front, f"# {title}", ""]
+    if isinstance(model, Classifier):
+        lines += _classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where)
     else:
         lines += [
+            f"{name} encoder trained with ablate (regime `{cfg.regime}`)"
+            + (f" in {source}" if source else "")
+            + f", exported as {what}.",
+            "",
+            "## Use",
+            "",
+        ]
+        if hf_class:
+            lines += [
+                "```python",
+                "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+                "",
+                f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+                f'model = AutoModelForMaskedLM.from_pretrained("{where}")',
+                f'fill = pipeline("fill-mask", model="{where}")',
+                'print(fill("The capital of France is [MASK]."))',
+                "```",
+                "",
+                f"`{hf_class}` loads the sentence head ({'SOP' if family == 'albert' else 'NSP'}) too; "
+                "`AutoModelForSequenceClassification` starts a classifier from the same weights. "
+                "In ablate, a local copy of this folder is a `finetune.source` (fine-tuned with this folder's "
+                "tokenizer) and an `init_from` (pre-training continues; the run's data settings must give "
+                "the same tokenizer).",
+            ]
+            if family == "mobilebert" and m.mlm_head != "mobilebert":
+                lines += [
+                    "",
+                    "Its MLM head is ablate's `factorized` one, approximated in transformers (the encoder is exact).",
+                ]
+    if not hf_class:
+        loader = "load_classifier" if classifier else "load_pretrained"
+        lines += [
             (f"No transformers class fits this model ({why_not}). " if why_not else "Saved in ablate's own format. ")
-            + "Load it with "
-            "`ablate.lightning_modules.interop.load_pretrained(folder)`, or name the folder as "
-            "`finetune.source` or `init_from` in an ablate config"
+            + f"Load it with `ablate.lightning_modules.interop.{loader}(folder)`"
+            + ("" if classifier else ", or name the folder as `finetune.source` or `init_from` in an ablate config")
             + (" (`AutoTokenizer.from_pretrained(folder)` loads its tokenizer)." if tokens is not None else "."),
         ]
     lines += ["", "## Tokenizer", ""]
     if tokens is not None:
+        origin = (
+            f"the tokenizer of its pre-trained model (`{cfg.finetune.source}`)"
+            if classifier
+            else f"trained on `{cfg.data.corpus}` (first {cfg.data.tokenizer_docs:,} documents)"
+        )
         lines.append(
             f"WordPiece, {tokens:,} tokens, {'lowercased' if cfg.data.lowercase else 'cased'}, "
-            f"`model_max_length` {m.max_position}; trained on `{cfg.data.corpus}` "
-            f"(first {cfg.data.tokenizer_docs:,} documents)."
+            f"`model_max_length` {m.max_position}; {origin}."
         )
     else:
         lines.append("None saved: use the tokenizer the model was trained with.")
@@ -229,12 +247,7 @@ def model_card(
         "|---|---:|",
         f"| architecture | V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} A={m.num_heads} "
         f"ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing} |",
-        f"| backbone parameters | {report.backbone:,} |",
-        f"| embedding parameters | {report.embedding:,} |",
-        f"| encoder parameters | {report.encoder:,} |",
-        f"| head parameters (MLM + sentence) | {report.heads:,} |",
-        f"| backbone + pooler (ALBERT paper / HF rule) | {report.paper_count:,} |",
-        f"| forward FLOPs per token (T={report.seq_len}) | {report.flops_per_token:,} |",
+        *_size_rows(model, cfg),
     ]
     rows = _metric_rows(metrics or {})
     if rows:
@@ -242,6 +255,94 @@ def model_card(
         lines += ["| metric | value |", "|---|---:|", *rows]
     lines += ["", "## Configuration", "", "```yaml", redact(to_yaml(cfg)).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _classifier_use(
+    model: Classifier,
+    cfg: ExperimentConfig,
+    name: str,
+    what: str,
+    hf_class: str | None,
+    metrics: Mapping[str, float],
+    source: str | None,
+    where: str,
+) -> list[str]:
+    """A classifier card's description and ``## Use`` section."""
+    f = cfg.finetune
+    pair = len(f.text_fields) == 2
+    inputs = "sentence pairs (" + ", ".join(f"`{t}`" for t in f.text_fields) + ")" if pair else "single sentences"
+    lines = [
+        f"{name} sequence classifier fine-tuned with ablate on the task `{f.task}` ({model.num_labels} labels, "
+        f"{inputs})" + (f" in {source}" if source else "") + f", exported as {what}. Its encoder was pre-trained "
+        f"as `{f.source}`.",
+    ]
+    score = next(
+        (metrics[k] for k in (f"{f.task}/final_{f.metric}", f"{f.task}/best_{f.metric}") if k in metrics), None
+    )
+    if score is not None:
+        base = metrics.get(f"{f.task}/majority_accuracy")
+        lines += [
+            "",
+            f"Dev {f.metric} (`finetune.metric`): **{score:.4g}** on `{f.validation or f.task}`"
+            + (f" (majority-class accuracy {base:.4g})." if base is not None else "."),
+        ]
+    exits = (
+        "Its FastBERT exit classifiers (`finetune.exits`) are not exported: transformers has no place for them, "
+        "so every layer runs and the final classifier decides."
+        if model.exits is not None or f.exits
+        else "It has no FastBERT exits (`finetune.exits`), which are never exported: transformers has no place "
+        "for them."
+    )
+    lines += [
+        "",
+        f"Class `i` is label `i` of the task's `{f.label_field}` column"
+        + (" (`id2label`: `LABEL_i` unless named at export)." if hf_class else ".")
+        + f" {exits}",
+        "",
+        "## Use",
+        "",
+    ]
+    if hf_class:
+        example = (
+            '{"text": "A man is playing.", "text_pair": "A person plays."}' if pair else '"A gripping, moving film."'
+        )
+        lines += [
+            "```python",
+            "from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline",
+            "",
+            f'classify = pipeline("text-classification", model="{where}")',
+            f"print(classify({example}))",
+            f'model = AutoModelForSequenceClassification.from_pretrained("{where}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+            "```",
+            "",
+            "In ablate, `ablate.lightning_modules.interop.load_classifier(folder)` loads it as ablate's classifier.",
+        ]
+    return lines
+
+
+def _size_rows(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> list[str]:
+    from ablate.lightning_modules.accounting import count, flops_per_token, param_report
+    from ablate.lightning_modules.classifier import Classifier
+
+    if isinstance(model, Classifier):
+        backbone, embedding, T = count(model.encoder), count(model.encoder.embeddings), cfg.finetune.max_length
+        return [
+            f"| backbone parameters | {backbone:,} |",
+            f"| embedding parameters | {embedding:,} |",
+            f"| encoder parameters | {backbone - embedding:,} |",
+            f"| head parameters (pooler + classifier) | {count(model.head):,} |",
+            f"| forward FLOPs per token (T={T}) | {flops_per_token(model.encoder, T):,} |",
+        ]
+    report = param_report(model, cfg.model, cfg.data.max_length)
+    return [
+        f"| backbone parameters | {report.backbone:,} |",
+        f"| embedding parameters | {report.embedding:,} |",
+        f"| encoder parameters | {report.encoder:,} |",
+        f"| head parameters (MLM + sentence) | {report.heads:,} |",
+        f"| backbone + pooler (ALBERT paper / HF rule) | {report.paper_count:,} |",
+        f"| forward FLOPs per token (T={report.seq_len}) | {report.flops_per_token:,} |",
+    ]
 
 
 def hub_api(repo: str) -> Any:

@@ -15,14 +15,16 @@
   either way.
 - :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
   ``init_from`` starts from (refusing a checkpoint whose tokenizer is not the run's).
+- A fine-tuned :class:`Classifier` exports the same way (:func:`export` takes one) as a
+  ``*ForSequenceClassification`` (:mod:`lightning_modules.interop_classifier`), without its
+  FastBERT exits; :func:`load_classifier` reads such folders and transformers classifier checkpoints.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,8 +32,8 @@ import torch
 import yaml
 
 from ablate.lightning_modules import names
+from ablate.lightning_modules.classifier import Classifier
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
-from ablate.lightning_modules.configio import load_config
 from ablate.lightning_modules.errors import ConfigError, require
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.hf_export import (
@@ -42,38 +44,36 @@ from ablate.lightning_modules.hf_export import (
     same_vocabulary,
     save_tokenizer,
 )
-from ablate.lightning_modules.interop_maps import CLASSES, Pair, family, hf_config, model_config, pairs
+from ablate.lightning_modules.interop_classifier import (
+    EXPORT_YAML,
+    WEIGHTS,
+    ablate_checkpoint,
+    checkpoint_folder,
+    hf_checkpoint,
+    load_weights,
+    to_transformers_classifier,
+    without_exits,
+    write_labels,
+)
+from ablate.lightning_modules.interop_classifier import (
+    load_classifier as load_classifier,  # re-exported: the loaders side by side
+)
+from ablate.lightning_modules.interop_maps import (
+    CLASSES,
+    CLASSIFIER_CLASSES,
+    albert_identity_in,
+    check_albert_identity_in,
+    check_covered,
+    copy_pairs,
+    family,
+    hf_class,
+    hf_config,
+    model_config,
+    pairs,
+)
 
 SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
-WEIGHTS, EXPORT_YAML = "model.safetensors", "ablate.yaml"
 _MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
-
-
-def _hf_class(name: str) -> Any:
-    transformers = require("transformers", "hf")
-
-    return getattr(transformers, CLASSES[name])
-
-
-@torch.no_grad()
-def _copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], mapping: list[Pair], to_hf: bool) -> set[str]:
-    """Copy every pair from ``src`` into ``dst`` (in place); the names of ``dst`` written."""
-    written = set()
-    for hf, ours, rows in mapping:
-        s, d = (ours, hf) if to_hf else (hf, ours)
-        value, target = src[s], dst[d]
-        if rows is not None:
-            value, target = (value[rows[0] : rows[1]], target) if to_hf else (value, target[rows[0] : rows[1]])
-        if value.shape != target.shape:
-            raise RuntimeError(f"interop map: {s} {tuple(value.shape)} does not fit {d} {tuple(target.shape)}")
-        target.copy_(value)
-        written.add(d)
-    return written
-
-
-def _check_covered(kind: str, names: set[str], written: set[str]) -> None:
-    if names - written:
-        raise RuntimeError(f"interop map misses {kind} parameters: {sorted(names - written)[:6]}")
 
 
 def state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -87,19 +87,16 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
     Without our sentence head, HF's pooler and NSP/SOP classifier keep HF's initialisation.
     """
     name = family(cfg)
-    hf = _hf_class(name)(hf_config(cfg, name))
+    hf = hf_class(name)(hf_config(cfg, name))
     hf.train(model.training)
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
     ours = {k.replace("_orig_mod.", ""): v for k, v in ours.items()}
     mapping = pairs(name, cfg, model.sentence_head is not None)
-    written = _copy(ours, theirs, mapping, to_hf=True)
+    written = copy_pairs(ours, theirs, mapping, to_hf=True)
     read = {p[1] for p in mapping}
     with torch.no_grad():
-        if name == "albert" and cfg.embed_dim == cfg.hidden_dim:  # our "no projection" is HF's identity mapping
-            mapping_in = hf.albert.encoder.embedding_hidden_mapping_in
-            mapping_in.weight.copy_(torch.eye(cfg.hidden_dim))
-            mapping_in.bias.zero_()
-            written |= {f"albert.encoder.embedding_hidden_mapping_in.{n}" for n in ("weight", "bias")}
+        if name == "albert":  # our "no projection" (E == H) is HF's identity mapping
+            written |= albert_identity_in(hf, cfg)
         if name == "mobilebert":
             E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
             exact = cfg.mlm_head == "mobilebert"  # same head: every tensor maps; else ours fills HF's first E rows
@@ -125,8 +122,8 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
             written |= {n for n in theirs if n.startswith(_MLM)}
             read |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
     untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
-    _check_covered("transformers", untouched, written)
-    _check_covered("ablate", set(ours), read)
+    check_covered("transformers", untouched, written)
+    check_covered("ablate", set(ours), read)
     return hf
 
 
@@ -142,24 +139,16 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     The sentence head is always built (``nsp`` for BERT and MobileBERT, ``sop`` for ALBERT).
     """
     name, cfg = model_config(hf.config)
-    if not isinstance(hf, _hf_class(name)):
+    if not isinstance(hf, hf_class(name)):
         raise ConfigError(f"{type(hf).__name__}: expected a {CLASSES[name]} (load it with that class)")
     theirs = dict(hf.named_parameters())
-    if name == "albert" and cfg.embed_dim == cfg.hidden_dim:
-        m = hf.albert.encoder.embedding_hidden_mapping_in
-        if not (
-            torch.equal(m.weight, torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device))
-            and not m.bias.any()
-        ):
-            raise ConfigError(
-                "embedding_hidden_mapping_in: with embedding_size == hidden_size ours has no "
-                "projection, so it must be the identity"
-            )
+    if name == "albert":
+        check_albert_identity_in(hf, cfg)
     model = build_pretraining_model(cfg, ObjectiveConfig(sentence=SENTENCE[name]))
     model.train(hf.training)
     ours = dict(model.named_parameters())
     mapping = pairs(name, cfg, True)
-    written = _copy(theirs, ours, mapping, to_hf=False)
+    written = copy_pairs(theirs, ours, mapping, to_hf=False)
     if name == "mobilebert":
         head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
         with torch.no_grad():
@@ -172,7 +161,7 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
                 param.copy_(value)
             head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
         written |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
-    _check_covered("ablate", set(ours), written)
+    check_covered("ablate", set(ours), written)
     return cfg, model
 
 
@@ -186,7 +175,7 @@ def expressible(cfg: ModelConfig) -> bool:
 
 
 def export(
-    model: PretrainingModel,
+    model: PretrainingModel | Classifier,
     cfg: ExperimentConfig,
     out_dir: str | Path,
     format: Literal["auto", "transformers", "ablate"] = "auto",  # noqa: A002 - the CLI's word
@@ -195,6 +184,7 @@ def export(
     metrics: Mapping[str, float] | None = None,
     source: str | None = None,
     repo: str | None = None,
+    labels: Sequence[str] | None = None,
 ) -> str:
     """Write ``model`` to a new folder ``out_dir``; return the format written.
 
@@ -205,15 +195,20 @@ def export(
     ``tokenizer`` (its JSON file), that tokenizer as a transformers tokenizer (``save_pretrained``:
     ``tokenizer.json`` + ``tokenizer_config.json``). ``auto`` picks transformers when expressible.
     ``source`` (``runs:/RUN_ID``) and ``repo`` (the Hub repository it is meant for) go in the card.
+    A fine-tuned :class:`Classifier` (``cfg``: its fine-tuning run's config, whose ``model`` is its
+    encoder's) becomes a ``*ForSequenceClassification`` (``id2label``: ``labels``, else ``LABEL_i``)
+    or our state dict, without FastBERT's exits either way; its card names the task and dev metric.
     Written to a temporary sibling and renamed, so a failure leaves nothing behind.
     """
-    out = Path(out_dir)
+    out, classifier = Path(out_dir), isinstance(model, Classifier)
     if cfg.quant.enabled:  # its model/ artifacts hold the float weights: never hand those out as the model
         where = f"its source {cfg.quant.source}" if cfg.quant.source else "the same run without quant.method"
         raise ConfigError(
             f"quant.method: {cfg.quant.method}: a quantized model has no transformers (or ablate) export, and "
             f"writing its float weights would not be this model; export {where} instead"
         )
+    if classifier and cfg.regime != "finetune":
+        raise ConfigError(f"regime: {cfg.regime!r}; a classifier is exported with its fine-tuning run's config")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: already exists and is not an empty folder")
     if format not in ("auto", "transformers", "ablate"):
@@ -225,7 +220,9 @@ def export(
         name, why_not = None, str(exc)
     if format == "auto":
         format = "transformers" if name is not None else "ablate"  # noqa: A001
-    hf = to_transformers(model, cfg.model) if format == "transformers" else None  # ConfigError says why not
+    hf = None  # ConfigError says why not expressible
+    if format == "transformers":
+        hf = to_transformers_classifier(model, cfg.model, labels) if classifier else to_transformers(model, cfg.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -240,15 +237,19 @@ def export(
         if hf is not None:
             require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Writing model shards" bar
             hf.save_pretrained(tmp)
+            if classifier:
+                write_labels(tmp)
         else:
             from safetensors.torch import save_file
 
-            save_file(state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+            state = without_exits(state_dict(model)) if classifier else state_dict(model)
+            save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
+        classes = CLASSIFIER_CLASSES if classifier else CLASSES
         card = model_card(
             model,
             cfg,
-            hf_class=CLASSES[name] if hf is not None and name is not None else None,
+            hf_class=classes[name] if hf is not None and name is not None else None,
             why_not=why_not,
             tokens=tokens,
             metrics=metrics,
@@ -265,50 +266,31 @@ def export(
     return format
 
 
+def _saved_regime(folder: Path) -> object:
+    """The ``regime`` an ablate folder's config names (None when it has none or it is unreadable)."""
+    for name in (EXPORT_YAML, "config.yaml"):
+        try:
+            tree = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        return tree.get("regime") if isinstance(tree, dict) else None
+    return None
+
+
 def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
     """Our config and model (in eval mode) from a transformers checkpoint folder (``config.json``,
     read locally with the matching ``*ForPreTraining``) or an ablate folder (``model.safetensors``
-    + ``ablate.yaml``, or ``config.yaml`` as in a run's ``model/`` artifacts)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ConfigError(f"{folder}: no such checkpoint folder")
+    + ``ablate.yaml``, or ``config.yaml`` as in a run's ``model/`` artifacts); ConfigError for an
+    ablate folder of a fine-tuned classifier (:func:`load_classifier` reads those)."""
+    folder = checkpoint_folder(path)
+    if _saved_regime(folder) == "finetune":
+        raise ConfigError(f"{folder}: a fine-tuned classifier, not a pre-trained model (load_classifier reads it)")
     if (folder / "config.json").is_file():
-        try:
-            model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{folder / 'config.json'}: unreadable ({exc})") from None
-        if model_type not in CLASSES:
-            raise ConfigError(
-                f"{folder / 'config.json'}: model_type {model_type!r} is not supported ({', '.join(CLASSES)})"
-            )
-        from safetensors import SafetensorError
-
-        hf_logging = require("transformers.utils.logging", "hf")
-
-        hf_logging.disable_progress_bar()  # no "Loading weights" bar on stderr
-        try:
-            hf = _hf_class(model_type).from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # missing, truncated, mismatched
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"{folder}: cannot load the transformers checkpoint ({first})") from None
-        cfg, model = from_transformers(hf)
+        cfg, model = from_transformers(hf_checkpoint(folder, CLASSES)[0])
         return cfg, model.eval()
-    yaml_path = next((folder / n for n in (EXPORT_YAML, "config.yaml") if (folder / n).is_file()), None)
-    if yaml_path is None or not (folder / WEIGHTS).is_file():
-        raise ConfigError(
-            f"{folder}: neither a transformers checkpoint (config.json) nor an ablate export "
-            f"({WEIGHTS} + {EXPORT_YAML})"
-        )
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    exp = load_config(yaml_path)
+    yaml_path, exp = ablate_checkpoint(folder)
     model = build_pretraining_model(exp.model, exp.objective)
-    try:
-        model.load_state_dict(load_file(str(folder / WEIGHTS)))
-    except (RuntimeError, SafetensorError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise ConfigError(f"{folder / WEIGHTS}: does not match {yaml_path.name} ({first})") from None
+    load_weights(model, folder, yaml_path)
     return exp.model, model.eval()
 
 

@@ -13,14 +13,17 @@ Three families are expressible:
 
 All need learned positions, token types, the embedding norm and uniform layers. The weight
 map is a list of :data:`Pair`: one HF parameter, our parameter, and the rows of ours it is
-(our fused ``qkv`` is ``[Q | K | V]`` rows; HF has separate query/key/value).
+(our fused ``qkv`` is ``[Q | K | V]`` rows; HF has separate query/key/value): :func:`pairs` for
+``*ForPreTraining``, :func:`classifier_pairs` for ``*ForSequenceClassification``, copied by :func:`copy_pairs`.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
+import torch
 from pydantic import ValidationError
 
 from ablate.lightning_modules import names
@@ -31,6 +34,19 @@ from ablate.lightning_modules.errors import ConfigError, require
 Pair = tuple[str, str, tuple[int, int] | None]
 
 CLASSES = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining", "mobilebert": "MobileBertForPreTraining"}
+CLASSIFIER_CLASSES = {
+    "bert": "BertForSequenceClassification",
+    "albert": "AlbertForSequenceClassification",
+    "mobilebert": "MobileBertForSequenceClassification",
+}
+# HF's pooler (dense + tanh on [CLS]; MobileBERT's only with classifier_activation) and NSP/SOP classifier
+POOLERS = {"bert": "bert.pooler.dense", "albert": "albert.pooler", "mobilebert": "mobilebert.pooler.dense"}
+_SENTENCE = {
+    "bert": "cls.seq_relationship",
+    "albert": "sop_classifier.classifier",
+    "mobilebert": "cls.seq_relationship",
+}
+HEAD = "head"  # Classifier.head: pooler + classifier
 # HF MobileBERT builds its embedding LayerNorm and each block's last FFN LayerNorm without eps (torch's 1e-5)
 MOBILEBERT_EPS = 1e-5
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
@@ -77,8 +93,16 @@ def family(cfg: ModelConfig) -> str:
     return name
 
 
-def hf_config(cfg: ModelConfig, name: str) -> Any:
-    """The transformers config of family ``name`` describing ``cfg``."""
+def hf_class(name: str, classes: dict[str, str] = CLASSES) -> Any:
+    """The transformers class of family ``name`` (``CLASSES`` or ``CLASSIFIER_CLASSES``)."""
+    transformers = require("transformers", "hf")
+
+    return getattr(transformers, classes[name])
+
+
+def hf_config(cfg: ModelConfig, name: str, **extra: Any) -> Any:
+    """The transformers config of family ``name`` describing ``cfg`` (``extra``: further fields,
+    e.g. a classifier's ``id2label`` and its dropout)."""
     transformers = require("transformers", "hf")
 
     common = dict(
@@ -98,18 +122,19 @@ def hf_config(cfg: ModelConfig, name: str) -> Any:
         attn_implementation="sdpa",
     )
     if name == "bert":
-        return transformers.BertConfig(**common)
+        return transformers.BertConfig(**common, **extra)
     if name == "albert":
         return transformers.AlbertConfig(
             **common,
             embedding_size=cfg.embed_dim,
             inner_group_num=1,
             num_hidden_groups=1 if cfg.sharing == "all" else cfg.num_layers,
-            classifier_dropout_prob=0.0,
+            **{"classifier_dropout_prob": 0.0, **extra},
         )
     neck = cfg.intra_dim is not None
     return transformers.MobileBertConfig(
         **common,
+        **extra,
         embedding_size=cfg.embed_dim,
         trigram_input=True,
         use_bottleneck=neck,
@@ -214,8 +239,8 @@ def _attention(hf: str, ours: str, cfg: ModelConfig, names: tuple[str, str, str]
     return out + _both(f"{hf}.{names[2]}", f"{ours}.qkv", (2 * width, 3 * width))
 
 
-def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
-    """Every HF <-> ours parameter pair of family ``name`` (without MobileBERT's MLM transform)."""
+def encoder_pairs(name: str, cfg: ModelConfig) -> list[Pair]:
+    """The HF <-> ours pairs of the encoder (embeddings and layers; HF's ``<family>.*`` but the pooler)."""
     base = {"bert": "bert", "albert": "albert", "mobilebert": "mobilebert"}[name]
     out: list[Pair] = [
         (f"{base}.embeddings.word_embeddings.weight", names.embeddings("word.weight"), None),
@@ -234,12 +259,6 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
                 *_both(f"{hf}.output.dense", f"{ffn}.inner.down"),
                 *_both(f"{hf}.output.LayerNorm", f"{ffn}.norm"),
             ]
-        out += [
-            *_both("cls.predictions.transform.dense", names.mlm_head("transform")),
-            *_both("cls.predictions.transform.LayerNorm", names.mlm_head("norm")),
-            ("cls.predictions.bias", names.mlm_head("bias"), None),
-        ]
-        heads = ("bert.pooler.dense", "cls.seq_relationship")
     elif name == "albert":
         if cfg.embed_dim != cfg.hidden_dim:
             out += _both("albert.encoder.embedding_hidden_mapping_in", names.embeddings("projection"))
@@ -253,12 +272,6 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
                 *_both(f"{hf}.ffn_output", f"{ffn}.inner.down"),
                 *_both(f"{hf}.full_layer_layer_norm", f"{ffn}.norm"),
             ]
-        out += [
-            *_both("predictions.dense", names.mlm_head("transform")),
-            *_both("predictions.LayerNorm", names.mlm_head("norm")),
-            ("predictions.bias", names.mlm_head("bias"), None),
-        ]
-        heads = ("albert.pooler", "sop_classifier.classifier")
     else:
         out += _both("mobilebert.embeddings.embedding_transformation", names.embeddings("trigram.linear"))
         shared_qk = cfg.intra_dim is not None and cfg.attention_input == "shared_qk"
@@ -296,8 +309,93 @@ def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
                         *_both(f"{hf}.bottleneck.attention.dense", f"{neck}.shared_qk.linear"),
                         *_both(f"{hf}.bottleneck.attention.LayerNorm", f"{neck}.shared_qk.norm"),
                     ]
-        out.append(("cls.predictions.bias", names.mlm_head("bias"), None))
-        heads = ("mobilebert.pooler.dense", "cls.seq_relationship")
-    if sentence:
-        out += [*_both(heads[0], names.sentence_head("pooler")), *_both(heads[1], names.sentence_head("classifier"))]
     return out
+
+
+def _mlm_pairs(name: str) -> list[Pair]:
+    if name == "bert":
+        return [
+            *_both("cls.predictions.transform.dense", names.mlm_head("transform")),
+            *_both("cls.predictions.transform.LayerNorm", names.mlm_head("norm")),
+            ("cls.predictions.bias", names.mlm_head("bias"), None),
+        ]
+    if name == "albert":
+        return [
+            *_both("predictions.dense", names.mlm_head("transform")),
+            *_both("predictions.LayerNorm", names.mlm_head("norm")),
+            ("predictions.bias", names.mlm_head("bias"), None),
+        ]
+    return [("cls.predictions.bias", names.mlm_head("bias"), None)]  # the transform is mapped by hand
+
+
+def pairs(name: str, cfg: ModelConfig, sentence: bool) -> list[Pair]:
+    """Every HF ``*ForPreTraining`` <-> ours parameter pair of family ``name`` (without MobileBERT's MLM transform)."""
+    out = encoder_pairs(name, cfg) + _mlm_pairs(name)
+    if sentence:
+        out += [
+            *_both(POOLERS[name], names.sentence_head("pooler")),
+            *_both(_SENTENCE[name], names.sentence_head("classifier")),
+        ]
+    return out
+
+
+def classifier_pairs(name: str, cfg: ModelConfig) -> list[Pair]:
+    """Every HF ``*ForSequenceClassification`` <-> :class:`Classifier` parameter pair of family ``name``
+    (its exits, if any, have no HF counterpart)."""
+    return [
+        *encoder_pairs(name, cfg),
+        *_both(POOLERS[name], f"{HEAD}.pooler"),
+        *_both("classifier", f"{HEAD}.classifier"),
+    ]
+
+
+@torch.no_grad()
+def copy_pairs(
+    src: Mapping[str, torch.Tensor], dst: Mapping[str, torch.Tensor], mapping: list[Pair], to_hf: bool
+) -> set[str]:
+    """Copy every pair from ``src`` into ``dst`` (in place); the names of ``dst`` written."""
+    written = set()
+    for hf, ours, rows in mapping:
+        s, d = (ours, hf) if to_hf else (hf, ours)
+        value, target = src[s], dst[d]
+        if rows is not None:
+            value, target = (value[rows[0] : rows[1]], target) if to_hf else (value, target[rows[0] : rows[1]])
+        if value.shape != target.shape:
+            raise RuntimeError(f"interop map: {s} {tuple(value.shape)} does not fit {d} {tuple(target.shape)}")
+        target.copy_(value)
+        written.add(d)
+    return written
+
+
+def check_covered(kind: str, names: set[str], written: set[str]) -> None:
+    """RuntimeError when a parameter of ``names`` was not mapped (a gap in the map, never the user's)."""
+    if names - written:
+        raise RuntimeError(f"interop map misses {kind} parameters: {sorted(names - written)[:6]}")
+
+
+_MAPPING_IN = "albert.encoder.embedding_hidden_mapping_in"
+
+
+@torch.no_grad()
+def albert_identity_in(hf: Any, cfg: ModelConfig) -> set[str]:
+    """With E == H ours has no projection: HF ALBERT's ``embedding_hidden_mapping_in`` becomes the identity;
+    the names written (none otherwise)."""
+    if cfg.embed_dim != cfg.hidden_dim:
+        return set()
+    mapping_in = hf.albert.encoder.embedding_hidden_mapping_in
+    mapping_in.weight.copy_(torch.eye(cfg.hidden_dim))
+    mapping_in.bias.zero_()
+    return {f"{_MAPPING_IN}.weight", f"{_MAPPING_IN}.bias"}
+
+
+def check_albert_identity_in(hf: Any, cfg: ModelConfig) -> None:
+    """ConfigError unless HF ALBERT's ``embedding_hidden_mapping_in`` is the identity where ours has none (E == H)."""
+    if cfg.embed_dim != cfg.hidden_dim:
+        return
+    m = hf.albert.encoder.embedding_hidden_mapping_in
+    eye = torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device)
+    if not (torch.equal(m.weight, eye) and not m.bias.any()):
+        raise ConfigError(
+            "embedding_hidden_mapping_in: with embedding_size == hidden_size ours has no projection, so it must be "
+            "the identity"
+        )

@@ -3,6 +3,10 @@
 
 The folder is an ablate checkpoint as :func:`lightning_modules.interop.load_pretrained` reads
 it, so ``ablate export`` (:func:`export_run`) and ``init_from`` (on a downloaded copy) both start from it.
+A fine-tuning run (regime ``finetune``) keeps its :class:`Classifier` the same way, read by
+:func:`lightning_modules.interop.load_classifier`: :func:`load_run_classifier` and
+:func:`load_classifier_source` load it (a distillation teacher), ``ablate export`` makes it a
+transformers sequence classifier, and the readers of pre-trained models refuse it by name.
 """
 
 from __future__ import annotations
@@ -12,22 +16,33 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from ablate.lightning_modules.classifier import Classifier
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, to_yaml
 from ablate.lightning_modules.configio import load_config
+from ablate.lightning_modules.encoder import build_encoder
 from ablate.lightning_modules.errors import AblateError, ConfigError, StorageError
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.hf_export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
-from ablate.lightning_modules.interop import WEIGHTS, export, load_pretrained, state_dict
+from ablate.lightning_modules.interop import WEIGHTS, export, load_classifier, load_pretrained, state_dict
 from ablate.sweeps import tracking
 
 ARTIFACT = "model"
 TOKENIZER_ARTIFACT = "tokenizer"  # the run's tokenizer file, logged when the run starts
 RUNS = "runs:/"  # distill.teacher: runs:/RUN_ID names a run of the same MLflow store
+RUN_KINDS = {
+    "pretrain": "a pre-training run",
+    "distill": "a distillation run",
+    "prune": "a pruning run",
+    "quant": "a quantization run",
+    "finetune": "a fine-tuning run",
+}
 
 
 def run_tokenizer(client: MlflowClient, run_id: str, workdir: Path) -> Path | None:
@@ -52,8 +67,16 @@ def log_weights(
     transformers tokenizer (``AutoTokenizer.from_pretrained`` reads the downloaded folder), or
     copied as ``tokenizer.json`` where transformers is not installed; a tokenizer that cannot be
     read is left out with a warning, never the weights.
+
+    A fine-tuning run's :class:`Classifier` is logged with its run's config (regime ``finetune``),
+    whose ``model`` must be the classifier's encoder (the source's: ``replace(cfg,
+    model=source.model_cfg)``) and ``finetune.num_labels`` its classes: ValueError otherwise, as
+    the weights could not be read back.
     """
     from safetensors.torch import save_file
+
+    if isinstance(module_model, Classifier):
+        _check_classifier_config(module_model, cfg)
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / ARTIFACT
@@ -69,31 +92,97 @@ def log_weights(
         client.log_artifacts(run_id, str(folder), ARTIFACT)
 
 
-def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, PretrainingModel]:
-    """The config and trained model saved by :func:`log_weights` in run ``run_id`` of store ``uri``.
+def _check_classifier_config(model: Classifier, cfg: ExperimentConfig) -> None:
+    """ValueError unless ``cfg`` describes ``model`` (what :func:`load_run_classifier` builds from it)."""
+    if cfg.regime != "finetune" or cfg.finetune.num_labels != model.num_labels:
+        raise ValueError(
+            f"log_weights: a {model.num_labels}-label classifier is logged with its fine-tuning run's config "
+            f"(regime finetune, finetune.num_labels {model.num_labels}); got regime {cfg.regime}, "
+            f"finetune.num_labels {cfg.finetune.num_labels}"
+        )
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in build_encoder(cfg.model).state_dict().items()}
+    have = {
+        k.removeprefix("encoder."): tuple(v.shape) for k, v in state_dict(model).items() if k.startswith("encoder.")
+    }
+    wrong = sorted(k for k in want if have.get(k) != want[k])
+    if wrong:
+        raise ValueError(
+            f"log_weights: cfg.model does not describe the classifier's encoder ({wrong[0]}); log the run's config "
+            "with model = the source's architecture (dataclasses.replace(cfg, model=source.model_cfg))"
+        )
 
-    StorageError when the store is missing or unreachable, ConfigError when the run is unknown or
-    saved no weights.
-    """
+
+def _client(uri: str) -> MlflowClient:
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise StorageError(f"--tracking-uri {uri}: no MLflow store there")
-    client = tracking.connect(uri)
+    return tracking.connect(uri)
+
+
+def _not_a_classifier(run_id: str, regime: str) -> ConfigError:
+    return ConfigError(f"{RUNS}{run_id} is {RUN_KINDS.get(regime, f'a {regime} run')}, not a fine-tuned classifier")
+
+
+def _a_classifier(run_id: str, source: object) -> ConfigError:
+    origin = f", from {source}" if source else ""
+    return ConfigError(
+        f"run {run_id} is a fine-tuned classifier (regime finetune{origin}), not a pre-trained model; "
+        f"start from its source, or read it as a classifier (ablate export, a fine-tuning run's distill.teacher)"
+    )
+
+
+def _load_run(
+    uri: str, run_id: str, want: Literal["pretrained", "classifier", "any"]
+) -> tuple[ExperimentConfig, PretrainingModel | Classifier]:
+    """The config and model run ``run_id`` saved with :func:`log_weights`; ``want`` refuses the other kind."""
+    client = _client(uri)
     try:
-        client.get_run(run_id)
+        run = client.get_run(run_id)
         names = {Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT)}
     except MlflowException:
         raise ConfigError(f"run {run_id}: no such run in {uri}") from None
+    params = run.data.params
+    regime = params.get("regime")
+    if want == "classifier" and regime is not None and regime != "finetune":
+        raise _not_a_classifier(run_id, regime)
+    if want == "pretrained" and regime == "finetune":
+        raise _a_classifier(run_id, params.get("finetune.source"))
     if not {WEIGHTS, "config.yaml"} <= names:
         raise ConfigError(f"run {run_id}: saved no weights (no {ARTIFACT}/{WEIGHTS} artifact)")
     tmp = tempfile.mkdtemp(prefix="ablate-weights-")
     try:
         local = Path(client.download_artifacts(run_id, ARTIFACT, tmp))
         cfg = load_config(local / "config.yaml")
-        _, model = load_pretrained(local)
+        if want == "classifier" and cfg.regime != "finetune":
+            raise _not_a_classifier(run_id, cfg.regime or "pretrain")
+        if want == "pretrained" and cfg.regime == "finetune":
+            raise _a_classifier(run_id, cfg.finetune.source)
+        model: PretrainingModel | Classifier
+        _, model = load_classifier(local) if cfg.regime == "finetune" else load_pretrained(local)
     except MlflowException as exc:
         raise StorageError(f"run {run_id}: cannot download its {ARTIFACT}/ artifacts ({exc.message})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return cfg, model
+
+
+def load_run_weights(uri: str, run_id: str) -> tuple[ExperimentConfig, PretrainingModel]:
+    """The config and trained model saved by :func:`log_weights` in run ``run_id`` of store ``uri``.
+
+    StorageError when the store is missing or unreachable, ConfigError when the run is unknown,
+    saved no weights or is a fine-tuning run (a classifier: :func:`load_run_classifier`).
+    """
+    cfg, model = _load_run(uri, run_id, "pretrained")
+    assert isinstance(model, PretrainingModel)
+    return cfg, model
+
+
+def load_run_classifier(uri: str, run_id: str) -> tuple[ExperimentConfig, Classifier]:
+    """The config and fine-tuned :class:`Classifier` (eval mode) a fine-tuning run saved with
+    :func:`log_weights`. As :func:`load_run_weights`; ConfigError for a run of another regime
+    (``runs:/ID is a pre-training run, not a fine-tuned classifier``)."""
+    cfg, model = _load_run(uri, run_id, "classifier")
+    assert isinstance(model, Classifier)
     return cfg, model
 
 
@@ -144,18 +233,65 @@ def load_source(
 
 
 @dataclass
+class ClassifierSource:
+    """A fine-tuned classifier to learn from (a task-distillation teacher): as :class:`Source`, with its classes."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: Classifier
+    num_labels: int
+    tokenizer: Path | None
+    run_id: str | None = None
+
+
+def load_classifier_source(
+    source: str, uri: str, workdir: Path, field: str, quantized: bool = False
+) -> ClassifierSource:
+    """The fine-tuned classifier ``field`` names: ``runs:/RUN_ID`` of a fine-tuning run in the store
+    ``uri`` (its tokenizer downloaded into ``workdir``) or a classifier folder (an ``ablate export``
+    of one, or a transformers ``*ForSequenceClassification`` checkpoint; its ``tokenizer.json``,
+    when it has one, is the tokenizer). One-line ConfigError/StorageError prefixed with ``field``;
+    a quantized run (whose artifacts hold its float weights) only when ``quantized``."""
+    try:
+        if not source.startswith(RUNS):
+            model_cfg, model = load_classifier(source)
+            tok = folder_tokenizer(source)
+            if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
+                raise ConfigError(
+                    f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)"
+                )
+            return ClassifierSource(source, model_cfg, model, model.num_labels, tok)
+        run_id = source.removeprefix(RUNS).strip("/")
+        with tracking.quiet_downloads():
+            cfg, model = load_run_classifier(uri, run_id)
+            if cfg.quant.enabled and not quantized:
+                raise ConfigError(
+                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
+                    "weights; use the same fine-tuning run without quant.method"
+                )
+            tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
+        return ClassifierSource(source, cfg.model, model, model.num_labels, tok, run_id)
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+
+
+@dataclass
 class Exported:
-    """What :func:`export_run` wrote: the format and whether the run's tokenizer went with it."""
+    """What :func:`export_run` wrote: the format, whether the run's tokenizer went with it and whether
+    it is a fine-tuned classifier (``*ForSequenceClassification``)."""
 
     format: str
     tokenizer: bool
+    classifier: bool = False
 
 
 def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo: str | None = None) -> Exported:  # noqa: A002
     """``ablate export``: run ``run_id``'s ``model/`` weights, its tokenizer and a model card with
-    its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`."""
+    its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`; a
+    fine-tuning run's classifier becomes a sequence classifier (``format`` auto: a transformers
+    ``*ForSequenceClassification`` when expressible)."""
     with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
-        cfg, model = load_run_weights(uri, run_id)
+        cfg, model = _load_run(uri, run_id, "any")
         client = tracking.connect(uri)
         tok = run_tokenizer(client, run_id, Path(tmp))
         run = client.get_run(run_id)
@@ -169,7 +305,7 @@ def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo:
             source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
             repo=repo,
         )
-    return Exported(written, tok is not None)
+    return Exported(written, tok is not None, isinstance(model, Classifier))
 
 
 def check_positions(source: Source, max_length: int, field: str) -> None:
@@ -182,7 +318,9 @@ def check_positions(source: Source, max_length: int, field: str) -> None:
         )
 
 
-def check_same_tokenizer(teacher: Source, student_tokenizer: Path, field: str = "distill.teacher") -> None:
+def check_same_tokenizer(
+    teacher: Source | ClassifierSource, student_tokenizer: Path, field: str = "distill.teacher"
+) -> None:
     """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
     teacher (or pruned model) must use this run's vocabulary."""
     from tokenizers import Tokenizer

@@ -1,0 +1,213 @@
+"""A fine-tuning run's classifier, kept as its ``model/`` artifacts: ``ablate export`` makes it a transformers
+sequence classifier whose ``text-classification`` pipeline labels real SST-2 sentences as ablate's own
+classifier does; ablate reads it back as a classifier and refuses it, by name, where a pre-trained model goes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+import yaml
+
+transformers = pytest.importorskip("transformers")
+
+from ablate.cli import main  # noqa: E402
+from ablate.lightning_modules.classifier import Classifier, build_classifier  # noqa: E402
+from ablate.lightning_modules.configio import build_config  # noqa: E402
+from ablate.lightning_modules.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.interop import load_classifier  # noqa: E402
+from ablate.sweeps import tracking  # noqa: E402
+from ablate.sweeps.weights import (  # noqa: E402
+    export_run,
+    load_classifier_source,
+    load_run_classifier,
+    load_run_weights,
+    load_source,
+    log_weights,
+    run_tokenizer,
+)
+from tests.conftest import SHARED_DATA  # noqa: E402
+from tests.sweeps.conftest import trained_run  # noqa: E402
+
+SST2 = SHARED_DATA / "sst2"
+TOL = 1e-4
+T = 64  # the tiny model's positions: sentences are truncated to them, on both sides
+
+
+def _sst2(split: str, n: int) -> tuple[list[str], list[int]]:
+    rows = [line.split("\t") for line in (SST2 / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1 : n + 1]]
+    return [r[0].strip() for r in rows], [int(r[1]) for r in rows]
+
+
+def _encode(tokenizer_file, sentences: list[str]) -> dict[str, torch.Tensor]:
+    """The batch ablate's classifier reads: the run's own tokenizer (``tokenizers``), [CLS] a [SEP], padded."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    tok.enable_truncation(T)
+    tok.enable_padding(pad_id=tok.token_to_id("[PAD]"))
+    enc = tok.encode_batch(sentences)
+    return {
+        "input_ids": torch.tensor([e.ids for e in enc]),
+        "token_type_ids": torch.tensor([e.type_ids for e in enc]),
+        "attention_mask": torch.tensor([e.attention_mask for e in enc]).bool(),
+    }
+
+
+def _fine_tune(model: Classifier, batch: dict[str, torch.Tensor], labels: torch.Tensor, steps: int = 40) -> None:
+    """A few real optimizer steps on SST-2 training sentences, so that the classifier's labels mean something."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        rows = torch.randint(0, len(labels), (32,), generator=g)
+        loss = F.cross_entropy(model({k: v[rows] for k, v in batch.items()}), labels[rows])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared CPU: one thread is as fast, and far faster when the cores are contended."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, wiki_validation):
+    """A tiny ALBERT pre-trained on real text, fine-tuned briefly on SST-2 and logged, as a fine-tuning run
+    logs its classifier, into a run of the same store (regime finetune)."""
+    if not (SST2 / "validation.tsv").is_file() or not (SST2 / "train.tsv").is_file():
+        pytest.skip(f"shared test data not found at {SST2}")
+    tmp = tmp_path_factory.mktemp("classifier")
+    base, pre = trained_run(tmp, wiki_validation)
+    uri, client = pre.tracking_uri, tracking.connect(pre.tracking_uri)
+    pre_cfg, pretrained = load_run_weights(uri, pre.run_id)
+    tokenizer = run_tokenizer(client, pre.run_id, tmp)
+
+    torch.manual_seed(0)
+    model = build_classifier(pretrained, num_labels=2, dropout=0.1, init_std=0.02)
+    train_text, train_labels = _sst2("train", 512)
+    _fine_tune(model, _encode(tokenizer, train_text), torch.tensor(train_labels))
+    dev_text, dev_labels = _sst2("validation", 200)
+    dev = _encode(tokenizer, dev_text)
+    with torch.no_grad():
+        logits = model(dev)
+    accuracy = (logits.argmax(-1) == torch.tensor(dev_labels)).float().mean().item()
+
+    tree = yaml.safe_load(yaml.safe_dump(base))
+    tree["finetune"] = {
+        "source": f"runs:/{pre.run_id}",
+        "task": "sst2",
+        "num_labels": 2,
+        "max_length": T,
+        "train": str(SST2 / "train.tsv"),
+        "validation": str(SST2 / "validation.tsv"),
+    }
+    cfg = build_config(tree)
+    assert cfg.regime == "finetune" and cfg.model == pre_cfg.model
+    exp = tracking.experiment_id(client, "finetune", uri)
+    run_id = tracking.start_run(client, exp, "sst2", {})
+    tracking.log_run_inputs(client, run_id, cfg, {}, tokenizer)  # params (regime finetune), config, tokenizer
+    log_weights(client, run_id, model, cfg, tokenizer)
+    client.log_metric(run_id, "sst2/final_accuracy", accuracy)
+    tracking.end_run(client, run_id, "FINISHED")
+    return tmp, uri, pre.run_id, run_id, model, tokenizer, dev_text, dev, logits
+
+
+def test_the_cli_exports_a_finetune_run_as_a_transformers_text_classifier(finetuned, capsys):
+    tmp, uri, _, run_id, _, tokenizer, dev_text, dev, logits = finetuned
+    out = tmp / "sst2-classifier"
+    assert main(["export", f"runs:/{run_id}", str(out), "--tracking-uri", uri]) == 0
+    assert "(transformers format; a fine-tuned sequence classifier)" in capsys.readouterr().out
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "ablate.yaml",
+    } <= {p.name for p in out.iterdir()}
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["AlbertForSequenceClassification"]
+    assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"} and config["label2id"] == {"LABEL_0": 0, "LABEL_1": 1}
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and f"`runs:/{run_id}`" in card
+    assert "sequence classifier fine-tuned with ablate on the task `sst2` (2 labels" in card
+    assert (
+        "Dev accuracy (`finetune.metric`): **" in card and "exits (`finetune.exits`), which are never exported" in card
+    )
+
+    # the same tokens through transformers' tokenizer as through the run's
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf_batch = hf_tok(dev_text, truncation=True, padding=True, return_tensors="pt")
+    assert hf_tok.model_max_length == T and torch.equal(hf_batch["input_ids"], dev["input_ids"])
+    # the same logits from AutoModelForSequenceClassification ...
+    auto = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    with torch.no_grad():
+        theirs = auto(**hf_batch).logits
+    assert (theirs - logits).abs().max() < TOL
+    # ... and the same labels from the text-classification pipeline, on raw sentences
+    classify = transformers.pipeline("text-classification", model=str(out))
+    predicted = [auto.config.label2id[r["label"]] for r in classify(dev_text, truncation=True, batch_size=50)]
+    assert predicted == logits.argmax(-1).tolist()
+    assert len(set(predicted)) == 2  # a classifier that tells the sentences apart, not a constant
+
+
+def test_an_ablate_format_export_and_the_run_load_back_as_the_classifier(finetuned):
+    tmp, uri, _, run_id, model, tokenizer, _, dev, logits = finetuned
+    cfg, loaded = load_run_classifier(uri, run_id)
+    assert cfg.regime == "finetune" and loaded.num_labels == 2 and not loaded.training
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in model.state_dict().items())
+
+    written = export_run(uri, run_id, tmp / "ablate-format", format="ablate")
+    assert (written.format, written.tokenizer, written.classifier) == ("ablate", True, True)
+    _, from_folder = load_classifier(tmp / "ablate-format")
+    with torch.no_grad():
+        assert torch.equal(from_folder(dev), logits)
+
+    run_source = load_classifier_source(f"runs:/{run_id}", uri, tmp / "teacher", field="distill.teacher")
+    assert (run_source.run_id, run_source.num_labels, run_source.model_cfg) == (run_id, 2, cfg.model)
+    assert run_source.tokenizer is not None and run_source.tokenizer.read_bytes() == tokenizer.read_bytes()
+    folder = load_classifier_source(str(tmp / "ablate-format"), uri, tmp / "teacher2", field="distill.teacher")
+    assert folder.run_id is None and folder.tokenizer == tmp / "ablate-format" / "tokenizer.json"
+
+
+def test_each_reader_says_which_kind_of_model_a_run_holds(finetuned):
+    tmp, uri, pre_id, run_id, model, tokenizer, *_ = finetuned
+    client = tracking.connect(uri)
+    bare = tracking.start_run(client, tracking.experiment_id(client, "finetune", uri), "no weights", {})
+    client.log_param(bare, "regime", "finetune")
+    cases = [
+        (
+            lambda: load_classifier_source(f"runs:/{pre_id}", uri, tmp, field="distill.teacher"),
+            f"distill.teacher: runs:/{pre_id} is a pre-training run, not a fine-tuned classifier",
+        ),
+        (
+            lambda: load_source(f"runs:/{run_id}", uri, tmp, field="finetune.source"),
+            f"finetune.source: run {run_id} is a fine-tuned classifier (regime finetune, from runs:/{pre_id})",
+        ),
+        (lambda: load_run_weights(uri, run_id), f"run {run_id} is a fine-tuned classifier"),
+        (
+            lambda: load_classifier_source(f"runs:/{bare}", uri, tmp, field="distill.teacher"),
+            f"distill.teacher: run {bare}: saved no weights",
+        ),
+        (
+            lambda: load_classifier_source(str(tmp / "missing"), uri, tmp, field="distill.teacher"),
+            "distill.teacher: ",
+        ),
+    ]
+    for call, needle in cases:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)
+
+    wrong = build_config({"model": {"preset": "albert-tiny"}, "finetune": {"source": "runs:/x", "num_labels": 2}})
+    with pytest.raises(ValueError, match="cfg.model does not describe the classifier's encoder"):
+        log_weights(client, bare, model, wrong, tokenizer)
