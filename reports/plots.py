@@ -1,4 +1,5 @@
-"""One PNG per plot spec: row means of ``y`` against ``x``, with the Pareto front."""
+"""One PNG per plot spec: row means of ``y`` against ``x``, with the Pareto front; or, for a plot
+with ``over``, one curve per row through its (``x``, ``y``) points at each ``over`` value."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import math
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
 from matplotlib.ticker import FuncFormatter
 
@@ -19,14 +22,29 @@ from ablate.reports.tables import Table, row_sort_key, row_text
 DPI = 150
 _MARKERS = "osD^vP*Xhp"
 
+#: One point of a curve: the ``over`` value, then x and y row means (unscaled).
+CurvePoint = tuple[str, float, float]
 
-def _scale(spec: ReportSpec, name: str) -> tuple[float, str]:
-    """Plot millions as M and fractions as %, with the unit in the axis label."""
+
+def _scale(spec: ReportSpec, name: str, plot: PlotSpec | None = None) -> tuple[float, str]:
+    """Plot millions as M and fractions as %, with the unit in the axis label.
+
+    For an axis of a plot with ``over`` (``name`` holds ``{}``): the label of a spec metric of
+    exactly that name, else the name with ``{}`` shown as ``s``; the format of that metric, else
+    the one the spec's metrics among the names it takes all share.
+    """
     label = spec.axis_label(name)
     m = spec.metric(name)
-    if m is not None and m.format == "millions":
+    if plot is not None and plot.over:
+        label = m.display if m else name.replace("{}", "s")
+        axis = "x" if name == plot.x else "y"
+        formats = {f.format for f in (spec.metric(n) for n in plot.names(axis)) if f is not None}
+        fmt = m.format if m else (formats.pop() if len(formats) == 1 else None)
+    else:
+        fmt = m.format if m else None
+    if fmt == "millions":
         return 1e-6, f"{label} (M)"
-    if m is not None and m.format == "percent":
+    if fmt == "percent":
         return 100.0, f"{label} (%)"
     return 1.0, label
 
@@ -62,20 +80,63 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "plot"
 
 
-def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
-    """Draw one plot to ``path``; False (and no file) when no row has both x and y."""
+def _curves(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]]:
+    """Per row key (rows without a point left out): (over value, x, y, x std, y std) in ``over`` order."""
+    axes = []
+    for v, nx, ny in zip(plot.over, plot.names("x"), plot.names("y"), strict=True):
+        (x, xerr), (y, yerr) = _axis(table, nx), _axis(table, ny)
+        axes.append((v, x, y, xerr, yerr))
+    curves: dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]] = {}
+    for i, key in enumerate(table.keys()):
+        pts = [(v, *(float(s.iloc[i]) for s in series)) for v, *series in axes]
+        if pts := [p for p in pts if not (math.isnan(p[1]) or math.isnan(p[2]))]:
+            curves[key] = pts
+    return curves
+
+
+def curve_points(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[CurvePoint]]:
+    """The points a plot with ``over`` draws: per row key, in table order, its (over value, x mean,
+    y mean) in ``over`` order, leaving out values where the row lacks x or y, and rows with no point."""
+    return {key: [p[:3] for p in pts] for key, pts in _curves(table, plot).items()}
+
+
+def _errors(values: list[float], scale: float) -> list[float] | None:
+    """Error bar lengths, NaN (none) where the std is 0; None when no point has one."""
+    return [v * scale if v > 0 else math.nan for v in values] if any(v > 0 for v in values) else None
+
+
+def _draw_curves(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -> int:
+    """One line per row through its points, each labelled with its ``over`` value; the number of lines."""
+    curves = _curves(table, plot)
+    colors = colormaps["tab20" if len(curves) > 10 else "tab10"].colors  # no two rows alike
+    for g, (key, pts) in enumerate(curves.items()):
+        over, xs, ys, xe, ye = (list(c) for c in zip(*pts, strict=True))
+        ax.errorbar(
+            [v * sx for v in xs],
+            [v * sy for v in ys],
+            xerr=_errors(xe, sx),
+            yerr=_errors(ye, sy),
+            fmt="-" + _MARKERS[g % len(_MARKERS)],
+            color=colors[g % len(colors)],
+            capsize=3,
+            markersize=5,
+            linewidth=1.2,
+            label=row_text(table.spec, key),
+        )
+        for v, px, py in zip(over, xs, ys, strict=True):
+            ax.annotate(v, (px * sx, py * sy), xytext=(4, 3), textcoords="offset points", fontsize=7, alpha=0.8)
+    return len(curves)
+
+
+def _draw_scatter(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -> int:
+    """Row means as points, coloured by ``hue``, with the Pareto front; the number of groups."""
     spec = table.spec
     x, xerr = _axis(table, plot.x)
     y, yerr = _axis(table, plot.y)
     ok = (x.notna() & y.notna()).to_numpy()
     if not ok.any():
-        return False
-    sx, xlabel = _scale(spec, plot.x)
-    sy, ylabel = _scale(spec, plot.y)
+        return 0
     keys = table.keys()
-
-    fig = Figure(figsize=(6.4, 4.8), dpi=DPI)
-    ax = fig.add_subplot()
     hues = [k[spec.rows.index(plot.hue)] if plot.hue else None for k in keys]
     groups = sorted({h for h, o in zip(hues, ok, strict=True) if o}, key=lambda h: row_sort_key(spec, plot.hue, h))
     colors = colormaps["tab20" if len(groups) > 10 else "tab10"].colors  # no two groups alike
@@ -120,6 +181,20 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
             label="Pareto front",
             zorder=0,
         )
+    return len(groups)
+
+
+def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
+    """Draw one plot to ``path``; False (and no file) when no row has both x and y (with ``over``:
+    when no row has any point)."""
+    spec = table.spec
+    sx, xlabel = _scale(spec, plot.x, plot)
+    sy, ylabel = _scale(spec, plot.y, plot)
+    fig = Figure(figsize=(6.4, 4.8), dpi=DPI)
+    ax = fig.add_subplot()
+    entries = (_draw_curves if plot.over else _draw_scatter)(table, plot, ax, sx, sy)
+    if not entries:
+        return False
 
     if plot.logx:
         ax.set_xscale("log")
@@ -132,11 +207,17 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
     ax.set_title("\n".join(textwrap.wrap(f"{spec.title}: {ylabel} vs {xlabel}", 70)), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        beside = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if len(groups) > 6 else {}  # not over points
-        ax.legend(fontsize=8, title=spec.row_label(plot.hue) if plot.hue else None, title_fontsize=8, **beside)
+        beside = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if entries > 6 else {}  # not over points
+        title = spec.row_label(plot.hue) if plot.hue and not plot.over else None
+        ax.legend(fontsize=8, title=title, title_fontsize=8, **beside)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return True
+
+
+def plot_name(plot: PlotSpec) -> str:
+    """The PNG's name without suffix: ``val_mlm_acc-vs-params_backbone``; ``{}`` reads ``over``."""
+    return f"{slug(plot.y.replace('{}', 'over'))}-vs-{slug(plot.x.replace('{}', 'over'))}"
 
 
 def draw_plots(table: Table, out_dir: Path) -> tuple[list[Path], list[str]]:
@@ -148,12 +229,13 @@ def draw_plots(table: Table, out_dir: Path) -> tuple[list[Path], list[str]]:
     paths: list[Path] = []
     skipped: list[str] = []
     for i, plot in enumerate(table.spec.plots):
-        name = f"{slug(plot.y)}-vs-{slug(plot.x)}"
+        name = plot_name(plot)
         path = out_dir / f"{name}.png"
         if path in paths:
             path = out_dir / f"{name}-{i}.png"
         if draw(table, plot, path):
             paths.append(path)
         else:
-            skipped.append(f"plot {plot.y} vs {plot.x}: no row has both values")
+            lacks = "no row has any point" if plot.over else "no row has both values"
+            skipped.append(f"plot {plot.y} vs {plot.x}: {lacks}")
     return paths, skipped

@@ -11,6 +11,9 @@ that also names ``study:`` and optionally ``tracking_uri:``. Example::
       - {name: val/mlm_acc, label: MLM acc, format: percent, better: higher}
     plots:
       - {x: params.backbone, y: val/mlm_acc, logx: true, hue: model.sharing}
+      # one curve per row through (x, y) at each value put in place of {}:
+      # sst2/speed_0/latency_ms, sst2/speed_0.1/latency_ms, ... (numbers written as f"{s:g}")
+      - {x: "sst2/speed_{}/latency_ms", y: "sst2/speed_{}/accuracy", over: [0, 0.1, 0.3, 0.5]}
 """
 
 from __future__ import annotations
@@ -81,19 +84,51 @@ class MetricSpec:
 
 @dataclass(frozen=True, config=STRICT)
 class PlotSpec:
-    """One scatter plot of row means: ``y`` against ``x``.
+    """One plot of row means: a scatter of ``y`` against ``x``, or with ``over`` a curve per row.
 
     Attributes:
-        x: A metric name (e.g. ``params.backbone``) or one of the spec's ``rows``.
-        y: A metric name (e.g. ``val/mlm_acc``).
+        x: A metric name (e.g. ``params.backbone``) or one of the spec's ``rows``; with
+            ``over``, a metric name holding ``{}`` once (``sst2/speed_{}/latency_ms``).
+        y: A metric name (e.g. ``val/mlm_acc``); with ``over``, holding ``{}`` once.
         logx: Logarithmic x axis.
-        hue: One of the spec's ``rows``; points are coloured by its value.
+        hue: One of the spec's ``rows``; points are coloured by its value (a curve plot
+            gives every row its own colour and does not use it).
+        over: Values put in place of ``{}`` in ``x`` and ``y``: each row gets one line
+            through the points (``x`` at v, ``y`` at v) for v in this order. Numbers are
+            written as ``f"{v:g}"`` (0 -> ``0``, 0.1 -> ``0.1``, 1.0 -> ``1``).
     """
 
     x: str = Field(min_length=1)
     y: str = Field(min_length=1)
     logx: bool = False
     hue: str | None = None
+    over: tuple[str, ...] = ()
+
+    @field_validator("over", mode="before")
+    @classmethod
+    def _numbers_as_logged(cls, over: Any) -> Any:
+        if isinstance(over, (list, tuple)):
+            return tuple(f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in over)
+        return over
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> PlotSpec:
+        for i, v in enumerate(self.over):
+            if not v:
+                raise _keyed(f"over[{i}]", "must be non-empty")
+        _unique(self.over, "over")
+        for axis, name in (("x", self.x), ("y", self.y)):
+            if self.over and name.count("{}") != 1:
+                raise _keyed(axis, f"{name!r} must hold {{}} exactly once (where the over values go)")
+            if not self.over and "{}" in name:
+                raise _keyed(axis, f"{name!r} holds {{}} but the plot has no over values")
+        return self
+
+    def names(self, axis: str) -> list[str]:
+        """The metric names of ``x`` or ``y`` (``axis``): one per ``over`` value, in order,
+        else just the name."""
+        name = self.x if axis == "x" else self.y
+        return [name.replace("{}", v) for v in self.over] if self.over else [name]
 
 
 @dataclass(frozen=True, config=STRICT)

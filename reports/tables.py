@@ -51,7 +51,8 @@ class Table:
         spec: The report spec.
         stats: Columns: each of ``spec.rows`` (dotted names), ``n`` (included runs),
             then ``<metric>.mean``, ``<metric>.std`` (NaN unless n > 1), ``<metric>.n``
-            for every spec metric and every plot axis that is a metric, and
+            for every spec metric and every plot axis that is a metric (each name a plot
+            with ``over`` takes), and
             ``<metric>.spread`` (the largest ``<metric>_spread`` of the row's runs) for
             every spec metric whose runs logged one. Naturally sorted.
         run_ids: Ids of the included runs that the table averages.
@@ -109,10 +110,12 @@ def row_text(spec: ReportSpec, key: tuple[Any, ...], skip: str | None = None) ->
 
 
 def aggregated_metrics(spec: ReportSpec) -> list[str]:
-    """Spec metrics, then plot axes that are metrics (not row params)."""
+    """Spec metrics, then plot axes that are metrics (not row params): for a plot with ``over``,
+    every name its ``x`` and ``y`` take (``sst2/speed_0.1/accuracy``, ...)."""
     names = [m.name for m in spec.metrics]
-    for p in spec.plots:
-        names += [a for a in (p.x, p.y) if a not in spec.rows and a not in names]
+    for _, name in _metric_keys(spec):
+        if name not in names:
+            names.append(name)
     return names
 
 
@@ -120,7 +123,8 @@ def _metric_keys(spec: ReportSpec) -> list[tuple[str, str]]:
     """(dotted spec key, name) of every metric the table or a plot needs."""
     keys = [(f"metrics[{i}].name", m.name) for i, m in enumerate(spec.metrics)]
     for i, p in enumerate(spec.plots):
-        keys += [(f"plots[{i}].{axis}", name) for axis, name in (("x", p.x), ("y", p.y)) if name not in spec.rows]
+        for axis in ("x", "y"):
+            keys += [(f"plots[{i}].{axis}", name) for name in p.names(axis) if name not in spec.rows]
     return keys
 
 

@@ -39,6 +39,12 @@ def test_parses_with_defaults():
         ({"colour": 1}, "report.colour: unknown key"),
         ({"plots": [{"x": "a", "y": "b", "hue": "model.seed"}]}, "report.plots[0].hue: "),
         ({"plots": [{"x": "a", "y": "model.sharing"}]}, "report.plots[0].y: "),
+        ({"plots": [{"x": "s/ms", "y": "s_{}/acc", "over": [0.1]}]}, "report.plots[0].x: 's/ms' must hold {} exactly"),
+        ({"plots": [{"x": "a", "y": "b"}, {"x": "s_{}", "y": "{}_{}", "over": ["0"]}]}, "report.plots[1].y: "),
+        ({"plots": [{"x": "a", "y": "s_{}/acc"}]}, "report.plots[0].y: 's_{}/acc' holds {} but the plot has no over"),
+        ({"plots": [{"x": "s_{}/ms", "y": "b"}]}, "report.plots[0].x: 's_{}/ms' holds {} but"),
+        ({"plots": [{"x": "s_{}", "y": "a_{}", "over": [0.1, "0.1"]}]}, "report.plots[0].over[1]: '0.1' is listed"),
+        ({"plots": [{"x": "s_{}", "y": "a_{}", "over": [True]}]}, "report.plots[0].over[0]: "),
         ({"row_labels": {"model.num_ffn": "F"}}, "report.row_labels.model.num_ffn: "),
         ({"include_states": ["DONE"]}, "report.include_states[0]: "),
         ({"title": None}, "report.title: "),
@@ -66,3 +72,19 @@ def test_standalone_yaml(tmp_path):
     path.write_text("title: [unclosed\n")
     with pytest.raises(ConfigError, match=r"REPORT\.yaml"):
         ReportSpec.from_yaml(path)
+
+
+def test_a_curve_plot_takes_one_name_per_over_value():
+    plot = {"x": "sst2/speed_{}/latency_ms", "y": "sst2/speed_{}/accuracy", "over": [0, 0.1, 1.0, "fast"]}
+    spec = ReportSpec.from_mapping({**GOOD, "plots": [plot]})
+    (p,) = spec.plots
+    assert p.over == ("0", "0.1", "1", "fast")  # numbers as FastBERT logs them: f"{s:g}"
+    assert p.names("x") == [
+        "sst2/speed_0/latency_ms",
+        "sst2/speed_0.1/latency_ms",
+        "sst2/speed_1/latency_ms",
+        "sst2/speed_fast/latency_ms",
+    ]
+    assert p.names("y")[1] == "sst2/speed_0.1/accuracy" and p.hue is None
+    assert spec.plots[0] != ReportSpec.from_mapping(GOOD).plots[0]
+    assert ReportSpec.from_mapping(GOOD).plots[0].names("y") == ["val/mlm_acc"]  # no over: the name itself

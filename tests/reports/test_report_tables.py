@@ -10,7 +10,7 @@ import pytest
 from ablate.lightning_modules.errors import ConfigError
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import MetricSpec, ReportSpec
-from ablate.reports.tables import aggregate, format_cell, natural_key, to_csv, to_latex, to_markdown
+from ablate.reports.tables import aggregate, aggregated_metrics, format_cell, natural_key, to_csv, to_latex, to_markdown
 from tests.reports.report_fixtures import STUDY
 
 
@@ -184,3 +184,34 @@ def test_an_optional_metric_leaves_empty_cells_not_missing_ones(runs, spec):
     assert not any("SOP acc" in n for n in notes)  # none/128 logged no sentence accuracy: an empty cell
     assert "sharing=attn E=64 F=2: no COMPLETE runs (1 FAIL)" in notes  # a row without runs still is missing
     assert _row(table, "none", 128)["val/sentence_acc.n"] == 0
+
+
+def test_a_curve_plot_carries_every_name_it_takes():
+    over = {"x": "sst2/speed_{}/latency_ms", "y": "sst2/speed_{}/accuracy", "over": [0, 0.5]}
+    spec = ReportSpec.from_mapping(
+        {"title": "t", "rows": ["variant"], "metrics": [{"name": "sst2/speed_0/accuracy"}], "plots": [over]}
+    )
+    assert aggregated_metrics(spec) == [
+        "sst2/speed_0/accuracy",  # a table column too: listed once
+        "sst2/speed_0/latency_ms",
+        "sst2/speed_0.5/latency_ms",
+        "sst2/speed_0.5/accuracy",
+    ]
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c"],
+            "state": ["COMPLETE"] * 3,
+            "variant": ["L6", "L6", "L3"],
+            "sst2/speed_0/accuracy": [0.80, 0.82, 0.75],
+            "sst2/speed_0.5/accuracy": [0.78, 0.80, None],
+            "sst2/speed_0/latency_ms": [10.0, 12.0, 5.0],
+        }
+    )
+    table = aggregate(runs, spec)
+    row = table.stats.set_index("variant").loc["L6"]
+    assert row["sst2/speed_0.5/accuracy.mean"] == pytest.approx(0.79) and row["sst2/speed_0/latency_ms.n"] == 2
+    assert table.stats["sst2/speed_0.5/latency_ms.n"].tolist() == [0, 0]  # logged by no run: empty, no error
+    assert [m.metric for m in table.missing] == []  # plot axes are not table cells
+    bad = runs.assign(**{"sst2/speed_0.5/accuracy": ["x", "y", "z"]})
+    with pytest.raises(ConfigError, match=r"^report\.plots\[0\]\.y: 'sst2/speed_0\.5/accuracy' is not numeric"):
+        aggregate(bad, spec)
