@@ -40,8 +40,9 @@ from ablate.lightning_modules.config import DataConfig, ExperimentConfig, Object
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.interop import to_transformers
 from ablate.lightning_modules.interop_maps import family
-from ablate.lightning_modules.pretrain import PretrainModule, adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.profiling import saved_activation_bytes
+from ablate.lightning_modules.train_module import adamw, param_groups, use_tensor_cores, warmup_linear_decay
 
 HF_SENTENCE_LABEL = {
     "albert": "sentence_order_label",

@@ -176,6 +176,9 @@ class ExperimentConfig:
             "quant": self.quant.source,
         }
         named = [r for r, source in sources.items() if source is not None]
+        task_teacher = "finetune" in named and "distill" in named  # task distillation: a fine-tuned teacher
+        if task_teacher:
+            named.remove("distill")
         if len(named) > 1:
             first, second = (REGIME_SOURCE[r] for r in named[:2])
             regimes = ", ".join(("pretrain", *REGIME_SOURCE))
@@ -187,14 +190,20 @@ class ExperimentConfig:
             raise ValueError(f"{REGIME_SOURCE[self.regime]}: required by regime '{self.regime}'")
         object.__setattr__(self, "regime", found)  # frozen: resolved once, here
         for regime in ("distill", "prune", "finetune"):  # the other regimes' sections stay at their defaults
+            if regime == "distill" and task_teacher:
+                continue
             section = getattr(self, regime)
             default = type(section)()
             changed = [
                 f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)
             ]
             if regime != found and changed:
+                also = (
+                    " or a fine-tuning run's task distillation" if regime == "distill" and found == "finetune" else ""
+                )
                 raise ValueError(
-                    f"{regime}.{changed[0]}: only for a {regime} run ({REGIME_SOURCE[regime]}); this run is {found!r}"
+                    f"{regime}.{changed[0]}: only for a {regime} run ({REGIME_SOURCE[regime]}){also}; "
+                    f"this run is {found!r}"
                 )
         return self
 
@@ -207,13 +216,32 @@ class ExperimentConfig:
                 f"distill.strategy: 'progressive' freezes layers one at a time and needs "
                 f"model.sharing 'none', not {self.model.sharing!r}"
             )
+        d, default = self.distill, DistillConfig()
+        fine_tuning = self.regime == "finetune"
+        if fine_tuning and d.mlm_weight != default.mlm_weight:
+            raise ValueError(
+                "distill.mlm_weight: a fine-tuning run has no MLM; the task's labels weigh distill.label_weight"
+            )
+        if not fine_tuning and d.label_weight != default.label_weight:
+            raise ValueError("distill.label_weight: only for task distillation (a fine-tuning run with a teacher)")
+        if fine_tuning and (d.init_layers != "none" or d.init_embeddings != "none"):
+            field = "init_layers" if d.init_layers != "none" else "init_embeddings"
+            raise ValueError(
+                f"distill.{field}: a fine-tuning run starts from its finetune.source; initialise from the "
+                f"teacher when pre-training (regime distill)"
+            )
         if self.distill.layer_map is not None and len(self.distill.layer_map) != self.model.num_layers:
             raise ValueError(
                 f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "
                 f"model.num_layers {self.model.num_layers}"
             )
+        steps, field = (
+            (self.finetune.max_steps, "finetune.max_steps")
+            if fine_tuning
+            else (self.trainer.max_steps, "trainer.max_steps")
+        )
         try:
-            schedule(self.distill, self.model.num_layers, self.trainer.max_steps)
+            schedule(self.distill, self.model.num_layers, steps, steps_field=field)
         except ValueError as exc:
             raise ValueError(f"distill.{exc}") from None
         return self
@@ -232,6 +260,12 @@ class ExperimentConfig:
             raise ValueError(
                 "quant.method: 'qat-int8' trains with fake quantization, which pruning's phases do not; "
                 "quantize the pruned model after training (dynamic-int8, weight-int8 ...)"
+            )
+        f = self.finetune
+        if f.exits != (f.exit_steps > 0):
+            raise ValueError(
+                "finetune.exit_steps: FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
+                f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}"
             )
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
@@ -285,7 +319,8 @@ def run_params(cfg: ExperimentConfig) -> dict[str, Any]:
     """The fields the run uses, dotted: :func:`flatten` without the sections of the other regimes
     (a pre-training run logs no ``distill.*``, ``prune.*`` or ``finetune.*``), and of ``quant`` the
     fields its method reads (``quant.method`` always: a report's column for every run)."""
-    unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime not in (cfg.regime, "quant"))
+    used = (cfg.regime, "quant", *(("distill",) if cfg.distill.teacher is not None else ()))
+    unused = tuple(f"{regime}." for regime in REGIME_SOURCE if regime not in used)
     quant = {f"quant.{name}" for name in cfg.quant.used_fields() if name != "source" or cfg.regime == "quant"}
     return {
         k: v for k, v in flatten(cfg).items() if not k.startswith(unused) and (not k.startswith("quant.") or k in quant)

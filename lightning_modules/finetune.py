@@ -1,41 +1,83 @@
-"""``FinetuneModule``: GLUE-style classification on a pre-trained encoder.
+"""``FinetuneModule``: the classification task (GLUE-style) on a pre-trained encoder, trained by
+the one step of :class:`~lightning_modules.train_module.TrainModule`.
 
-The encoder comes from a pre-trained model; the head is BERT's (pooler dense + tanh on
-[CLS], dropout, classifier), its pooler initialised from the pre-trained sentence head's
-when there is one. Dev metrics (torchmetrics): accuracy, macro F1 and Matthews
-correlation, logged as ``<task>/accuracy``, ``<task>/f1``, ``<task>/mcc`` and
-``<task>/loss``; the best value of ``finetune.metric`` so far as ``<task>/best_<metric>``.
+The same step serves every fine-tuning method:
+
+- plain fine-tuning: the ``label`` term (cross-entropy on the task's labels);
+- task distillation (TinyBERT's task-specific stage, DistilBERT's): a fine-tuned teacher joined
+  by a :class:`~lightning_modules.distill.TeacherLink`, the prediction layer's ``kd`` on the task
+  logits beside ``label`` (``distill.label_weight``), and optionally the intermediate terms,
+  scheduled by ``distill.strategy`` (``joint``: intermediate layers first, then the prediction layer);
+- FastBERT: after fine-tuning, a second fit whose one stage trains only the exits, by
+  self-distillation from the final classifier (the ``exit`` term; :meth:`FinetuneModule.self_distillation`).
+
+Dev metrics (torchmetrics): accuracy, macro F1 and Matthews correlation, logged as
+``<task>/accuracy``, ``<task>/f1``, ``<task>/mcc`` and ``<task>/loss``; the best value of
+``finetune.metric`` so far as ``<task>/best_<metric>``. While an intermediate stage trains (the
+classifier is not yet trained) the dev set is not scored.
 """
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
+from typing import Any
+
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
 
-from ablate.lightning_modules.classifier import build_classifier
+from ablate.lightning_modules.classifier import Classifier, build_classifier, hidden_width
 from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.distill import TeacherLink
+from ablate.lightning_modules.distill_config import Stage, schedule
+from ablate.lightning_modules.early_exit import build_exits, exit_logits, self_distillation_loss
+from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import PretrainingModel
-from ablate.lightning_modules.pretrain import adamw, clip_gradients, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.model_config import ModelConfig
+from ablate.lightning_modules.train_module import OptimPlan, TaskOutput, TrainModule
+
+SELF_DISTILLATION = "self-distillation"
 
 
-class FinetuneModule(pl.LightningModule):
-    """Fine-tuning regime: cross-entropy on the labels, dev metrics for early stopping.
+def finetune_weights(cfg: ExperimentConfig) -> dict[str, float]:
+    """The fine-tuning terms' weights: the labels' ``distill.label_weight`` (1 without a teacher),
+    KD and the intermediate terms as ``distill`` says, FastBERT's ``exit`` 1."""
+    d = cfg.distill
+    return {
+        "label": d.label_weight,
+        "kd": d.kd_weight,
+        "exit": 1.0,
+        **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
+    }
+
+
+class FinetuneModule(TrainModule):
+    """Fine-tuning: cross-entropy on the labels (and what a teacher or exits add), dev metrics
+    for early stopping.
 
     Args:
-        cfg: the run's config (``finetune`` says the task and schedule).
+        cfg: the run's config (``finetune`` says the task and schedule, ``distill`` the teacher's terms).
         pretrained: the pre-trained model; its encoder is copied, so it stays unchanged.
+        link: a fine-tuned teacher (task distillation), or None.
     """
 
     loss_name = "fine-tuning loss"
 
-    def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel) -> None:
-        super().__init__()
-        self.cfg, f = cfg, cfg.finetune
-        self.model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
+    def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel, link: TeacherLink | None = None) -> None:
+        f = cfg.finetune
+        model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
+        layers = len(model.encoder.plan)
+        if f.exits:
+            width = hidden_width(model.encoder)
+            model.exits = build_exits(width, layers, f.num_labels, cfg.model.dropout, cfg.model.init_std)
+        if link is None:
+            stages = [Stage("train", 0, f.max_steps, ("pd",))]
+        else:
+            stages = schedule(cfg.distill, layers, f.max_steps, steps_field="finetune.max_steps")
+        o = cfg.optim
+        plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
+        super().__init__(cfg, model, link, stages, finetune_weights(cfg), plan)
         C = f.num_labels
         self.val_loss = MeanMetric()
         self.metrics = nn.ModuleDict(
@@ -53,18 +95,48 @@ class FinetuneModule(pl.LightningModule):
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = F.cross_entropy(self.model(batch).float(), batch["labels"])
-        self.log("train/loss", loss, batch_size=batch["labels"].shape[0])
-        return loss
+    # -- the task ----------------------------------------------------------------------------
+    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+        """The final head's logits and the cross-entropy on the labels."""
+        logits = model(batch, trace)  # (B, C)
+        return TaskOutput(logits, None, {"label": F.cross_entropy(logits.float(), batch["labels"])})
+
+    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
+        """FastBERT's self-distillation: the exits learn the final classifier's distribution."""
+        if "exit" not in stage.losses:
+            return {}
+        *exits, final = exit_logits(self.model, batch)
+        return {"exit": self_distillation_loss(exits, final.detach())}
+
+    def self_distillation(self) -> None:
+        """Switch to FastBERT's second phase: ``finetune.exit_steps`` steps in which only the exits
+        train, from the final classifier (the best validation's weights, frozen)."""
+        f = self.cfg.finetune
+        if self.model.exits is None:
+            raise ConfigError("finetune.exits: the classifier has no exits to train")
+        self.restore_best()
+        stage = Stage(SELF_DISTILLATION, 0, f.exit_steps, ("exit",), trainable=(), embeddings=False, extra=("exits",))
+        o = self.optim
+        self.set_stages([stage], OptimPlan(f.lr, f.exit_steps, max(1, f.exit_steps // 10), o.weight_decay, o.eps))
+
+    # -- validation --------------------------------------------------------------------------
+    def scoring(self) -> bool:
+        """Whether the dev set is scored now: not while an intermediate stage trains the layers
+        (the classifier has not learnt yet), nor during self-distillation (the final classifier is frozen)."""
+        stage = self.stage_at(max(0, self.global_step - 1))  # the stage of the step just trained
+        return "pd" in stage.losses
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if not self.scoring():
+            return
         logits = self.model(batch)
         self.val_loss.update(F.cross_entropy(logits.float(), batch["labels"]), weight=batch["labels"].shape[0])
         for metric in self.metrics.values():
             metric.update(logits, batch["labels"])
 
     def on_validation_epoch_end(self) -> None:
+        if not self.scoring():
+            return
         task, f = self.cfg.finetune.task, self.cfg.finetune
         values = {f"{task}/{name}": metric.compute() for name, metric in self.metrics.items()}
         values[f"{task}/loss"] = self.val_loss.compute()
@@ -80,20 +152,18 @@ class FinetuneModule(pl.LightningModule):
         for metric in (*self.metrics.values(), self.val_loss):
             metric.reset()
 
-    def on_fit_start(self) -> None:
-        use_tensor_cores(self.device)
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    def configure_optimizers(self):
-        f = self.cfg.finetune
-        optimizer = adamw(
-            param_groups(self.model, self.cfg.optim.weight_decay),
-            lr=f.lr,
-            eps=self.cfg.optim.eps,
-            precision=self.cfg.trainer.precision,
+def task_distill_module(
+    cfg: ExperimentConfig, pretrained: PretrainingModel, teacher: Classifier, teacher_cfg: ModelConfig
+) -> FinetuneModule:
+    """Fine-tuning distilled from a fine-tuned ``teacher`` (task distillation). ConfigError (naming the
+    field) when the teacher does not fit: other labels, a layer or head map that does not exist."""
+    f, d = cfg.finetune, cfg.distill
+    if teacher.num_labels != f.num_labels:
+        raise ConfigError(
+            f"distill.teacher: the teacher classifies into {teacher.num_labels} labels, the task "
+            f"(finetune.num_labels) has {f.num_labels}"
         )
-        schedule = warmup_linear_decay(type(self.cfg.optim)(warmup_steps=max(1, f.max_steps // 10)), f.max_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    student_cfg = cfg.model
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0)
+    return FinetuneModule(cfg, pretrained, link)

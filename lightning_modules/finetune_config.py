@@ -28,6 +28,8 @@ class FinetuneConfig:
         train: training data: a local ``.tsv``/``.csv``/``.jsonl`` file, or a ``datasets``
             hub name (``glue/sst2``; its ``train`` split).
         validation: dev data, as ``train`` (a hub name's ``validation`` split when None).
+        train_examples: use only the first N training examples (a low-resource task; what
+            ``augment_copies`` then enlarges); None = all of them.
         text_fields: one column (single sentence) or two (sentence pair).
         label_field: the integer label column.
         num_labels: classes.
@@ -58,6 +60,7 @@ class FinetuneConfig:
     task: str = Field(default="sst2", pattern=r"^[\w.-]+$")
     train: str | None = None
     validation: str | None = None
+    train_examples: Annotated[int, Field(gt=0)] | None = None
     text_fields: tuple[str, ...] = Field(default=("sentence",), min_length=1, max_length=2)
     label_field: str = "label"
     num_labels: Annotated[int, Field(ge=2)] = 2

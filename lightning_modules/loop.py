@@ -31,7 +31,7 @@ class FiniteLoss(Callback):
     """Fail the run when the training loss is NaN or infinite.
 
     The module names its loss with a ``loss_name`` attribute (default ``training loss``) and
-    may say more with a ``describe_step(step) -> str`` method (a distillation's stage).
+    may say more with a ``describe_step(step) -> str`` method (a distillation's stage; "" = nothing).
 
     Args:
         every: read the device flag every this many steps (``trainer.log_every``).
@@ -76,7 +76,8 @@ class FiniteLoss(Callback):
         if step < 0:
             return
         describe = getattr(pl_module, "describe_step", None)
-        detail = f" ({describe(step)})" if describe is not None else ""
+        text = describe(step) if describe is not None else ""
+        detail = f" ({text})" if text else ""
         what = getattr(pl_module, "loss_name", "training loss")
         raise FloatingPointError(f"{what} became {float(self._value)} at step {step}{detail}")
 

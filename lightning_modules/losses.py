@@ -90,3 +90,36 @@ def kd_loss(
     if valid is None:
         valid = torch.ones_like(per_row, dtype=torch.bool)
     return (per_row * valid).sum() / valid.sum().clamp_min(1) * temperature**2
+
+
+def attention_mse_loss(
+    student_scores: torch.Tensor, teacher_scores: torch.Tensor, heads: list[list[int]], mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """AT as TinyBERT does it: MSE between the raw (pre-softmax) attention scores.
+
+    Args:
+        student_scores: (B, A_s, T, T) pre-softmax scores (padding keys at a large negative value).
+        teacher_scores: (B, A_t, T, T) likewise; a student head matches the mean score of its
+            teacher heads (:func:`head_map`).
+        heads: :func:`head_map`.
+        mask: (B, T) bool, True on real tokens; only real query-key pairs count (the padding
+            keys' large negative values would otherwise dominate).
+
+    Returns:
+        The squared error averaged over student heads and real query-key pairs.
+    """
+    s = student_scores.float()  # (B, A_s, T, T)
+    t_all = teacher_scores.float()
+    t = torch.stack([t_all[:, g].mean(dim=1) for g in heads], dim=1)  # (B, A_s, T, T)
+    w = _real(mask, student_scores[:, 0])  # (B, T)
+    pairs = w[:, None, :, None] * w[:, None, None, :]  # (B, 1, T, T): real query and real key
+    sq = (s - t).pow(2) * pairs  # (B, A_s, T, T)
+    return sq.sum() / (pairs.sum() * s.shape[1]).clamp_min(1.0)
+
+
+def cosine_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """DistilBERT's cosine embedding loss: 1 - cos(student, teacher) of (B, T, D) hidden states,
+    averaged over real tokens (0 when they point the same way)."""
+    w = _real(mask, student)  # (B, T)
+    cos = F.cosine_similarity(student.float(), teacher.float(), dim=-1)  # (B, T)
+    return ((1.0 - cos) * w).sum() / w.sum().clamp_min(1.0)

@@ -6,6 +6,7 @@ presets follow the released configs (V=30000, E=128, all layers shared).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,12 @@ def bert_base() -> ModelConfig:
     return ModelConfig(
         vocab_size=30000, embed_dim=768, hidden_dim=768, num_layers=12, num_heads=12, ffn_dim=3072, sharing="none"
     )
+
+
+def distilbert() -> ModelConfig:
+    """DistilBERT's student: BERT-base's width, 6 layers, no token-type embedding (V=30000): 66M.
+    Its recipe (teacher layers, triple loss) is ``sweeps/recipes/distilbert.yaml``."""
+    return dataclasses.replace(bert_base(), num_layers=6, token_types=0)
 
 
 def bert_large() -> ModelConfig:
@@ -232,6 +239,7 @@ def albert_small() -> ModelConfig:
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "bert-base": bert_base,
     "bert-large": bert_large,
+    "distilbert": distilbert,
     "albert-base": albert_base,
     "albert-large": albert_large,
     "albert-xlarge": albert_xlarge,

@@ -1,83 +1,63 @@
-"""``PretrainModule``: MLM + SOP/NSP pre-training of any encoder the config describes."""
+"""``PretrainModule``: the pre-training task (MLM + SOP/NSP) of any encoder the config describes,
+trained by the one step of :class:`~lightning_modules.train_module.TrainModule`: alone, or
+distilled from a teacher (``distill.teacher``: MobileBERT, DistilBERT, TinyBERT's general
+distillation) when given a :class:`~lightning_modules.distill.TeacherLink`."""
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
+from typing import Any
+
 import torch
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from ablate.lightning_modules.config import ExperimentConfig, OptimConfig
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
+from ablate.lightning_modules.distill_config import Stage, schedule
+from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import IGNORE, PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model_config import ModelConfig
+from ablate.lightning_modules.train_module import OptimPlan, TaskOutput, TrainModule
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay matrices, not biases, norms or embeddings' 1-d parameters."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def pretrain_weights(cfg: ExperimentConfig) -> dict[str, float]:
+    """The pre-training terms' weights: MLM and KD as ``distill`` says (1 and unused without a
+    teacher), the sentence loss ``objective.sentence_weight``, the intermediate terms their own."""
+    d = cfg.distill
+    return {
+        "mlm": d.mlm_weight,
+        "sentence": cfg.objective.sentence_weight,
+        "kd": d.kd_weight,
+        **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
+    }
 
 
-def adamw(groups: list[dict], lr: float, eps: float = 1e-8, precision: str = "32-true") -> torch.optim.AdamW:
-    """AdamW over ``groups``, fused (one kernel for every parameter) where PyTorch has the fused
-    kernel for their device (CUDA, CPU), else the multi-tensor implementation. Not fused under
-    ``16-mixed``: its gradient scaler must unscale before clipping (see :func:`clip_gradients`)."""
-    params = [p for group in groups for p in group["params"]]
-    fused = (
-        precision != "16-mixed"
-        and bool(params)
-        and all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
-    )
-    return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
-
-
-def clip_gradients(
-    module: pl.LightningModule, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str | None
-) -> None:
-    """Gradient clipping by norm, done here rather than by Lightning's mixed-precision plugin,
-    which refuses a fused optimizer even in bf16, where there is no scaler to unscale first."""
-    if not value:
-        return
-    if module.trainer.precision == "16-mixed":  # the scaler unscales first: Lightning's own path
-        pl.LightningModule.configure_gradient_clipping(module, optimizer, value, algorithm)
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    torch.nn.utils.clip_grad_norm_(params, value, foreach=True)
-
-
-def use_tensor_cores(device: torch.device) -> None:
-    """fp32 matmuls on TF32 tensor cores on a CUDA device (Ampere and later; bf16 autocast is
-    unaffected); nothing elsewhere."""
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")
-
-
-def warmup_linear_decay(optim: OptimConfig, max_steps: int):
-    """LR multiplier: linear warmup to 1, then linear decay to 0 at ``max_steps``."""
-    warmup = max(optim.warmup_steps, 0)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
-
-    return factor
-
-
-class PretrainModule(pl.LightningModule):
-    """Pre-training regime. The architecture and loss combination come from the config.
+class PretrainModule(TrainModule):
+    """Pre-training: the architecture and loss combination come from the config.
 
     Args:
         cfg: the resolved experiment config.
         model: an already built model to train (built from ``cfg`` when None).
+        link: the frozen teacher a distillation learns from (None: plain pre-training).
     """
 
-    def __init__(self, cfg: ExperimentConfig, model: PretrainingModel | None = None) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+    def __init__(
+        self, cfg: ExperimentConfig, model: PretrainingModel | None = None, link: TeacherLink | None = None
+    ) -> None:
+        model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+        steps = cfg.trainer.max_steps
+        stages = (
+            schedule(cfg.distill, cfg.model.num_layers, steps)
+            if link is not None
+            else [Stage("train", 0, steps, ("pd",))]
+        )
+        o = cfg.optim
+        plan = OptimPlan(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
+        super().__init__(cfg, model, link, stages, pretrain_weights(cfg), plan)
+        if link is not None:
+            link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         if cfg.trainer.compile:  # the whole forward and loss: one graph (tests/lightning_modules/test_compile.py)
             self.model.compile(mode=cfg.trainer.compile_mode)
         V = cfg.model.vocab_size
@@ -90,35 +70,13 @@ class PretrainModule(pl.LightningModule):
     def forward(self, batch: dict[str, torch.Tensor]):
         return self.model(batch)
 
-    def new_step(self) -> None:
-        """Compiled with CUDA graphs, a step's graph outputs are overwritten by the next replay:
-        say where a step begins (nothing from an earlier step is read after this)."""
-        if self.cfg.trainer.compile and self.cfg.trainer.compile_mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
-
-    def logs_this_step(self) -> bool:
-        """Whether the logger writes this step's training metrics (every ``trainer.log_every``
-        steps, and the last step, whose values are the run's final ones): only then are they
-        handed to Lightning, whose bookkeeping costs host time."""
-        trainer = self._trainer
-        if trainer is None:
-            return True
-        step = trainer.global_step + 1
-        return step % trainer.log_every_n_steps == 0 or 0 < trainer.max_steps <= step
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """One step's loss; logged as device tensors (no host sync: the NaN guard is
-        :class:`~lightning_modules.loop.FiniteLoss`)."""
-        self.new_step()
-        out = self.model(batch)
-        if self.logs_this_step():
-            bs = batch["input_ids"].shape[0]
-            self.log("train/loss", out.loss.detach().clone(), batch_size=bs)
-            self.log("train/mlm_loss", out.mlm_loss.detach().clone(), batch_size=bs)
-            if out.sentence_loss is not None:
-                self.log("train/sentence_loss", out.sentence_loss.detach().clone(), batch_size=bs)
-            self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
-        return out.loss
+    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+        """MLM (+ sentence) losses; the MLM logits at the prediction slots for KD."""
+        out = model(batch, trace)
+        losses = {"mlm": out.mlm_loss}
+        if out.sentence_loss is not None:
+            losses["sentence"] = out.sentence_loss
+        return TaskOutput(out.mlm_logits, out.mlm_valid, losses)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.new_step()
@@ -144,23 +102,33 @@ class PretrainModule(pl.LightningModule):
                 self.log(name, metric.compute(), prog_bar=name in ("val/loss", "val/mlm_acc"), sync_dist=True)
             metric.reset()
 
-    def on_fit_start(self) -> None:
-        use_tensor_cores(self.device)
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+def distill_module(
+    cfg: ExperimentConfig, teacher: PretrainingModel, teacher_cfg: ModelConfig, model: PretrainingModel | None = None
+) -> PretrainModule:
+    """Pre-training distilled from ``teacher`` as ``cfg.distill`` says: the student starts from the
+    teacher's embeddings and layers where asked (``init_embeddings``, ``init_layers``).
 
-    def trainable_modules(self) -> nn.Module:
-        """What the optimizer trains (the model; a distillation adds its projections)."""
-        return self.model
-
-    def configure_optimizers(self):
-        o, steps = self.cfg.optim, self.cfg.trainer.max_steps
-        optimizer = adamw(
-            param_groups(self.trainable_modules(), o.weight_decay),
-            lr=o.lr,
-            eps=o.eps,
-            precision=self.cfg.trainer.precision,
+    ConfigError (naming the field) when the teacher cannot teach this student: another vocabulary,
+    fewer positions than ``data.max_length``, a layer or head map that does not fit, shapes that
+    cannot be copied."""
+    d, student_cfg = cfg.distill, cfg.model
+    if teacher_cfg.vocab_size != student_cfg.vocab_size:
+        raise ConfigError(
+            f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
+            f"student's model.vocab_size is {student_cfg.vocab_size}"
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    if teacher_cfg.position == "learned" and teacher_cfg.max_position < cfg.data.max_length:
+        raise ConfigError(
+            f"distill.teacher: the teacher has {teacher_cfg.max_position} positions (its model.max_position), "
+            f"fewer than data.max_length {cfg.data.max_length}"
+        )
+    model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0)
+    module = PretrainModule(cfg, model, link)
+    chosen = init_layer_map(d.init_layers, student_cfg.num_layers, teacher_cfg.num_layers, link.layer_map)
+    module.copied = [
+        *copy_embeddings(model.encoder.embeddings, teacher.encoder.embeddings, d.init_embeddings),
+        *copy_layers(model.encoder, teacher.encoder, chosen),
+    ]
+    return module

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.distill_config import Stage
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.pruning.budget import beta
@@ -38,6 +39,7 @@ class PruneModule(PretrainModule):
         self.gates = Gates(cfg.model, dims)
         self.beta = beta(cfg.model)
         attach(model, self.gates)
+        self.weights["sparsity"] = cfg.prune.gamma
 
     def release(self) -> PretrainingModel:
         """Take the gates out of the model again (its weights as they were)."""
@@ -51,15 +53,9 @@ class PruneModule(PretrainModule):
         """sum_dim beta_dim * ||alpha_dim||_1 over the gated dimensions."""
         return sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.model(batch)
-        sparsity = self.sparsity()
-        loss = out.loss + self.cfg.prune.gamma * sparsity
-        bs = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, batch_size=bs)
-        self.log("prune/sparsity", sparsity, batch_size=bs)
-        self.log("train/mlm_loss", out.mlm_loss, batch_size=bs)
-        return loss
+    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
+        """The gates' weighted L1 (``sparsity``, weighted by ``prune.gamma``) beside MLM and the sentence loss."""
+        return {"sparsity": self.sparsity()}
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude

@@ -43,8 +43,12 @@ def chained_trial(
     extra_params: dict[str, str] | None = None,
     checkpoint: Plan | None = None,
     resume: str | bool = False,
+    task_teachers: dict[int, str] | None = None,
+    study_model: str | None = None,
 ) -> RunResult:
-    """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task, as one trial run."""
+    """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task (task ``i``
+    distilled from ``task_teachers[i]`` when it distils from the study's model, augmented with
+    ``study_model``'s MLM head when it augments), as one trial run."""
 
     def work(client: Any, trial_run: str) -> dict[str, float]:
         pre = train(
@@ -62,10 +66,11 @@ def chained_trial(
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
         best = []
-        for task in tasks:
+        for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []
             for seed in task.seeds or [None]:
-                ft_cfg = task.config(cfg, RUNS + pre.run_id, seed)
+                teacher = (task_teachers or {}).get(i)
+                ft_cfg = task.config(cfg, RUNS + pre.run_id, seed, teacher=teacher, study_model=study_model)
                 f = ft_cfg.finetune
                 suffix = "" if seed is None else f" seed={seed}"
                 result = train(

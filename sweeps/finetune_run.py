@@ -4,13 +4,20 @@ The source's own tokenizer encodes the task's data; the dev set is scored every
 ``finetune.val_every`` steps and training stops early after ``finetune.patience``
 validations without a better ``finetune.metric``. The run logs every dev metric's curve,
 the best value (``<task>/best_<metric>``) and the majority-class baseline
-(``<task>/majority_accuracy``) to compare against.
+(``<task>/majority_accuracy``) to compare against, and keeps its classifier (the best
+validation's weights) as its ``model/`` artifacts: ``ablate export`` makes it a transformers
+sequence classifier, and another fine-tuning run can learn from it (``distill.teacher``).
+
+With ``distill.teacher`` (a fine-tuned classifier) the run is task distillation; with
+``finetune.augment_copies`` its training set is enlarged by TinyBERT's augmentation; with
+``finetune.exits`` it ends with FastBERT's self-distillation and early-exit evaluation.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +29,21 @@ from lightning.pytorch.loggers import MLFlowLogger
 from ablate.datamodules.classification import ClassificationDataModule
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.finetune import FinetuneModule
+from ablate.lightning_modules.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.quantization.apply import prepare_qat, stored_bytes
 from ablate.sweeps import tracking
+from ablate.sweeps.exit_run import exit_curve
 from ablate.sweeps.quant_run import quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
-from ablate.sweeps.weights import load_source
+from ablate.sweeps.weights import (
+    Source,
+    check_same_tokenizer,
+    load_classifier_source,
+    load_source,
+    log_weights,
+)
+
+AUGMENT_SAMPLE = "augment/sample.tsv"
 
 
 def quantize_classifier(
@@ -49,6 +65,30 @@ def quantize_classifier(
     return out if bits is None else {**out, "quant/avg_bits": bits}
 
 
+def _augmenter(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[Any, str]:
+    """The masked LM that proposes augmentation candidates and its identity (for the cache key)."""
+    f = cfg.finetune
+    if f.augment_copies == 0:
+        return None, ""
+    if f.augment_model is None:
+        return source.model, source.run_id or source.source
+    mlm = load_source(f.augment_model, uri, workdir / "augment", field="finetune.augment_model")
+    check_same_tokenizer(mlm, source.tokenizer, field="finetune.augment_model")  # type: ignore[arg-type]
+    return mlm.model, mlm.run_id or mlm.source
+
+
+def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[FinetuneModule, dict[str, str]]:
+    """The fine-tuning module (distilled from ``distill.teacher`` when set) and its extra tags."""
+    if cfg.distill.teacher is None:
+        module = FinetuneModule(cfg, source.model)
+        return module, {}
+    teacher = load_classifier_source(cfg.distill.teacher, uri, workdir / "teacher", field="distill.teacher")
+    if teacher.tokenizer is not None:
+        check_same_tokenizer(teacher, source.tokenizer)  # type: ignore[arg-type]
+    module = task_distill_module(cfg, source.model, teacher.model, teacher.model_cfg)
+    return module, {tracking.TEACHER: teacher.run_id or teacher.source}
+
+
 def finetune(
     cfg: ExperimentConfig,
     *,
@@ -61,7 +101,8 @@ def finetune(
 ) -> tracking.RunResult:
     """Fine-tune ``finetune.source`` on ``finetune.train`` as one MLflow run; its final dev metrics.
 
-    The source, its tokenizer and the task's data are checked before the run is created.
+    The source, the teacher, the augmenting masked LM, their tokenizers and the task's data are
+    checked (and the augmented set made) before the run is created.
     """
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     f = cfg.finetune
@@ -74,9 +115,19 @@ def finetune(
                 f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
                 f"needs the tokenizer it was pre-trained with"
             )
-        data = ClassificationDataModule(f, source.tokenizer, seed=cfg.seed)
+        cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
+        mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
+        module, module_tags = _module(cfg, source, uri, tmp)
+        data = ClassificationDataModule(
+            f,
+            source.tokenizer,
+            seed=cfg.seed,
+            limit_train=f.train_examples,
+            mlm=mlm,
+            cache_dir=cfg.data.cache_dir,
+            mlm_id=mlm_id,
+        )
         data.setup("fit")
-        module = FinetuneModule(cfg, source.model)
         if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
             module.model = prepare_qat(module.model)
 
@@ -87,28 +138,37 @@ def finetune(
             }
             for key, value in baseline.items():
                 client.log_metric(run_id, key, value)
+            if data.augment_sample is not None:
+                client.log_text(run_id, data.augment_sample, AUGMENT_SAMPLE)
             logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
             steps_per_epoch = max(1, len(data.train_dataloader()))
-            stop = EarlyStopping(monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True)
-            trainer = build_trainer(
-                cfg,
-                logger,
-                [stop],
-                max_steps=f.max_steps,  # validation across epoch ends
-                val_every=min(f.val_every, steps_per_epoch),
-                val_batches=1.0,
+            # strict=False: the dev set is not scored while an intermediate stage trains the layers
+            stop = EarlyStopping(
+                monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
             )
+            val_every = min(f.val_every, steps_per_epoch)
+            trainer = build_trainer(cfg, logger, [stop], max_steps=f.max_steps, val_every=val_every, val_batches=1.0)
             metrics = {**fit(trainer, module, data), **baseline}
             # the model the run leaves: the best validation's weights (early stopping's choice) ...
             module.restore_best()
             best = metrics[f"{f.task}/best_{f.metric}"]
             metrics[f"{f.task}/final_{f.metric}"] = best
+            step = trainer.global_step
+            if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
+                module.self_distillation()
+                exits = build_trainer(cfg, logger, [], max_steps=f.exit_steps, val_every=f.exit_steps, val_batches=0)
+                fit(exits, module, data)
+                step += exits.global_step
+            if f.exits:
+                metrics.update(exit_curve(module.model, cfg, data, client, run_id, step))
             metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
+            # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
+            log_weights(client, run_id, module.model, cfg, tokenizer=source.tokenizer)
             if cfg.quant.enabled:  # ... quantized: its dev score is scored again
                 metrics.update(quantize_classifier(module, cfg, data, best))
             for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):
                 if key in metrics:
-                    client.log_metric(run_id, key, metrics[key], step=trainer.global_step)
+                    client.log_metric(run_id, key, metrics[key], step=step)
             return metrics
 
         return tracking.tracked_run(
@@ -118,7 +178,7 @@ def finetune(
             experiment=experiment,
             name=name,
             parent_run_id=parent_run_id,
-            tags={tracking.SOURCE: source.run_id or source.source, **(tags or {})},
+            tags={tracking.SOURCE: source.run_id or source.source, **module_tags, **(tags or {})},
             inputs={},
             tokenizer=source.tokenizer,
             extra_params=extra_params,

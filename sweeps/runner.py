@@ -14,10 +14,9 @@ from lightning.pytorch.loggers import MLFlowLogger
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
 from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.distill import DistillModule
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.interop import initial_model
-from ablate.lightning_modules.pretrain import PretrainModule
+from ablate.lightning_modules.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.probe import intrinsic_eval
 from ablate.lightning_modules.profiling import placed, training_device
 from ablate.lightning_modules.pruning.gates import check_supported
@@ -48,8 +47,8 @@ def run_name(changes: dict[str, object]) -> str:
 
 
 def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[PretrainModule, dict[str, str]]:
-    """The LightningModule of a run and its extra tags: a DistillModule for a ``distill`` run
-    (tagged with the teacher's run), else a PretrainModule; the model starts from random
+    """The LightningModule of a run and its extra tags: pre-training, distilled from the teacher in a
+    ``distill`` run (tagged with the teacher's run); the model starts from random
     weights or from those of ``init_from``."""
     student = initial_model(cfg, tokenizer)
     if cfg.quant.method == "qat-int8":  # fake-quantized from the first step
@@ -59,7 +58,7 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
         teacher = load_source(cfg.distill.teacher, uri, Path(tmp))
         check_same_tokenizer(teacher, tokenizer)
-    module = DistillModule(cfg, teacher.model, teacher.model_cfg, student)
+    module = distill_module(cfg, teacher.model, teacher.model_cfg, student)
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 

@@ -39,20 +39,19 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import optuna
-from pydantic import Field, StrictInt, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten, to_dict
+from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.configio import build_config, read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
-from ablate.lightning_modules.finetune_config import FinetuneConfig
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     REFERENCE_FIELDS,
+    FinetuneTask,
     PruneSourceSpec,
     ReferenceSpec,
     StudyModel,
@@ -151,37 +150,6 @@ class ObjectiveSpec:
 
     metric: str = "val/loss"
     direction: Literal["minimize", "maximize"] = "minimize"
-
-
-@dataclass(frozen=True, config=STRICT)
-class FinetuneTask(FinetuneConfig):
-    """One fine-tuning task of a chained study: a whole ``finetune`` section (unset fields take
-    its defaults; ``source`` is each trial's own pre-trained model) and the seeds it is
-    fine-tuned with.
-
-    Attributes:
-        seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
-            and ``<task>/best_<metric>_std``); None: once, with the trial's seed.
-    """
-
-    seeds: tuple[Annotated[StrictInt, Field(ge=0)], ...] | None = Field(default=None, min_length=1)
-
-    @model_validator(mode="after")
-    def _check_task(self) -> FinetuneTask:
-        if self.source is not None:
-            raise ValueError("source: set by the chain (each trial's own pre-trained model)")
-        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: {list(self.seeds)}: repeated seeds")
-        return self
-
-    def config(self, cfg: ExperimentConfig, source: str, seed: int | None = None) -> ExperimentConfig:
-        """The fine-tuning config of this task for the trial ``cfg`` pre-trained as ``source``:
-        a ``finetune`` run with the trial's model, data and tracking settings."""
-        fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source")}
-        tree = {k: v for k, v in to_dict(cfg).items() if k not in REGIME_SOURCE}  # the trial's regime section
-        tree["quant"] = {**to_dict(cfg.quant), "source": None}  # a quantized trial's classifier is quantized alike
-        regime = {"regime": "finetune", "finetune.source": source}
-        return build_config(tree, {**fields, **({} if seed is None else {"seed": seed}), **regime})
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -292,7 +260,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         _validate_upstream(spec.upstream, spec, base, students, where)
     if spec.finetune and isinstance(base.get("finetune"), dict):
         raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its finetune: tasks")
-    check_tasks(students[0], spec.finetune, where)
+    check_tasks(students[0], spec.finetune, where, study_model=spec.upstream is not None)
 
 
 def _validate_upstream(
@@ -318,11 +286,18 @@ def _validate_upstream(
                 )
 
 
-def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str) -> None:
-    """Every fine-tuning task builds a valid config for the trial ``cfg`` and its local files exist."""
+def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str, study_model: bool = True) -> None:
+    """Every fine-tuning task builds a valid config for the trial ``cfg`` and its local files exist;
+    a task that distils from the study's model needs one (``study_model``)."""
     for i, task in enumerate(tasks):
+        if task.study_teacher and not study_model:
+            raise ConfigError(
+                f"{where}: finetune[{i}].distill.teacher: the study trains no model to fine-tune as the task's "
+                f"teacher (teacher:, reference: or prune_source:); name a fine-tuned classifier "
+                f"(runs:/RUN_ID or a folder)"
+            )
         try:
-            task.config(cfg, PLACEHOLDER_SOURCE)
+            task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
         except ConfigError as exc:
             raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
         for key in ("train", "validation"):
@@ -362,21 +337,25 @@ def trial_config(
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
     try:
-        field = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
+        field: str | None = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
         if spec.reference is not None:
             field = _reference_field(base, {**spec.overrides, **variant, **params})
-        distill = {field: teacher} if teacher is not None else {}
+        distill = {field: teacher} if teacher is not None and field is not None else {}
         return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
     except ConfigError as exc:
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
 
 
-def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str:
-    """The source field a trial's regime fills with the study's reference."""
+def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str | None:
+    """The source field a trial's regime fills with the study's reference (None: a ``pretrain`` trial,
+    trained from scratch beside the compressed ones; its tasks may still learn from the reference
+    fine-tuned, ``finetune[i].distill``)."""
     regime = changes.get("regime", base.get("regime"))
+    if regime == "pretrain":
+        return None
     if regime not in REFERENCE_FIELDS:
         raise ConfigError(
-            f"regime: {regime!r}: a trial of a study with a reference names its regime, one of "
+            f"regime: {regime!r}: a trial of a study with a reference names its regime, one of pretrain, "
             f"{', '.join(REFERENCE_FIELDS)} (the reference is its {', '.join(REFERENCE_FIELDS.values())})"
         )
     return REFERENCE_FIELDS[regime]

@@ -182,7 +182,10 @@ def run_study(
             teacher = teachers.ensure_teacher(
                 spec, base, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat)
             )
-            objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher)
+            task_teachers = teachers.ensure_task_teachers(
+                spec, base, teacher, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat)
+            )
+            objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
             if n_trials is not None:
@@ -219,10 +222,18 @@ def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
 
 
 def trial_objective(
-    spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str, teacher: str | None
+    spec: StudySpec,
+    base: dict[str, Any],
+    client: Any,
+    exp_id: str,
+    uri: str,
+    parent: str,
+    teacher: str | None,
+    task_teachers: dict[int, str] | None = None,
 ) -> Callable[[optuna.Trial], float]:
     """The Optuna objective: train the sampled config as an MLflow run nested under ``parent``
-    (distilling from ``teacher`` when given) and return its objective metric."""
+    (distilling from ``teacher`` when given; each fine-tuning task from its ``task_teachers``
+    entry) and return its objective metric."""
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
@@ -247,7 +258,10 @@ def trial_objective(
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
             # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
-            run = functools.partial(chained_trial, tasks=spec.finetune) if spec.finetune else train
+            chained = functools.partial(
+                chained_trial, tasks=spec.finetune, task_teachers=task_teachers or {}, study_model=teacher
+            )
+            run = chained if spec.finetune else train
             result = run(
                 cfg,
                 tracking_uri=uri,

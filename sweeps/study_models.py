@@ -1,16 +1,21 @@
-"""The trained model a study uses, declared in its YAML: a ``teacher`` every trial distils from,
-a ``prune_source`` every trial prunes, or a ``reference`` every trial compresses by its own regime.
-Given (``source``) or trained once for the study (``model`` + ``overrides``)."""
+"""The sections of a study that are more than overrides: the trained model a study uses (a
+``teacher`` every trial distils from, a ``prune_source`` every trial prunes, or a ``reference``
+every trial compresses by its own regime; given as ``source`` or trained once for the study from
+``model`` + ``overrides``), and its fine-tuning tasks (:class:`FinetuneTask`)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+from dataclasses import asdict
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import REGIME_SOURCE
+from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, to_dict
+from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.finetune_config import FinetuneConfig
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -73,3 +78,69 @@ class ReferenceSpec(StudyModel):
 
 REFERENCE_FIELDS = {regime: REGIME_SOURCE[regime] for regime in ("distill", "prune", "quant")}
 """The regimes a trial of a study with a ``reference`` may have, and the field the reference fills."""
+
+
+@dataclass(frozen=True, config=STRICT)
+class FinetuneTask(FinetuneConfig):
+    """One fine-tuning task of a chained study: a whole ``finetune`` section (unset fields take
+    its defaults; ``source`` is each trial's own pre-trained model), the seeds it is fine-tuned
+    with, and how it learns from a fine-tuned teacher.
+
+    Attributes:
+        seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
+            and ``<task>/best_<metric>_std``); None: once, with the trial's seed.
+        distill: task distillation: the ``distill`` section of this task's fine-tuning runs
+            (``kd_weight``, ``label_weight``, ``temperature``, ``strategy``, ``stage_steps``, the
+            intermediate terms ...). Its ``teacher`` left out: the study's trained model
+            (``teacher``, ``reference`` or ``prune_source``) fine-tuned on this task, once for the
+            whole study (without augmentation, exits or distillation of its own); or a fine-tuned
+            classifier given as ``runs:/RUN_ID`` or a folder.
+
+    A task that augments its training set (``augment_copies``) without naming ``augment_model``
+    draws its candidates from the study's trained model's MLM head when the study has one (as
+    TinyBERT augments with its teacher's BERT), else from each trial's own pre-trained model.
+    """
+
+    seeds: tuple[Annotated[StrictInt, Field(ge=0)], ...] | None = Field(default=None, min_length=1)
+    distill: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_task(self) -> FinetuneTask:
+        if self.source is not None:
+            raise ValueError("source: set by the chain (each trial's own pre-trained model)")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: {list(self.seeds)}: repeated seeds")
+        return self
+
+    @property
+    def study_teacher(self) -> bool:
+        """Whether this task learns from the study's model fine-tuned on it (``distill`` without a teacher)."""
+        return self.distill is not None and self.distill.get("teacher") is None
+
+    def teacher_task(self) -> FinetuneTask:
+        """The task the study's model is fine-tuned on to teach this one: the same data and
+        schedule, no augmentation, exits or teacher."""
+        return dataclasses.replace(self, distill=None, augment_copies=0, exits=False, exit_steps=0, seeds=None)
+
+    def config(
+        self,
+        cfg: ExperimentConfig,
+        source: str,
+        seed: int | None = None,
+        teacher: str | None = None,
+        study_model: str | None = None,
+    ) -> ExperimentConfig:
+        """The fine-tuning config of this task for the trial ``cfg`` pre-trained as ``source``:
+        a ``finetune`` run with the trial's model, data and tracking settings, distilled from
+        ``teacher`` (the study's fine-tuned model; else ``distill.teacher`` as given) when the task
+        distils, augmented with ``study_model``'s MLM head (the study's trained model) unless it names its own."""
+        fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source", "distill")}
+        if self.augment_copies and self.augment_model is None and study_model is not None:
+            fields["finetune.augment_model"] = study_model
+        tree = {k: v for k, v in to_dict(cfg).items() if k not in REGIME_SOURCE}  # the trial's regime section
+        tree["quant"] = {**to_dict(cfg.quant), "source": None}  # a quantized trial's classifier is quantized alike
+        regime = {"regime": "finetune", "finetune.source": source}
+        distill = {f"distill.{k}": v for k, v in (self.distill or {}).items()}
+        if self.study_teacher:
+            distill["distill.teacher"] = teacher
+        return build_config(tree, {**fields, **({} if seed is None else {"seed": seed}), **regime, **distill})

@@ -21,11 +21,12 @@ from mlflow.exceptions import MlflowException
 from optuna.trial import TrialState
 from rich.console import Console
 
-from ablate.lightning_modules.config import config_digest
+from ablate.lightning_modules.config import ExperimentConfig, config_digest, to_dict
+from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import ConfigError
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps.runner import train
-from ablate.sweeps.spec import StudySpec, teacher_config
+from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config
 from ablate.sweeps.weights import RUNS
 
 TEACHER_CONFIG = "ablate.teacher_config"  # on a study's teacher run: sha256 of its resolved config YAML
@@ -113,17 +114,72 @@ def _trained_teacher(
 ) -> str:
     """The run id of the study's teacher: the finished one with this config, or one trained now
     by this worker or by another one (waited for)."""
-    cfg = teacher_config(base, spec)
     upstream = spec.upstream
     assert upstream is not None and upstream.model is not None
+    cfg = teacher_config(base, spec)
+    what = str(upstream.model.get("preset", "its model"))
+    args = (client, exp_id, uri, parent, storage, poll_s, spec.checkpoints)
+    return trained_once(spec.name, cfg, upstream.SECTION, SUFFIX, what, *args)
+
+
+def ensure_task_teachers(
+    spec: StudySpec,
+    base: dict[str, Any],
+    source: str | None,
+    client: Any,
+    exp_id: str,
+    uri: str,
+    parent: str,
+    storage: Any,
+    poll_s: float = 5.0,
+) -> dict[int, str]:
+    """For each fine-tuning task that distils from the study's model (``finetune[i].distill`` without
+    a teacher): that model (``source``) fine-tuned on the task, once for the study (found when it
+    was, waited for when another worker fine-tunes it), as ``runs:/RUN_ID`` by task index.
+    Tasks with the same data and schedule share one teacher."""
+    out: dict[int, str] = {}
+    if source is None:
+        return out
+    students = corner_configs(spec, base)
+    for i, task in enumerate(spec.finetune):
+        if not task.study_teacher:
+            continue
+        cfg = task.teacher_task().config(students[0], source)
+        cfg = build_config(to_dict(cfg), {"name": f"{spec.name}-teacher-{task.task}"})
+        role = f"teacher | {task.task}"
+        what = f"the study's model on {task.task}"
+        suffix = f"{SUFFIX}:{config_digest(cfg)[:12]}"
+        args = (client, exp_id, uri, parent, storage, poll_s, spec.checkpoints)
+        out[i] = RUNS + trained_once(spec.name, cfg, role, suffix, what, *args)
+    return out
+
+
+def trained_once(
+    study: str,
+    cfg: ExperimentConfig,
+    name: str,
+    suffix: str,
+    what: str,
+    client: Any,
+    exp_id: str,
+    uri: str,
+    parent: str,
+    storage: Any,
+    poll_s: float,
+    checkpoints_at: str | None = None,
+) -> str:
+    """The run id of a model the study trains once (a teacher, a model to prune, a task's teacher):
+    the finished run with this config, or one trained now by this worker or by another one
+    (waited for). Its run is named ``name``; the Optuna study ``<study><suffix>`` hands its
+    training to one worker; its checkpoints go where the study's ``checkpoints`` (``checkpoints_at``) say."""
     digest = config_digest(cfg)
-    if (found := _finished(client, exp_id, spec.name, digest)) is not None:
-        _CONSOLE.print(f"{upstream.SECTION}: reusing run {found} (trained earlier for this study)", markup=False)
+    if (found := _finished(client, exp_id, study, digest)) is not None:
+        _CONSOLE.print(f"{name}: reusing run {found} (trained earlier for this study)", markup=False)
         return found
-    helper = optuna.create_study(study_name=spec.name + SUFFIX, storage=storage, load_if_exists=True)
+    helper = optuna.create_study(study_name=study + suffix, storage=storage, load_if_exists=True)
 
     def competing(trial: optuna.Trial) -> list[optuna.trial.FrozenTrial]:
-        """Other attempts at this teacher that come first: finished, or running with a smaller number
+        """Other attempts at this model that come first: finished, or running with a smaller number
         (one that has not said its config yet counts: it may be this one)."""
         return [
             t
@@ -137,30 +193,27 @@ def _trained_teacher(
         trial.set_user_attr(_DIGEST, digest)
         if competing(trial):
             raise workers.DuplicateTrial("another worker trains the teacher")
-        mark_killed(client, exp_id, spec.name)  # a RUNNING teacher run now is a dead attempt's
-        what, steps = upstream.model.get("preset", "its model"), cfg.trainer.max_steps
-        _CONSOLE.print(
-            f"{upstream.SECTION}: training {what} once for the study (run '{upstream.SECTION}', {steps} steps)",
-            markup=False,
-        )
-        tags = {tracking.ROLE: "teacher", tracking.STUDY: spec.name, TEACHER_CONFIG: digest}
+        mark_killed(client, exp_id, study)  # a RUNNING teacher run now is a dead attempt's
+        steps = cfg.finetune.max_steps if cfg.regime == "finetune" else cfg.trainer.max_steps
+        _CONSOLE.print(f"{name}: training {what} once for the study (run '{name}', {steps} steps)", markup=False)
+        tags = {tracking.ROLE: "teacher", tracking.STUDY: study, TEACHER_CONFIG: digest}
         result = train(
             cfg,
             tracking_uri=uri,
-            experiment=spec.name,
+            experiment=study,
             parent_run_id=parent,
             tags=tags,
-            name=upstream.SECTION,
+            name=name,
             checkpoint=checkpoints.trial_plan(
-                checkpoints.location(spec.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, spec.name, cfg
+                checkpoints.location(checkpoints_at, uri, cfg.tracking.root), cfg.tracking.root, study, cfg
             ),
             resume=True,
         )
-        _CONSOLE.print(f"{upstream.SECTION}: trained run {result.run_id}", markup=False)
+        _CONSOLE.print(f"{name}: trained run {result.run_id}", markup=False)
         return 0.0
 
     told = False
-    while (found := _finished(client, exp_id, spec.name, digest)) is None:
+    while (found := _finished(client, exp_id, study, digest)) is None:
         optuna.storages.fail_stale_trials(helper)  # a dead worker's teacher: KILLED, retried below
         running = [
             t
@@ -171,7 +224,7 @@ def _trained_teacher(
             helper.optimize(train_teacher, n_trials=1, catch=(workers.DuplicateTrial,))
             continue
         if not told:
-            _CONSOLE.print(f"{upstream.SECTION}: another worker is training it; waiting", markup=False)
+            _CONSOLE.print(f"{name}: another worker is training it; waiting", markup=False)
             told = True
         time.sleep(poll_s)
     return found

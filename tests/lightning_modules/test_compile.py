@@ -72,3 +72,46 @@ def test_pretraining_step_is_one_graph(family: str, padded: bool) -> None:
     assert sum(counters["graph_break"].values()) == 0
     model.eval()  # the same numbers as eager (dropout draws differ once compiled)
     torch.testing.assert_close(compiled(batches[-1]).loss, model(batches[-1]).loss, rtol=1e-5, atol=1e-5)
+
+
+def _step_graphs(module, batch: dict[str, torch.Tensor]) -> None:
+    """Every stage of ``module``'s schedule: its loss terms (student, frozen teacher, projections, KD,
+    exits) compile as one graph, with no breaks, and the same graph serves the next batch."""
+    for stage in module.stages:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(module.losses)(batch, stage)
+        assert explained.graph_break_count == 0, (stage.name, explained.break_reasons)
+        assert explained.graph_count == 1, stage.name
+
+
+def test_every_distillation_stage_is_one_graph():
+    from ablate.lightning_modules.pretrain import distill_module
+
+    raw = {"model": {"preset": "bert-tiny", "num_layers": 2, "hidden_dim": 64, "embed_dim": 64, "num_heads": 2}}
+    distill = {"teacher": "runs:/t", "strategy": "joint", "stage_steps": 5, "at_loss": "mse", "cos_weight": 1.0}
+    cfg = build_config({**raw, "distill": distill, "trainer": {"max_steps": 10}})
+    teacher_cfg = build_config({"model": {"preset": "bert-tiny"}})
+    torch.manual_seed(0)
+    teacher = build_pretraining_model(teacher_cfg.model, cfg.objective)
+    module = distill_module(cfg, teacher, teacher_cfg.model).train()
+    _step_graphs(module, random_batch(cfg.model.vocab_size, B, T, torch.device("cpu"), seed=0))
+
+
+def test_every_fine_tuning_stage_is_one_graph():
+    from ablate.lightning_modules.classifier import build_classifier
+    from ablate.lightning_modules.finetune import FinetuneModule, task_distill_module
+
+    ft = {"source": "runs:/s", "task": "t", "train": "a.tsv", "validation": "b.tsv", "max_steps": 10}
+    plain = build_config({"model": {"preset": "bert-tiny"}, "finetune": {**ft, "exits": True, "exit_steps": 4}})
+    torch.manual_seed(0)
+    pretrained = build_pretraining_model(plain.model, plain.objective)
+    batch = random_batch(plain.model.vocab_size, B, T, torch.device("cpu"), seed=0)
+    batch["labels"] = torch.tensor([0, 1, 1, 0])
+    fastbert = FinetuneModule(plain, pretrained).train()
+    _step_graphs(fastbert, batch)
+    fastbert.self_distillation()  # FastBERT's second phase: only the exits train
+    _step_graphs(fastbert, batch)
+    distill = {"teacher": "runs:/t", "strategy": "joint", "stage_steps": 5, "at_loss": "mse", "fmt_weight": 1.0}
+    cfg = build_config({"model": {"preset": "bert-tiny"}, "finetune": ft, "distill": distill})
+    teacher = build_classifier(pretrained, 2, 0.0, 0.02)
+    _step_graphs(task_distill_module(cfg, pretrained, teacher, cfg.model).train(), batch)

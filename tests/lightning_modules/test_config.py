@@ -102,11 +102,23 @@ def test_a_run_says_its_regime(raw, regime):
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (  # used to fine-tune silently
-            {"distill": {"teacher": "runs:/t"}, "finetune": {"source": "runs:/s", **_FT}},
+        (
+            {"prune": {"source": "runs:/t"}, "finetune": {"source": "runs:/s", **_FT}},
             "finetune.source: a run has one regime (pretrain, distill, prune, finetune, quant); "
-            "distill.teacher is set too",
+            "prune.source is set too",
         ),
+        (  # task distillation takes the distill section, but not what only pre-training does
+            {"distill": {"teacher": "runs:/t", "mlm_weight": 2.0}, "finetune": {"source": "runs:/s", **_FT}},
+            "distill.mlm_weight: a fine-tuning run has no MLM",
+        ),
+        ({"distill": {"teacher": "runs:/t", "label_weight": 0.0}}, "distill.label_weight: only for task distillation"),
+        (
+            {"distill": {"teacher": "runs:/t", "init_layers": "every_other"}, "finetune": {"source": "runs:/s", **_FT}},
+            "distill.init_layers: a fine-tuning run starts from its finetune.source",
+        ),
+        ({"finetune": {"source": "runs:/s", "exits": True, **_FT}}, "finetune.exit_steps: FastBERT's exits"),
+        ({"finetune": {"source": "runs:/s", "exit_steps": 5, **_FT}}, "finetune.exit_steps: FastBERT's exits"),
+        ({"finetune": {"source": "runs:/s", "exit_speeds": [0.5, 1.5], **_FT}}, "finetune.exit_speeds[1]: Input"),
         ({"regime": "prune"}, "prune.source: required by regime 'prune'"),
         ({"regime": "pretrain", "distill": {"teacher": "runs:/t"}}, "distill.teacher: set, but regime is 'pretrain'"),
         ({"regime": "finetune", "prune": {"source": "runs:/s"}}, "finetune.source: required by regime 'finetune'"),
@@ -121,6 +133,15 @@ def test_conflicting_regimes_are_one_error(raw, message):
     with pytest.raises(ConfigError) as err:
         build_config(raw)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_finetuning_run_with_a_teacher_is_task_distillation():
+    raw = {"distill": {"teacher": "runs:/t", "kd_weight": 2.0, "label_weight": 0.5}, "finetune": {"source": "runs:/s"}}
+    cfg = build_config({**raw, "finetune": {**raw["finetune"], **_FT}})
+    assert cfg.regime == "finetune" and cfg.distill.teacher == "runs:/t"
+    params = run_params(cfg)
+    assert params["distill.kd_weight"] == 2.0 and params["finetune.source"] == "runs:/s"
+    assert "distill.teacher" not in run_params(build_config({"finetune": {"source": "runs:/s", **_FT}}))
 
 
 def test_a_run_logs_only_the_fields_its_regime_uses():

@@ -1,4 +1,5 @@
-"""DistillModule: transfer losses, the frozen teacher, progressive freezing, layer/head maps."""
+"""Distillation in pre-training (``distill_module``: the one training step with a teacher link): transfer
+losses, the frozen teacher, progressive freezing, layer and head maps, DistilBERT's initialisation and cosine."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import torch
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.distill import DistillModule
 from ablate.lightning_modules.encoder import Trace
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.losses import feature_map_loss
+from ablate.lightning_modules.pretrain import distill_module
 
 V = 300
 STUDENT = {"preset": "mobilebert-mini", "vocab_size": V, "max_position": 64}
@@ -59,8 +60,8 @@ TRANSFER = {"fmt_weight": 1.0, "at_weight": 1.0, "embed_weight": 1.0}
 def test_every_loss_is_zero_when_the_student_is_the_teacher():
     cfg = _cfg(**TRANSFER)
     student = build_pretraining_model(cfg.model, cfg.objective)
-    module = DistillModule(cfg, copy.deepcopy(student), cfg.model, student).eval()
-    losses = module.distill_losses(_batch(), module.stages[0])
+    module = distill_module(cfg, copy.deepcopy(student), cfg.model, student).eval()
+    losses = module.losses(_batch(), module.stages[0])
     assert set(losses) == {"fmt", "at", "embed", "mlm", "kd", "sentence"}
     for name in ("fmt", "at", "embed", "kd"):
         assert losses[name].item() == 0.0, name
@@ -70,8 +71,8 @@ def test_every_loss_is_zero_when_the_student_is_the_teacher():
 def test_every_loss_is_positive_when_the_student_differs():
     cfg = _cfg(**TRANSFER)
     teacher, teacher_cfg = _teacher()
-    module = DistillModule(cfg, teacher, teacher_cfg).eval()
-    losses = module.distill_losses(_batch(), module.stages[0])
+    module = distill_module(cfg, teacher, teacher_cfg).eval()
+    losses = module.losses(_batch(), module.stages[0])
     for name in ("fmt", "at", "embed", "kd"):
         assert losses[name].item() > 0, name
         assert torch.isfinite(losses[name])
@@ -81,12 +82,12 @@ def test_no_gradient_reaches_the_teacher_and_its_weights_do_not_move():
     cfg = _cfg(**TRANSFER)
     teacher, teacher_cfg = _teacher()
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
-    module = DistillModule(cfg, teacher, teacher_cfg)
+    module = distill_module(cfg, teacher, teacher_cfg)
     module.train()
-    assert not module.teacher.training  # train() keeps the teacher in eval mode (no dropout)
+    assert not module.link.teacher.training  # train() keeps the teacher in eval mode (no dropout)
     optimizer = torch.optim.AdamW(module.trainable_modules().parameters(), lr=1e-2)
     for _ in range(3):
-        loss = module.weighted(module.distill_losses(_batch(), module.stages[0]))
+        loss = module.weighted(module.losses(_batch(), module.stages[0]))
         loss.backward()
         assert all(p.grad is None for p in teacher.parameters())
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.model.parameters())
@@ -98,11 +99,11 @@ def test_no_gradient_reaches_the_teacher_and_its_weights_do_not_move():
 def test_layer_and_head_maps_when_depths_and_head_counts_differ():
     cfg = _cfg({**STUDENT, "num_layers": 2, "num_heads": 2})  # student: 2 layers x 2 heads
     teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 4, "num_heads": 4})  # teacher: 4 x 4
-    module = DistillModule(cfg, teacher, teacher_cfg).eval()
-    assert module.layer_map == [1, 3]
-    assert module.head_maps == [[[0, 1], [2, 3]]] * 2
+    module = distill_module(cfg, teacher, teacher_cfg).eval()
+    assert module.link.layer_map == [1, 3]
+    assert module.link.head_maps == [[[0, 1], [2, 3]]] * 2
     batch = _batch()
-    losses = module.distill_losses(batch, module.stages[0])
+    losses = module.losses(batch, module.stages[0])
     # FMT pairs student layer i with teacher layer layer_map[i], nothing else
     args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
     s, t = Trace(attention=frozenset()), Trace(attention=frozenset())
@@ -121,48 +122,48 @@ def test_layer_and_head_maps_when_depths_and_head_counts_differ():
 
 def test_an_explicit_layer_map_and_its_errors():
     teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 4})
-    module = DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 2]), teacher, teacher_cfg)
-    assert module.layer_map == [0, 2]
+    module = distill_module(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 2]), teacher, teacher_cfg)
+    assert module.link.layer_map == [0, 2]
     with pytest.raises(ConfigError, match="distill.layer_map: teacher layer 7 does not exist"):
-        DistillModule(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 7]), teacher, teacher_cfg)
+        distill_module(_cfg({**STUDENT, "num_layers": 2}, layer_map=[0, 7]), teacher, teacher_cfg)
     with pytest.raises(ConfigError, match="distill.at_weight: .*3 heads, the teacher 4"):
-        DistillModule(_cfg({**STUDENT, "num_layers": 2, "intra_dim": 48, "num_heads": 3}), teacher, teacher_cfg)
+        distill_module(_cfg({**STUDENT, "num_layers": 2, "intra_dim": 48, "num_heads": 3}), teacher, teacher_cfg)
 
 
 def test_widths_that_differ_get_learned_projections():
     teacher, teacher_cfg = _teacher({**TEACHER, "hidden_dim": 96})
-    module = DistillModule(_cfg(**TRANSFER), teacher, teacher_cfg)
-    assert module.project is not None and len(module.project) == 5  # 4 layers + the embedding
-    assert module.project[0].in_features == 128 and module.project[0].out_features == 96
+    module = distill_module(_cfg(**TRANSFER), teacher, teacher_cfg)
+    assert module.link.project is not None and len(module.link.project) == 5  # 4 layers + the embedding
+    assert module.link.project[0].in_features == 128 and module.link.project[0].out_features == 96
     params = {id(p) for p in module.trainable_modules().parameters()}
-    assert all(id(p) in params for p in module.project.parameters())  # the optimizer trains them
+    assert all(id(p) in params for p in module.link.project.parameters())  # the optimizer trains them
 
 
 def test_vocabularies_must_match():
     teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V + 1})
     with pytest.raises(ConfigError, match="distill.teacher: the teacher's vocabulary has 301"):
-        DistillModule(_cfg(), teacher, teacher_cfg)
+        distill_module(_cfg(), teacher, teacher_cfg)
 
 
 def test_a_teacher_must_read_sequences_as_long_as_the_students():
     teacher, teacher_cfg = _teacher({**TEACHER, "max_position": 32})
     with pytest.raises(ConfigError, match="distill.teacher: the teacher has 32 positions .* data.max_length 64"):
-        DistillModule(_cfg(), teacher, teacher_cfg)
+        distill_module(_cfg(), teacher, teacher_cfg)
 
 
 def test_init_embeddings_copies_what_the_student_keeps():
     teacher, teacher_cfg = _teacher()
     cfg = _cfg({**STUDENT, "embed_norm": False, "position": "none"}, init_embeddings="all")
-    module = DistillModule(cfg, teacher, teacher_cfg)
+    module = distill_module(cfg, teacher, teacher_cfg)
     mine, theirs = module.model.encoder.embeddings, teacher.encoder.embeddings
     assert torch.equal(mine.word.weight, theirs.word.weight)
     assert torch.equal(mine.trigram.linear.weight, theirs.trigram.linear.weight)
     assert mine.position is None and "position.weight" not in module.copied
-    word_only = DistillModule(_cfg(init_embeddings="word"), teacher, teacher_cfg)
+    word_only = distill_module(_cfg(init_embeddings="word"), teacher, teacher_cfg)
     assert word_only.copied == ["word.weight"]
     assert not torch.equal(word_only.model.encoder.embeddings.trigram.linear.weight, theirs.trigram.linear.weight)
     with pytest.raises(ConfigError, match="distill.init_embeddings: .*set model.embed_dim"):
-        DistillModule(_cfg({**STUDENT, "embed_dim": 16}, init_embeddings="word"), teacher, teacher_cfg)
+        distill_module(_cfg({**STUDENT, "embed_dim": 16}, init_embeddings="word"), teacher, teacher_cfg)
 
 
 class _Snapshots(pl.Callback):
@@ -201,7 +202,7 @@ def test_progressive_freezes_finished_layers_bit_for_bit(tmp_path, wiki_validati
         },
     )
     teacher, teacher_cfg = _teacher({**TEACHER, "num_layers": 2})
-    module = DistillModule(cfg, teacher, teacher_cfg)
+    module = distill_module(cfg, teacher, teacher_cfg)
     assert [st.name for st in module.stages] == ["layer 0", "layer 1", "pd"]
     data = PretrainDataModule(cfg.data, cfg.objective, V, 0)
     snaps = _Snapshots({0, s, 2 * s})
@@ -230,3 +231,47 @@ def test_progressive_freezes_finished_layers_bit_for_bit(tmp_path, wiki_validati
         assert all(torch.equal(v, end_of_0[k]) for k, v in part(snaps.at[0], prefix).items()), prefix
     assert any(not torch.equal(v, final[k]) for k, v in part(end_of_1, layer0[0]).items())  # PD trains everything
     assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in teacher_before.items())
+
+
+BERT_TEACHER = {"preset": "bert-tiny", "vocab_size": V, "max_position": 64, "num_layers": 4}
+BERT_STUDENT = {**BERT_TEACHER, "num_layers": 2}
+
+
+def test_init_layers_every_other_copies_teacher_layers_0_and_2():
+    teacher, teacher_cfg = _teacher(BERT_TEACHER)
+    module = distill_module(_cfg(BERT_STUDENT, init_layers="every_other", init_embeddings="all"), teacher, teacher_cfg)
+    assert module.copied[-2:] == ["layer 0 <- 0", "layer 1 <- 2"]
+    s, t = module.model.encoder, teacher.encoder
+    for i, j in ((0, 0), (1, 2)):
+        for mine, theirs in zip(s.layer_modules(i), t.layer_modules(j), strict=True):
+            for (name, a), b in zip(mine.state_dict().items(), theirs.state_dict().values(), strict=True):
+                assert torch.equal(a, b), (i, name)
+    mapped = distill_module(_cfg(BERT_STUDENT, init_layers="layer_map"), teacher, teacher_cfg)
+    assert mapped.copied == ["layer 0 <- 1", "layer 1 <- 3"]  # the transfer's map: last on last
+
+
+def test_init_layers_names_the_first_tensor_whose_shape_differs_and_a_missing_teacher_layer():
+    teacher, teacher_cfg = _teacher(BERT_TEACHER)
+    narrow = {**BERT_STUDENT, "ffn_dim": 256}
+    wrong = r"student layer 0 cannot start from teacher layer 0: encoder.ffn_stacks.0.0.inner.up.weight is \(256"
+    with pytest.raises(ConfigError, match=f"distill.init_layers: {wrong}"):
+        distill_module(_cfg(narrow, init_layers="every_other"), teacher, teacher_cfg)
+    with pytest.raises(
+        ConfigError, match="distill.init_layers: every_other needs teacher layer 4, but the teacher has 4"
+    ):
+        distill_module(_cfg({**BERT_STUDENT, "num_layers": 3}, init_layers="every_other"), teacher, teacher_cfg)
+
+
+def test_the_cosine_term_is_zero_for_the_teacher_itself_and_counts_in_the_last_stage():
+    teacher, teacher_cfg = _teacher(BERT_TEACHER)
+    same = distill_module(
+        _cfg(BERT_TEACHER, cos_weight=1.0, at_loss="mse"), copy.deepcopy(teacher), teacher_cfg, teacher
+    )
+    losses = same.eval().losses(_batch(), same.stages[0])
+    assert {"cos", "at", "fmt", "kd", "mlm", "sentence"} <= set(losses)
+    assert losses["cos"].abs().item() < 1e-6 and losses["at"].item() < 1e-9 and losses["kd"].abs().item() < 1e-6
+    cfg = _cfg(BERT_STUDENT, cos_weight=1.0, fmt_weight=1.0, at_weight=0.0, strategy="progressive", stage_steps=5)
+    stages = distill_module(cfg, teacher, teacher_cfg).stages
+    assert [s.losses for s in stages] == [("fmt",), ("fmt", "cos"), ("pd",)]
+    student = distill_module(_cfg(BERT_STUDENT, cos_weight=1.0), teacher, teacher_cfg).eval()
+    assert student.losses(_batch(), student.stages[0])["cos"].item() > 0

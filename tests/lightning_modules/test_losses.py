@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
+from ablate.lightning_modules.losses import (
+    attention_loss,
+    attention_mse_loss,
+    cosine_loss,
+    feature_map_loss,
+    head_map,
+    kd_loss,
+    layer_map,
+)
 
 
 @pytest.mark.parametrize(
@@ -101,3 +109,29 @@ def test_kd_loss_zero_for_equal_logits_positive_otherwise_and_scaled_by_t_square
     manual = (t.softmax(-1) * (t.log_softmax(-1) - s.log_softmax(-1))).sum(-1).mean()
     assert at1.item() == pytest.approx(manual.item(), rel=1e-5)
     assert kd_loss(s[:0], t[:0]).item() == 0.0  # no masked positions in the batch
+
+
+def test_attention_mse_compares_raw_scores_on_real_pairs_only():
+    torch.manual_seed(0)
+    t = torch.randn(2, 4, 5, 5)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    heads = head_map(2, 4)
+    grouped = torch.stack([t[:, [0, 1]].mean(1), t[:, [2, 3]].mean(1)], dim=1)
+    assert attention_mse_loss(grouped, t, heads, mask).item() == pytest.approx(0.0, abs=1e-12)
+    noisy = grouped.clone()
+    noisy[1, :, 3:, :] += 100.0  # padded queries: not counted
+    noisy[1, :, :, 3:] += 100.0  # padded keys: not counted
+    assert attention_mse_loss(noisy, t, heads, mask).item() == pytest.approx(0.0, abs=1e-12)
+    shifted = grouped + 1.0
+    assert attention_mse_loss(shifted, t, heads, mask).item() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_cosine_loss_is_zero_for_parallel_states_and_two_for_opposite_ones():
+    torch.manual_seed(0)
+    h = torch.randn(2, 3, 8)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    assert cosine_loss(2.0 * h, h, mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert cosine_loss(-h, h, mask).item() == pytest.approx(2.0, rel=1e-6)
+    wild = h.clone()
+    wild[1, 1:] = -h[1, 1:]  # padding: not counted
+    assert cosine_loss(wild, h, mask).item() == pytest.approx(0.0, abs=1e-6)
