@@ -108,13 +108,14 @@ def attention_mse_loss(
     Returns:
         The squared error averaged over student heads and real query-key pairs.
     """
-    s = student_scores.float()  # (B, A_s, T, T)
-    t_all = teacher_scores.float()
-    t = torch.stack([t_all[:, g].mean(dim=1) for g in heads], dim=1)  # (B, A_s, T, T)
     w = _real(mask, student_scores[:, 0])  # (B, T)
-    pairs = w[:, None, :, None] * w[:, None, None, :]  # (B, 1, T, T): real query and real key
-    sq = (s - t).pow(2) * pairs  # (B, A_s, T, T)
-    return sq.sum() / (pairs.sum() * s.shape[1]).clamp_min(1.0)
+    real = (w[:, None, :, None] * w[:, None, None, :]) > 0  # (B, 1, T, T): real query and real key
+    # padding keys hold the dtype's lowest value: zeroed before any arithmetic (their sums overflow)
+    s = torch.where(real, student_scores.float(), 0.0)  # (B, A_s, T, T)
+    t_all = torch.where(real, teacher_scores.float(), 0.0)  # (B, A_t, T, T)
+    t = torch.stack([t_all[:, g].mean(dim=1) for g in heads], dim=1)  # (B, A_s, T, T)
+    sq = (s - t).pow(2)  # (B, A_s, T, T), 0 off the real pairs
+    return sq.sum() / (real.sum() * s.shape[1]).clamp_min(1)
 
 
 def cosine_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -124,6 +124,11 @@ def test_attention_mse_compares_raw_scores_on_real_pairs_only():
     assert attention_mse_loss(noisy, t, heads, mask).item() == pytest.approx(0.0, abs=1e-12)
     shifted = grouped + 1.0
     assert attention_mse_loss(shifted, t, heads, mask).item() == pytest.approx(1.0, rel=1e-6)
+    # as the attention records them: padding keys at the dtype's lowest value, in student and teacher
+    low = torch.finfo(torch.float32).min
+    keys = mask[:, None, None, :]
+    masked_t, masked_s = t.masked_fill(~keys, low), shifted.masked_fill(~keys, low)
+    assert attention_mse_loss(masked_s, masked_t, heads, mask).item() == pytest.approx(1.0, rel=1e-6)
 
 
 def test_cosine_loss_is_zero_for_parallel_states_and_two_for_opposite_ones():
