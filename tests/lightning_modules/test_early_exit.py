@@ -194,3 +194,11 @@ def test_latency_ratio_times_both_on_the_same_examples() -> None:
         model.eval()
     assert r.speed == 1.0 and r.mean_layers == 1
     assert r.early_ms > 0 and r.full_ms > 0 and r.ratio == r.early_ms / r.full_ms
+
+
+def test_row_entropy_is_normalized_entropy_on_the_host() -> None:
+    from ablate.lightning_modules.early_exit import row_entropy
+
+    torch.manual_seed(0)
+    for logits in (torch.randn(1, 2), 5 * torch.randn(1, 3), torch.zeros(1, 4), torch.tensor([[30.0, -30.0]])):
+        assert row_entropy(logits) == pytest.approx(float(normalized_entropy(logits)), abs=1e-6)
