@@ -179,12 +179,9 @@ def run_study(
     client.update_run(parent, status="RUNNING")
     try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
-            teacher = teachers.ensure_teacher(
-                spec, base, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat)
-            )
-            task_teachers = teachers.ensure_task_teachers(
-                spec, base, teacher, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat)
-            )
+            place = teachers.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat))
+            teacher = teachers.ensure_teacher(place)
+            task_teachers = teachers.ensure_task_teachers(place, teacher)
             objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)

@@ -12,8 +12,10 @@ resuming from the teacher's last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -55,31 +57,41 @@ def check_teacher_run(client: Any, spec: StudySpec, uri: str) -> None:
         raise ConfigError(f"{key}: {source}: the run is {status}, not FINISHED")
 
 
-def ensure_teacher(
-    spec: StudySpec,
-    base: dict[str, Any],
-    client: Any,
-    exp_id: str,
-    uri: str,
-    parent: str,
-    storage: Any,
-    poll_s: float = 5.0,
-) -> str | None:
+@dataclass(frozen=True)
+class StudyPlace:
+    """Where a study trains the models it trains once: its spec and base config, the MLflow store
+    (client, experiment, URI, the study's parent run), the Optuna storage that hands each training
+    to one worker, and how often a waiting worker looks again."""
+
+    spec: StudySpec
+    base: dict[str, Any]
+    client: Any
+    exp_id: str
+    uri: str
+    parent: str
+    storage: Any
+    poll_s: float = 5.0
+
+
+def ensure_teacher(place: StudyPlace) -> str | None:
     """The study's teacher (model to prune) as a ``distill.teacher`` (``prune.source``) string;
     None: the study has neither.
 
     ``.source`` is used as is; ``.model`` is trained once for the study (or found, trained
     earlier with the same config). Tags ``parent`` with it.
     """
-    upstream = spec.upstream
+    upstream = place.spec.upstream
     if upstream is None:
         return None
     if upstream.source is not None:
         source = upstream.source
         _CONSOLE.print(f"{upstream.SECTION}: {source} ({upstream.SECTION}.source)", markup=False)
     else:
-        source = RUNS + _trained_teacher(spec, base, client, exp_id, uri, parent, storage, poll_s)
-    client.set_tag(parent, tracking.TEACHER, teacher_tag(source))
+        assert upstream.model is not None
+        cfg = teacher_config(place.base, place.spec)
+        what = str(upstream.model.get("preset", "its model"))
+        source = RUNS + trained_once(place, cfg, upstream.SECTION, SUFFIX, what)
+    place.client.set_tag(place.parent, tracking.TEACHER, teacher_tag(source))
     return source
 
 
@@ -109,30 +121,7 @@ def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | N
     return found[0].info.run_id if found else None
 
 
-def _trained_teacher(
-    spec: StudySpec, base: dict[str, Any], client: Any, exp_id: str, uri: str, parent: str, storage: Any, poll_s: float
-) -> str:
-    """The run id of the study's teacher: the finished one with this config, or one trained now
-    by this worker or by another one (waited for)."""
-    upstream = spec.upstream
-    assert upstream is not None and upstream.model is not None
-    cfg = teacher_config(base, spec)
-    what = str(upstream.model.get("preset", "its model"))
-    args = (client, exp_id, uri, parent, storage, poll_s, spec.checkpoints)
-    return trained_once(spec.name, cfg, upstream.SECTION, SUFFIX, what, *args)
-
-
-def ensure_task_teachers(
-    spec: StudySpec,
-    base: dict[str, Any],
-    source: str | None,
-    client: Any,
-    exp_id: str,
-    uri: str,
-    parent: str,
-    storage: Any,
-    poll_s: float = 5.0,
-) -> dict[int, str]:
+def ensure_task_teachers(place: StudyPlace, source: str | None) -> dict[int, str]:
     """For each fine-tuning task that distils from the study's model (``finetune[i].distill`` without
     a teacher): that model (``source``) fine-tuned on the task, once for the study (found when it
     was, waited for when another worker fine-tunes it), as ``runs:/RUN_ID`` by task index.
@@ -140,43 +129,37 @@ def ensure_task_teachers(
     out: dict[int, str] = {}
     if source is None:
         return out
-    students = corner_configs(spec, base)
+    spec = place.spec
+    students = corner_configs(spec, place.base)
+    shared: dict[str, str] = {}  # the teacher's fine-tuning, its task's name left out -> its run
     for i, task in enumerate(spec.finetune):
         if not task.study_teacher:
             continue
-        cfg = task.teacher_task().config(students[0], source)
+        teacher_task = task.teacher_task()
+        key = repr(dataclasses.replace(teacher_task, task="-"))
+        if key in shared:  # the same data and schedule as an earlier task's: the same teacher
+            out[i] = shared[key]
+            continue
+        cfg = teacher_task.config(students[0], source)
         cfg = build_config(to_dict(cfg), {"name": f"{spec.name}-teacher-{task.task}"})
         role = f"teacher | {task.task}"
         what = f"the study's model on {task.task}"
         suffix = f"{SUFFIX}:{config_digest(cfg)[:12]}"
-        args = (client, exp_id, uri, parent, storage, poll_s, spec.checkpoints)
-        out[i] = RUNS + trained_once(spec.name, cfg, role, suffix, what, *args)
+        out[i] = shared[key] = RUNS + trained_once(place, cfg, role, suffix, what)
     return out
 
 
-def trained_once(
-    study: str,
-    cfg: ExperimentConfig,
-    name: str,
-    suffix: str,
-    what: str,
-    client: Any,
-    exp_id: str,
-    uri: str,
-    parent: str,
-    storage: Any,
-    poll_s: float,
-    checkpoints_at: str | None = None,
-) -> str:
+def trained_once(place: StudyPlace, cfg: ExperimentConfig, name: str, suffix: str, what: str) -> str:
     """The run id of a model the study trains once (a teacher, a model to prune, a task's teacher):
     the finished run with this config, or one trained now by this worker or by another one
     (waited for). Its run is named ``name``; the Optuna study ``<study><suffix>`` hands its
-    training to one worker; its checkpoints go where the study's ``checkpoints`` (``checkpoints_at``) say."""
+    training to one worker; its checkpoints go where the study's ``checkpoints`` say."""
+    study, client, exp_id, uri = place.spec.name, place.client, place.exp_id, place.uri
     digest = config_digest(cfg)
     if (found := _finished(client, exp_id, study, digest)) is not None:
         _CONSOLE.print(f"{name}: reusing run {found} (trained earlier for this study)", markup=False)
         return found
-    helper = optuna.create_study(study_name=study + suffix, storage=storage, load_if_exists=True)
+    helper = optuna.create_study(study_name=study + suffix, storage=place.storage, load_if_exists=True)
 
     def competing(trial: optuna.Trial) -> list[optuna.trial.FrozenTrial]:
         """Other attempts at this model that come first: finished, or running with a smaller number
@@ -201,11 +184,11 @@ def trained_once(
             cfg,
             tracking_uri=uri,
             experiment=study,
-            parent_run_id=parent,
+            parent_run_id=place.parent,
             tags=tags,
             name=name,
             checkpoint=checkpoints.trial_plan(
-                checkpoints.location(checkpoints_at, uri, cfg.tracking.root), cfg.tracking.root, study, cfg
+                checkpoints.location(place.spec.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, study, cfg
             ),
             resume=True,
         )
@@ -226,7 +209,7 @@ def trained_once(
         if not told:
             _CONSOLE.print(f"{name}: another worker is training it; waiting", markup=False)
             told = True
-        time.sleep(poll_s)
+        time.sleep(place.poll_s)
     return found
 
 

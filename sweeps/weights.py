@@ -186,6 +186,14 @@ def load_run_classifier(uri: str, run_id: str) -> tuple[ExperimentConfig, Classi
     return cfg, model
 
 
+def _folder_tokenizer(folder: str, model_cfg: ModelConfig) -> Path | None:
+    """A checkpoint folder's ``tokenizer.json`` (None without one), checked to fit the model's vocabulary."""
+    tok = folder_tokenizer(folder)
+    if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
+        raise ConfigError(f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)")
+    return tok
+
+
 @dataclass
 class Source:
     """A trained model to start from (a distillation teacher, a model to prune or to fine-tune): its
@@ -212,12 +220,7 @@ def load_source(
     try:
         if not source.startswith(RUNS):
             model_cfg, model = load_pretrained(source)
-            tok = folder_tokenizer(source)
-            if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
-                raise ConfigError(
-                    f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)"
-                )
-            return Source(source, model_cfg, model, tok)
+            return Source(source, model_cfg, model, _folder_tokenizer(source, model_cfg))
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
@@ -255,11 +258,7 @@ def load_classifier_source(
     try:
         if not source.startswith(RUNS):
             model_cfg, model = load_classifier(source)
-            tok = folder_tokenizer(source)
-            if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
-                raise ConfigError(
-                    f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)"
-                )
+            tok = _folder_tokenizer(source, model_cfg)
             return ClassifierSource(source, model_cfg, model, model.num_labels, tok)
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():

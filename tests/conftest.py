@@ -34,3 +34,13 @@ def wiki_validation() -> Path:
     if not path.is_file():
         pytest.skip(f"shared test data not found at {path}")
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core CPU: one thread is as fast, and far faster when the cores are
+    contended (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,6 +21,8 @@ from ablate.lightning_modules.interop_classifier import (  # noqa: E402
     to_transformers_classifier,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 TOL = 1e-4
 PRESETS = {
     "bert-tiny": "BertForSequenceClassification",
@@ -46,15 +48,6 @@ def _classifier(cfg: ExperimentConfig, seed: int = 0) -> Classifier:
         for p in model.parameters():
             p.add_((0.1 if p.ndim == 1 else 0.02) * torch.randn(p.shape, generator=g))
     return model.eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small models on a shared CPU: one thread is as fast, and far faster when the cores are contended."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

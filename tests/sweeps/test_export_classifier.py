@@ -31,6 +31,8 @@ from ablate.sweeps.weights import (  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402
 from tests.sweeps.conftest import trained_run  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 SST2 = SHARED_DATA / "sst2"
 TOL = 1e-4
 T = 64  # the tiny model's positions: sentences are truncated to them, on both sides
@@ -68,15 +70,6 @@ def _fine_tune(model: Classifier, batch: dict[str, torch.Tensor], labels: torch.
         loss.backward()
         opt.step()
     model.eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: one thread is as fast, and far faster when the cores are contended."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     raw["finetune"] = [
         _task(tmp_path, "td", distill={"kd_weight": 1.0, "label_weight": 0.5, "temperature": 2.0}),
         _task(tmp_path, "da", augment_copies=1, augment_prob=0.5),
+        _task(tmp_path, "td-mse", distill={"fmt_weight": 1.0, "at_weight": 1.0, "at_loss": "mse", "kd_weight": 1.0}),
     ]
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
@@ -56,16 +57,16 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     exp = client.get_experiment_by_name("td").experiment_id
     runs = client.search_runs([exp])
     teachers = {r.info.run_name: r for r in runs if r.data.tags["ablate.role"] == "teacher"}
-    assert set(teachers) == {"reference", "teacher | td"}  # one task teacher, for the task that distils
+    assert set(teachers) == {"reference", "teacher | td"}  # one task teacher: td-mse has td's data and schedule
     reference, task_teacher = teachers["reference"], teachers["teacher | td"]
     assert task_teacher.data.params["regime"] == "finetune" and task_teacher.info.status == "FINISHED"
     assert task_teacher.data.params["finetune.source"] == f"runs:/{reference.info.run_id}"
     assert "distill.teacher" not in task_teacher.data.params  # the teacher itself is fine-tuned plainly
     stages = [r for r in runs if r.data.tags.get("ablate.stage", "").startswith("finetune:")]
-    assert len(stages) == 4  # 2 trials x 2 tasks
+    assert len(stages) == 6  # 2 trials x 3 tasks
     for stage in stages:
         assert stage.info.status == "FINISHED"
-        if stage.data.tags["ablate.stage"] == "finetune:td":
+        if stage.data.tags["ablate.stage"] in ("finetune:td", "finetune:td-mse"):
             assert stage.data.params["distill.teacher"] == f"runs:/{task_teacher.info.run_id}"
             assert stage.data.tags["ablate.teacher_run"] == task_teacher.info.run_id
         else:  # augmented with the reference's MLM head; no teacher
