@@ -35,8 +35,9 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     for name, rows in (("train", 65), ("validation", 33)):
         lines = (SST2 / f"{name}.tsv").read_text(encoding="utf-8").splitlines()[:rows]
         (tmp_path / ("dev.tsv" if name == "validation" else "train.tsv")).write_text("\n".join(lines) + "\n")
-    path = write_study(tmp_path, wiki_validation, name="td", trainer=FAST, search={})
+    path = write_study(tmp_path, wiki_validation, name="td", trainer=FAST)
     raw = yaml.safe_load(path.read_text())
+    raw["search"] = {}  # two trials: the variants
     raw["base"]["data"]["max_length"] = 32
     raw["reference"] = {"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 6, "trainer.val_every": 3}}
     raw["variants"] = {"scratch": {"regime": "pretrain"}, "distilled": {"regime": "distill"}}
@@ -63,7 +64,7 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     assert task_teacher.data.params["finetune.source"] == f"runs:/{reference.info.run_id}"
     assert "distill.teacher" not in task_teacher.data.params  # the teacher itself is fine-tuned plainly
     stages = [r for r in runs if r.data.tags.get("ablate.stage", "").startswith("finetune:")]
-    assert len(stages) == 6  # 2 trials x 3 tasks
+    assert len(stages) == 6, sorted(r.info.run_name for r in stages)  # 2 trials x 3 tasks
     for stage in stages:
         assert stage.info.status == "FINISHED"
         if stage.data.tags["ablate.stage"] in ("finetune:td", "finetune:td-mse"):
