@@ -99,6 +99,13 @@ def _fit_run(
     )
     trainer = build_trainer(cfg, logger, [ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
     metrics = fit(trainer, module, data, ckpt_path=start)
+    if start and not any(k.startswith("val/") for k in metrics):
+        # resumed from the checkpoint of a finished training (a retried trial whose later stage failed):
+        # nothing trained, nothing validated; the run still logs its final validation, as the first did
+        (scores,) = trainer.validate(module, datamodule=data, verbose=False)
+        for key, value in scores.items():
+            client.log_metric(run_id, key, float(value), step=trainer.global_step)
+        metrics.update({k: float(v) for k, v in scores.items()})
     for callback in callbacks:  # under DDP a rank's prune reaches this process through the trial
         check_pruned = getattr(callback, "check_pruned", None)  # optuna-integration's documented call
         if check_pruned is not None:

@@ -110,3 +110,26 @@ def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
     )
     assert main(["train", "--resume", "0" * 32, "--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.startswith(f"error: --resume {'0' * 32}: no such run")
+
+
+def test_resuming_a_finished_training_still_logs_its_final_validation(tmp_path: Path, wiki_validation, capsys) -> None:
+    """A retried trial whose pre-training had finished (a later stage failed) resumes from the last
+    checkpoint and trains nothing: its run still carries the final validation, equal to the first's."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from ablate.cli import main
+    from tests.sweeps.conftest import tiny_base
+
+    base = tiny_base(tmp_path, wiki_validation, measure=False)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(base))
+    assert main(["train", str(path)]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (first,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    capsys.readouterr()
+    assert main(["train", "--resume", first.info.run_id, "--tracking-uri", client.tracking_uri]) == 0
+    assert "resuming run" in capsys.readouterr().out
+    runs = client.search_runs([first.info.experiment_id], order_by=["attributes.start_time DESC"])
+    again = runs[0].data.metrics
+    assert again["val/loss"] == pytest.approx(first.data.metrics["val/loss"], rel=1e-6)
