@@ -33,3 +33,26 @@ def test_variants_expand_and_name_bad_keys(tmp_path):
     bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="variants.broken.model.colour: not a config field"):
         load_study(bad)
+
+
+def test_the_distilbert_recipe_is_the_papers(capsys):
+    from ablate.cli import main
+    from ablate.lightning_modules.accounting import report_for
+    from ablate.lightning_modules.configio import load_config
+
+    recipe = Path(__file__).resolve().parents[2] / "sweeps" / "recipes" / "distilbert.yaml"
+    cfg = load_config(recipe, ["distill.teacher=runs:/teacher"])
+    d, m = cfg.distill, cfg.model
+    assert (cfg.regime, m.num_layers, m.hidden_dim, m.num_heads, m.token_types) == ("distill", 6, 768, 12, 0)
+    assert (d.init_layers, d.init_embeddings, d.mlm_weight, d.kd_weight, d.cos_weight, d.temperature) == (
+        "every_other",
+        "all",
+        2.0,
+        5.0,
+        1.0,
+        2.0,
+    )
+    assert (d.fmt_weight, d.at_weight, cfg.objective.sentence) == (0.0, 0.0, "none")
+    assert abs(report_for(m).backbone - 66e6) < 1e6  # DistilBERT: 66M
+    assert main(["train", str(recipe), "--print-config"]) == 2  # the teacher is the user's to name
+    assert capsys.readouterr().err.strip() == "error: distill.teacher: required by regime 'distill'"
