@@ -65,7 +65,12 @@ def cmd_params(args: argparse.Namespace) -> None:
     ]
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
-    stored = "stored model, bytes" + (f" ({cfg.quant.method})" if cfg.quant.enabled else " (each tensor at its dtype)")
+    q = cfg.quant
+    parts = [
+        *([q.method] if q.method != "none" else []),
+        *([f"embeddings {q.embeddings}"] if q.embeddings != "none" else []),
+    ]
+    stored = "stored model, bytes" + (f" ({', '.join(parts)})" if parts else " (each tensor at its dtype)")
     table.add_row(stored, f"{report.model_bytes:,}", f"{report.model_bytes / 2**20:.1f} MiB")
     table.add_row(
         f"forward FLOPs/token (T={report.seq_len})",

@@ -30,7 +30,7 @@ from ablate.lightning_modules.model_config import ModelConfig as ModelConfig
 from ablate.lightning_modules.model_config import Norm as Norm
 from ablate.lightning_modules.model_config import Sharing as Sharing
 from ablate.lightning_modules.pruning.config import PruneConfig
-from ablate.lightning_modules.quant_config import QuantConfig
+from ablate.lightning_modules.quant_config import QuantConfig, check_group_size
 from ablate.lightning_modules.run_config import OptimConfig, TrackingConfig, TrainerConfig
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
@@ -261,6 +261,11 @@ class ExperimentConfig:
                 "quant.method: 'qat-int8' trains with fake quantization, which pruning's phases do not; "
                 "quantize the pruned model after training (dynamic-int8, weight-int8 ...)"
             )
+        if self.quant.qat_steps and self.regime not in ("finetune", "quant"):
+            raise ValueError(
+                f"quant.qat_steps: quantization-aware training at 2-8 bits follows a trained model: a fine-tuning "
+                f"run (Q-BERT) or the quant regime (quant.source), not regime {self.regime!r}"
+            )
         f = self.finetune
         if f.exits != (f.exit_steps > 0):
             raise ValueError(
@@ -270,6 +275,7 @@ class ExperimentConfig:
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data
+        check_group_size(self.quant, m)
         # the default length is not held against a model with fewer positions: such configs describe
         # models (exports, tests); a run of one sets its own data.max_length
         if m.position == "learned" and m.max_position < data.max_length != DataConfig().max_length:

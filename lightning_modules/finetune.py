@@ -35,9 +35,11 @@ from ablate.lightning_modules.early_exit import build_exits, exit_logits, self_d
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.model_config import ModelConfig
+from ablate.lightning_modules.quantization.apply import Plan, prepare_weight_qat
 from ablate.lightning_modules.train_module import OptimPlan, TaskOutput, TrainModule
 
 SELF_DISTILLATION = "self-distillation"
+QUANTIZATION_AWARE = "quantization-aware"
 
 
 def finetune_weights(cfg: ExperimentConfig) -> dict[str, float]:
@@ -118,6 +120,17 @@ class FinetuneModule(TrainModule):
         stage = Stage(SELF_DISTILLATION, 0, f.exit_steps, ("exit",), trainable=(), embeddings=False, extra=("exits",))
         o = self.optim
         self.set_stages([stage], OptimPlan(f.lr, f.exit_steps, max(1, f.exit_steps // 10), o.weight_decay, o.eps))
+
+    def quantization_aware(self, plan: Plan) -> None:
+        """Switch to Q-BERT's phase: from the best validation's weights, ``quant.qat_steps`` steps of the
+        task's loss with the layers ``plan`` names (and the embedding tables when ``quant.embeddings``
+        says) fake-quantized at their bits, group-wise. The best validation is then that of this phase."""
+        q, f, o = self.cfg.quant, self.cfg.finetune, self.optim
+        self.restore_best()
+        prepare_weight_qat(self.model, plan, q)
+        self.best, self.best_state = None, None
+        stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, ("pd",))
+        self.set_stages([stage], OptimPlan(f.lr, q.qat_steps, max(1, q.qat_steps // 10), o.weight_decay, o.eps))
 
     # -- validation --------------------------------------------------------------------------
     def scoring(self) -> bool:

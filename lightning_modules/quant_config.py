@@ -14,7 +14,8 @@ from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.errors import STRICT
-from ablate.lightning_modules.fields import PosInt
+from ablate.lightning_modules.fields import NonNegInt, PosInt
+from ablate.lightning_modules.model_config import ModelConfig
 
 Method = Literal[
     "none",
@@ -31,12 +32,14 @@ Method = Literal[
 Bits = Annotated[int, Field(ge=2, le=8)]
 WEIGHT_BITS: dict[str, int] = {f"weight-int{b}": b for b in (8, 6, 5, 4, 3, 2)}
 """Uniform weight-only methods and their bits per weight."""
+EMBEDDING_BITS: dict[str, int] = {"int8": 8, "int4": 4}
+"""Quantized embedding tables and their bits per weight (one scale per row)."""
 
 
 @dataclass(frozen=True, config=STRICT)
 class QuantConfig:
-    """How the run's model is quantized (the encoder's Linear layers; embedding tables, norms and
-    heads stay in floating point).
+    """How the run's model is quantized (the encoder's Linear layers, and the embedding tables when
+    ``embeddings`` says; norms and heads stay in floating point).
 
     Attributes:
         method: ``none``; ``dynamic-int8`` (post-training dynamic quantization: int8 weights per
@@ -58,8 +61,20 @@ class QuantConfig:
             most sensitive layers first (a layer goes up only when it fits the share).
         rank: ``weight-mixed``: ``sensitivity`` gives the high bits to the most sensitive layers,
             ``reverse`` to the least sensitive (the control at the same size).
-        calib_batches: training batches over which each layer's sensitivity (the loss increase
-            when that layer alone is quantized to ``low_bits``) is measured.
+        sensitivity: ``weight-mixed``: how a layer's sensitivity is measured on the calibration
+            batches: ``loss`` (the loss increase when that layer alone is quantized to ``low_bits``)
+            or ``hessian`` (Q-BERT's: the top eigenvalue of the loss's Hessian with respect to the
+            layer's weights, by power iteration, ranked by its mean + std over the batches).
+        hessian_iters: ``sensitivity: hessian``: at most this many Hessian-vector products per layer
+            and batch (power iteration stops earlier when the estimate settles to 1e-3).
+        calib_batches: training batches over which each layer's sensitivity is measured.
+        embeddings: the word and token-type embedding tables: ``none`` (float), ``int8`` or ``int4``
+            (weight-only, one scale per row, torchao); counted in ``model_bytes``. The position table
+            stays in floating point.
+        qat_steps: quantization-aware training before the weights are converted (Q-BERT): after the
+            run's own training, this many steps with the weights (and quantized embeddings)
+            fake-quantized at their bits, group-wise, then converted. Weight-only methods only, in a
+            fine-tuning run or the ``quant`` regime; 0 = post-training quantization.
     """
 
     method: Method = "none"
@@ -69,18 +84,28 @@ class QuantConfig:
     high_bits: Bits = 8
     high_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25
     rank: Literal["sensitivity", "reverse"] = "sensitivity"
+    sensitivity: Literal["loss", "hessian"] = "loss"
+    hessian_iters: PosInt = 50
     calib_batches: PosInt = 4
+    embeddings: Literal["none", "int8", "int4"] = "none"
+    qat_steps: NonNegInt = 0
 
     @model_validator(mode="after")
     def _check_bits(self) -> QuantConfig:
         if self.method == "weight-mixed" and self.high_bits <= self.low_bits:
             raise ValueError(f"high_bits: {self.high_bits} must be above low_bits {self.low_bits}")
+        if self.qat_steps and self.method not in (*WEIGHT_BITS, "weight-mixed"):
+            raise ValueError(
+                f"qat_steps: quantization-aware training at 2-8 bits needs a weight-only method "
+                f"(weight-int2 ... weight-int8, weight-mixed), not {self.method!r}"
+                + ("; qat-int8 trains fake-quantized for the run's own steps" if self.method == "qat-int8" else "")
+            )
         return self
 
     @property
     def enabled(self) -> bool:
-        """Whether the run's model ends quantized."""
-        return self.method != "none"
+        """Whether the run's model ends quantized (its encoder, its embedding tables or both)."""
+        return self.method != "none" or self.embeddings != "none"
 
     @property
     def average_bits(self) -> float | None:
@@ -95,6 +120,48 @@ class QuantConfig:
             "none": (),
             "dynamic-int8": (),
             "qat-int8": (),
-            "weight-mixed": ("group_size", "low_bits", "high_bits", "high_fraction", "rank", "calib_batches"),
+            "weight-mixed": (
+                "group_size",
+                "low_bits",
+                "high_bits",
+                "high_fraction",
+                "rank",
+                "sensitivity",
+                "calib_batches",
+            ),
         }
-        return ("method", "source", *by_method.get(self.method, ("group_size",)))
+        fields = by_method.get(self.method, ("group_size",))
+        if self.method == "weight-mixed" and self.sensitivity == "hessian":
+            fields = (*fields, "hessian_iters")
+        if self.method in WEIGHT_BITS or self.method == "weight-mixed":
+            fields = (*fields, "qat_steps")
+        return ("method", "source", "embeddings", *fields)
+
+
+def input_widths(m: ModelConfig) -> set[int]:
+    """The input widths of the Linear layers quantization applies to (what ``group_size`` groups):
+    the hidden and embedding widths, each layer's attention output and feed-forward widths, and
+    MobileBERT's bottleneck."""
+    widths = {m.hidden_dim}
+    if m.embedding == "trigram":
+        widths.add(3 * m.embed_dim)  # the trigram embedding's projection
+    elif m.embed_dim != m.hidden_dim:
+        widths.add(m.embed_dim)  # ALBERT's E -> H
+    for spec in m.layer_specs():
+        widths |= {spec.num_heads * spec.v_dim, spec.ffn_dim}
+    if m.intra_dim is not None:
+        widths.add(m.intra_dim)
+    return widths
+
+
+def check_group_size(q: QuantConfig, m: ModelConfig) -> None:
+    """ValueError (``quant.group_size: ...``) when a weight-only method's group size divides none of the
+    model's quantized layers' input widths (every layer would fall back to one scale per row)."""
+    if q.method not in WEIGHT_BITS and q.method != "weight-mixed":
+        return
+    widths = input_widths(m)
+    if not any(w % q.group_size == 0 for w in widths):
+        raise ValueError(
+            f"quant.group_size: {q.group_size} divides none of the quantized layers' input widths "
+            f"({', '.join(map(str, sorted(widths)))})"
+        )

@@ -15,6 +15,7 @@ With ``distill.teacher`` (a fine-tuned classifier) the run is task distillation;
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from dataclasses import replace
@@ -22,18 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import MLFlowLogger
+from torch import nn
 
 from ablate.datamodules.classification import ClassificationDataModule
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.finetune import FinetuneModule, task_distill_module
-from ablate.lightning_modules.quantization.apply import prepare_qat, stored_bytes
+from ablate.lightning_modules.quant_config import check_group_size
+from ablate.lightning_modules.quantization.apply import convert_weight_qat, prepare_qat, stored_bytes
 from ablate.sweeps import tracking
 from ablate.sweeps.exit_run import exit_curve
-from ablate.sweeps.quant_run import quantized_model, validate
+from ablate.sweeps.quant_run import QuantPlan, plan_for, quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
 from ablate.sweeps.weights import (
     Source,
@@ -46,15 +50,23 @@ from ablate.sweeps.weights import (
 AUGMENT_SAMPLE = "augment/sample.tsv"
 
 
+def task_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The classification loss of a classifier on one batch: what its quantization plan is ranked by."""
+    return F.cross_entropy(model(batch).float(), batch["labels"])
+
+
 def quantize_classifier(
-    module: FinetuneModule, cfg: ExperimentConfig, data: ClassificationDataModule, fp32: float
-) -> dict[str, float]:
+    module: FinetuneModule,
+    cfg: ExperimentConfig,
+    data: ClassificationDataModule,
+    fp32: float,
+    done: tuple[nn.Module, QuantPlan] | None = None,
+) -> tuple[dict[str, float], QuantPlan]:
     """Quantize ``module``'s fine-tuned classifier as ``cfg.quant`` says (``weight-mixed``: layers ranked on
-    training batches by the classification loss) and score the dev set with it on the CPU."""
+    training batches by the classification loss; ``done``: already quantized after quantization-aware
+    training) and score the dev set with it on the CPU; the metrics and the plan."""
     f = cfg.finetune
-    quantized, _, bits = quantized_model(
-        module.model, cfg, data, lambda m, b: F.cross_entropy(m(b).float(), b["labels"])
-    )
+    quantized, plan = quantized_model(module.model, cfg, data, task_loss) if done is None else done
     module.model = quantized  # the same dev metrics, on the quantized classifier
     scores = validate(module, cfg, data)
     out = {
@@ -62,7 +74,7 @@ def quantize_classifier(
         f"{f.task}/fp32_{f.metric}": fp32,
         "model_bytes": float(stored_bytes(quantized)),
     }
-    return out if bits is None else {**out, "quant/avg_bits": bits}
+    return (out if plan.bits is None else {**out, "quant/avg_bits": plan.bits}), plan
 
 
 def _augmenter(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[Any, str]:
@@ -116,6 +128,10 @@ def finetune(
                 f"needs the tokenizer it was pre-trained with"
             )
         cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
+        try:
+            check_group_size(cfg.quant, source.model_cfg)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the model of finetune.source)") from None
         mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
         module, module_tags = _module(cfg, source, uri, tmp)
         data = ClassificationDataModule(
@@ -164,8 +180,24 @@ def finetune(
             metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
             # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
             log_weights(client, run_id, module.model, cfg, tokenizer=source.tokenizer)
+            done = None
+            if cfg.quant.qat_steps:  # Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits
+                plan = plan_for(module.model, cfg, data, task_loss)
+                assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
+                module.quantization_aware(plan.plan)
+                qat_every = min(f.val_every, cfg.quant.qat_steps)
+                qat = build_trainer(
+                    cfg, logger, [], max_steps=cfg.quant.qat_steps, val_every=qat_every, val_batches=1.0
+                )
+                fit(qat, module, data)
+                module.restore_best()  # the best validation of the quantization-aware phase
+                step += qat.global_step
+                done = (convert_weight_qat(copy.deepcopy(module.model), plan.plan, cfg.quant), plan)
             if cfg.quant.enabled:  # ... quantized: its dev score is scored again
-                metrics.update(quantize_classifier(module, cfg, data, best))
+                scores, plan = quantize_classifier(module, cfg, data, best, done)
+                metrics.update(scores)
+                if plan.table is not None:
+                    client.log_text(run_id, plan.table.to_csv(index=False), "quant/plan.csv")
             for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):
                 if key in metrics:
                     client.log_metric(run_id, key, metrics[key], step=step)

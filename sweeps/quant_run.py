@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -31,8 +31,17 @@ from torch import nn
 from ablate.lightning_modules.accounting import quantized_counts
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.pretrain import PretrainModule
-from ablate.lightning_modules.quantization.apply import prepare_qat, quantize, stored_bytes
-from ablate.lightning_modules.quantization.mixed import average_bits, choose_plan
+from ablate.lightning_modules.quant_config import WEIGHT_BITS
+from ablate.lightning_modules.quantization.apply import (
+    Plan,
+    convert_weight_qat,
+    prepare_qat,
+    prepare_weight_qat,
+    quantize,
+    stored_bytes,
+    uniform_plan,
+)
+from ablate.lightning_modules.quantization.mixed import BatchLoss, average_bits, choose_plan
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
 
@@ -67,27 +76,36 @@ def first_batches(data: pl.LightningDataModule, n: int) -> list[dict[str, torch.
     return batches
 
 
+@dataclass(frozen=True)
+class QuantPlan:
+    """How a model's weight-only layers are quantized: bits per layer (None: another method), the
+    table that explains a ``weight-mixed`` plan, and bits per quantized weight (None: not known)."""
+
+    plan: Plan | None
+    table: pd.DataFrame | None
+    bits: float | None
+
+
+def plan_for(model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss) -> QuantPlan:
+    """``cfg.quant``'s plan for ``model`` (left as it is): ``weight-mixed`` ranks the layers by ``loss`` (of
+    a model on a batch) over the first ``quant.calib_batches`` training batches of ``data``, as
+    ``quant.sensitivity`` says; a uniform weight-only method gives every layer its bits."""
+    q = cfg.quant
+    if q.method == "weight-mixed":
+        plan, table = choose_plan(model, loss, first_batches(data, q.calib_batches), q)
+        return QuantPlan(plan, table, average_bits(model, plan))
+    if q.method in WEIGHT_BITS:
+        return QuantPlan(uniform_plan(model, WEIGHT_BITS[q.method]), None, q.average_bits)
+    return QuantPlan(None, None, q.average_bits)
+
+
 def quantized_model(
-    model: nn.Module,
-    cfg: ExperimentConfig,
-    data: pl.LightningDataModule,
-    loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
-) -> tuple[nn.Module, pd.DataFrame | None, float | None]:
-    """A quantized copy of ``model`` (left as it is), for ``weight-mixed`` the table of its plan, and its
-    bits per quantized weight. ``weight-mixed`` ranks the layers by ``loss`` (of a model on a batch)
-    over the first ``quant.calib_batches`` training batches of ``data``."""
+    model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss
+) -> tuple[nn.Module, QuantPlan]:
+    """A quantized copy of ``model`` (left as it is) and its :class:`QuantPlan` (:func:`plan_for`)."""
     model = copy.deepcopy(model).cpu().eval()
-    if cfg.quant.method != "weight-mixed":
-        return quantize(model, cfg.quant), None, cfg.quant.average_bits
-    batches = first_batches(data, cfg.quant.calib_batches)
-
-    def mean_loss(m: nn.Module) -> float:
-        m.eval()
-        with torch.inference_mode():
-            return sum(float(loss(m, b)) for b in batches) / len(batches)
-
-    plan, table = choose_plan(model, mean_loss, cfg.quant)
-    return quantize(model, cfg.quant, plan), table, average_bits(model, plan)
+    plan = plan_for(model, cfg, data, loss)
+    return quantize(model, cfg.quant, plan.plan), plan
 
 
 def quantize_and_log(
@@ -98,11 +116,14 @@ def quantize_and_log(
     run_id: str,
     step: int,
     fp32: dict[str, float],
+    done: tuple[nn.Module, QuantPlan] | None = None,
 ) -> dict[str, float]:
     """Quantize a trained pre-training model as ``cfg.quant`` says, evaluate it, log it (see the
-    module's docstring) at ``step``; the metrics logged. ``fp32``: the float model's MLM metrics."""
+    module's docstring) at ``step``; the metrics logged. ``fp32``: the float model's MLM metrics;
+    ``done``: the model already quantized (after quantization-aware training) and its plan."""
     eval_cfg = on_cpu(cfg)
-    quantized, table, bits = quantized_model(model, cfg, data, lambda m, b: m(b).mlm_loss)
+    quantized, plan = quantized_model(model, cfg, data, mlm_loss) if done is None else done
+    table, bits = plan.table, plan.bits
     metrics = validate(PretrainModule(eval_cfg, quantized), eval_cfg, data)
     metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
     if "val/mlm_acc" in fp32 and "val/mlm_acc" in metrics:
@@ -123,14 +144,27 @@ def quant_train(
 ) -> dict[str, float]:
     """The ``quant`` regime in run ``run_id``: evaluate ``source``, train it with fake quantization for
     ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it."""
-    model, eval_cfg = source.model, on_cpu(cfg)
+    model, eval_cfg, q = source.model, on_cpu(cfg), cfg.quant
     fp32 = validate(PretrainModule(eval_cfg, model), eval_cfg, data)
-    step = 0
-    if cfg.quant.method == "qat-int8":
+    step, done = 0, None
+    logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    if q.method == "qat-int8":
         model = prepare_qat(model)
-        logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
         fit(build_trainer(cfg, logger, [ValidateAtEnd()]), PretrainModule(cfg, model), data)
         step = cfg.trainer.max_steps
-    metrics = quantize_and_log(model, cfg, data, client, run_id, step, fp32)
-    log_weights(client, run_id, model, cfg)
+    elif q.qat_steps:  # Q-BERT: the plan on the float model, then trained fake-quantized at its bits
+        plan = plan_for(model, cfg, data, mlm_loss)
+        assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
+        model = prepare_weight_qat(model, plan.plan, q)
+        qat_cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=q.qat_steps))
+        fit(build_trainer(qat_cfg, logger, [ValidateAtEnd()]), PretrainModule(qat_cfg, model), data)
+        step = q.qat_steps
+        done = (convert_weight_qat(copy.deepcopy(model), plan.plan, q), plan)
+    metrics = quantize_and_log(model, cfg, data, client, run_id, step, fp32, done)
+    log_weights(client, run_id, model, cfg)  # float weights (after QAT, the trained ones)
     return metrics
+
+
+def mlm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The masked-LM loss of a pre-training model on one batch: what its plan is ranked by."""
+    return model(batch).mlm_loss  # type: ignore[no-any-return]

@@ -20,6 +20,7 @@ from ablate.lightning_modules.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.probe import intrinsic_eval
 from ablate.lightning_modules.profiling import placed, training_device
 from ablate.lightning_modules.pruning.gates import check_supported
+from ablate.lightning_modules.quant_config import check_group_size
 from ablate.lightning_modules.quantization.apply import prepare_qat
 from ablate.sweeps import checkpoints, forksafe, tracking  # noqa: F401 - forksafe: pools across DDP fork
 from ablate.sweeps.finetune_run import finetune
@@ -70,6 +71,10 @@ def checked_source(cfg: ExperimentConfig, field: str, uri: str, tokenizer: Path)
         source = load_source(getattr(getattr(cfg, section), key), uri, Path(tmp), field=field)
         check_same_tokenizer(source, tokenizer, field=field)
         check_positions(source, cfg.data.max_length, field=field)
+    try:
+        check_group_size(cfg.quant, source.model_cfg)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (the model of {field})") from None
     return source
 
 

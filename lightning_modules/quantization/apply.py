@@ -8,9 +8,12 @@
   channel, int8 activations per token) for training, :func:`convert_qat` turns them into torchao's
   int8 dynamic-activation layers.
 
-Only the encoder's ``nn.Linear`` layers are quantized (:func:`targets`: attention, feed-forward,
-bottleneck and the embedding's E -> H or trigram projection); the embedding tables, norms, the
-pooler and the heads stay in floating point. Quantized models run on the CPU.
+The encoder's ``nn.Linear`` layers are quantized (:func:`targets`: attention, feed-forward,
+bottleneck and the embedding's E -> H or trigram projection), and the embedding tables when
+``quant.embeddings`` says (:func:`quantize_embeddings`: int8 or int4, one scale per row); norms, the
+pooler and the heads stay in floating point. ``quant.qat_steps`` trains the weight-only methods
+fake-quantized first (:func:`prepare_weight_qat`, :func:`convert_weight_qat`: torchao's ``QATConfig``
+around the same ``IntxWeightOnlyConfig``). Quantized models run on the CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ablate.lightning_modules.quant_config import WEIGHT_BITS, QuantConfig
+from ablate.lightning_modules.quant_config import EMBEDDING_BITS, WEIGHT_BITS, QuantConfig
 
 Plan = dict[str, int]
 """Bits per quantized layer, by its name in the model (``encoder.attentions.0.inner.qkv``)."""
@@ -68,20 +71,87 @@ def uniform_plan(model: nn.Module, bits: int) -> Plan:
     return dict.fromkeys(targets(model), bits)
 
 
-def quantize_weights(model: nn.Module, plan: Plan, group_size: int) -> nn.Module:
-    """Weight-only, group-wise quantization of the layers ``plan`` names, each at its bits (in place);
-    a layer whose input width ``group_size`` does not divide (a pruned one) gets one scale per row."""
+def embedding_tables(model: nn.Module) -> dict[str, nn.Embedding]:
+    """The encoder's looked-up embedding tables (word, token type), by name. The position table
+    stays in floating point: the encoder adds a slice of it, not a lookup (512 x H: 0.4 % of
+    bert-base)."""
+    encoder = model.get_submodule("encoder")
+    position = encoder.get_submodule("embeddings").position
+    return {
+        f"encoder.{name}": m for name, m in encoder.named_modules() if isinstance(m, nn.Embedding) and m is not position
+    }
+
+
+def _weight_groups(model: nn.Module, plan: Plan, group_size: int) -> list[tuple[set[str], Any]]:
+    """``plan``'s layers as (names, torchao ``IntxWeightOnlyConfig``) groups: one per bit width and
+    granularity, group-wise where ``group_size`` divides the layer's input width, one scale per row
+    where it does not (a pruned layer)."""
     q = _torchao()
     from torchao.quantization.granularity import PerAxis, PerGroup
 
-    layers = targets(model)
+    widths = {name: cast(nn.Linear, model.get_submodule(name)).in_features for name in plan}
+    groups = []
     for bits in sorted(set(plan.values())):
-        for grouped in (True, False):  # a layer whose input width group_size does not divide: per row
-            names = {n for n, b in plan.items() if b == bits and (layers[n].in_features % group_size == 0) == grouped}
+        for grouped in (True, False):
+            names = {n for n, b in plan.items() if b == bits and (widths[n] % group_size == 0) == grouped}
             granularity = PerGroup(group_size) if grouped else PerAxis(0)
-            config = q.IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=granularity)
-            q.quantize_(model, config, filter_fn=lambda m, fqn, names=names: fqn in names)
+            if names:
+                groups.append(
+                    (names, q.IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"), granularity=granularity))
+                )
+    return groups
+
+
+def _embedding_group(model: nn.Module, kind: str) -> list[tuple[set[str], Any]]:
+    """The embedding tables as one (names, config) group at ``quant.embeddings``'s bits, one scale per
+    row (a row is one token's vector); none for ``none``."""
+    if kind not in EMBEDDING_BITS:
+        return []
+    from torchao.quantization.granularity import PerAxis
+
+    dtype = getattr(torch, f"int{EMBEDDING_BITS[kind]}")
+    return [(set(embedding_tables(model)), _torchao().IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerAxis(0)))]
+
+
+def _apply(model: nn.Module, groups: list[tuple[set[str], Any]], step: str | None = None) -> nn.Module:
+    """torchao's ``quantize_`` of each group's config on its modules (in place); ``step`` wraps the
+    config in a ``QATConfig`` (``prepare``: fake-quantized modules; ``convert``: back, quantized)."""
+    q = _torchao()
+    from torchao.quantization.qat import QATConfig
+
+    for names, config in groups:
+        applied = config if step is None else QATConfig(config, step=step)
+        q.quantize_(model, applied, filter_fn=lambda m, fqn, names=names: fqn in names)
     return model
+
+
+def quantize_weights(model: nn.Module, plan: Plan, group_size: int) -> nn.Module:
+    """Weight-only, group-wise quantization of the layers ``plan`` names, each at its bits (in place);
+    a layer whose input width ``group_size`` does not divide (a pruned one) gets one scale per row."""
+    return _apply(model, _weight_groups(model, plan, group_size))
+
+
+def quantize_embeddings(model: nn.Module, kind: str) -> nn.Module:
+    """The encoder's embedding tables at ``kind``'s bits (``int8``, ``int4``), one scale per row, in place;
+    the MLM decoder tied to the word table reads the quantized table."""
+    return _apply(model, _embedding_group(model, kind))
+
+
+def prepare_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Module:
+    """Quantization-aware training at 2-8 bits (Q-BERT): the layers ``plan`` names (and the embedding
+    tables when ``quant.embeddings`` says) fake-quantized at their bits, group-wise, in place. The state
+    dict keeps its names; :func:`convert_weight_qat` turns them into quantized layers."""
+    return _apply(
+        model, [*_weight_groups(model, plan, q.group_size), *_embedding_group(model, q.embeddings)], "prepare"
+    )
+
+
+def convert_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Module:
+    """A :func:`prepare_weight_qat` model quantized as it trained (in place, eval mode, on the CPU)."""
+    model = model.cpu().eval()
+    return _apply(
+        model, [*_weight_groups(model, plan, q.group_size), *_embedding_group(model, q.embeddings)], "convert"
+    )
 
 
 def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
@@ -126,17 +196,17 @@ def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.M
     The model is changed in place except by ``dynamic-int8``, which returns a new one.
     """
     model = model.cpu().eval()
-    if q.method == "none":
-        return model
     if q.method == "dynamic-int8":
-        return quantize_dynamic_int8(model)
-    if q.method == "qat-int8":
-        return convert_qat(model)
-    if q.method == "weight-mixed":
+        model = quantize_dynamic_int8(model)
+    elif q.method == "qat-int8":
+        model = convert_qat(model)
+    elif q.method == "weight-mixed":
         if plan is None:
             raise ValueError("weight-mixed needs a plan of bits per layer (mixed_plan)")
-        return quantize_weights(model, plan, q.group_size)
-    return quantize_weights(model, uniform_plan(model, WEIGHT_BITS[q.method]), q.group_size)
+        model = quantize_weights(model, plan, q.group_size)
+    elif q.method in WEIGHT_BITS:
+        model = quantize_weights(model, uniform_plan(model, WEIGHT_BITS[q.method]), q.group_size)
+    return quantize_embeddings(model, q.embeddings)  # last: dynamic-int8 copies the model
 
 
 def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
@@ -144,7 +214,7 @@ def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
     ``qat-int8`` as its converted layers; ``weight-mixed`` at ``low_bits`` everywhere, which runs the
     same kernels as its plan (torchao keeps every width unpacked in int8 and dequantizes it)."""
     if q.method == "weight-mixed":
-        return quantize_weights(model.cpu().eval(), uniform_plan(model, q.low_bits), q.group_size)
+        return quantize(model, q, uniform_plan(model, q.low_bits))
     if q.method == "qat-int8":
         return quantize(prepare_qat(model), q)
     return quantize(model, q)

@@ -1,25 +1,42 @@
 """Q-BERT's question at small scale: which layers need more bits?
 
-Each quantized layer's sensitivity is the loss increase when that layer alone is quantized to
-``quant.low_bits`` (a cheap proxy for the Hessian's top eigenvalue Q-BERT ranks by), measured on a few
-training batches. :func:`mixed_plan` then gives ``quant.high_bits`` to the most sensitive layers
-(``rank: reverse``: the least sensitive, the control) while they fit ``quant.high_fraction`` of
-the quantized weights, and ``low_bits`` to the rest.
+Each quantized layer's sensitivity is measured on a few training batches, as ``quant.sensitivity``
+says: ``loss``, the loss increase when that layer alone is quantized to ``quant.low_bits`` (a cheap
+proxy), or ``hessian``, Q-BERT's own: the top eigenvalue of the loss's Hessian with respect to the
+layer's weights (:mod:`.hessian`), ranked by its mean + std over the batches. :func:`mixed_plan` then
+gives ``quant.high_bits`` to the most sensitive layers (``rank: reverse``: the least sensitive, the
+control) while they fit ``quant.high_fraction`` of the quantized weights, and ``low_bits`` to the rest.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pandas as pd
+import torch
 from torch import nn
 
 from ablate.lightning_modules.quant_config import QuantConfig
 from ablate.lightning_modules.quantization.apply import Plan, quantize_weights, targets
+from ablate.lightning_modules.quantization.hessian import Eigen, top_eigenvalues
 
+Batch = dict[str, torch.Tensor]
+BatchLoss = Callable[[nn.Module, Batch], torch.Tensor]
+"""The loss of a model on one batch: a scalar tensor (with its graph when gradients are on)."""
 Loss = Callable[[nn.Module], float]
 """The loss of a model on the calibration batches (lower is better)."""
+
+
+def mean_loss(loss: BatchLoss, batches: Sequence[Batch]) -> Loss:
+    """``loss`` averaged over ``batches``, in eval mode, without gradients."""
+
+    def value(m: nn.Module) -> float:
+        m.eval()
+        with torch.inference_mode():
+            return sum(float(loss(m, b)) for b in batches) / len(batches)
+
+    return value
 
 
 def sensitivity(model: nn.Module, loss: Loss, bits: int, group_size: int) -> dict[str, float]:
@@ -44,8 +61,11 @@ def mixed_plan(sizes: dict[str, int], scores: dict[str, float], q: QuantConfig) 
     return plan
 
 
-def plan_table(model: nn.Module, scores: dict[str, float], plan: Plan) -> pd.DataFrame:
-    """One row per quantized layer: weights, sensitivity, rank (1 = most sensitive) and bits."""
+def plan_table(
+    model: nn.Module, scores: dict[str, float], plan: Plan, eigen: dict[str, Eigen] | None = None
+) -> pd.DataFrame:
+    """One row per quantized layer: weights, sensitivity, rank (1 = most sensitive) and bits; with
+    ``eigen`` (Hessian sensitivity) the top eigenvalue's mean, std and per-batch values too."""
     layers = targets(model)
     table = pd.DataFrame(
         {
@@ -56,6 +76,10 @@ def plan_table(model: nn.Module, scores: dict[str, float], plan: Plan) -> pd.Dat
         }
     )
     table["rank"] = table["sensitivity"].rank(ascending=False, method="first").astype("Int64")
+    if eigen is not None:
+        table["eigenvalue_mean"] = [eigen[n].mean for n in layers]
+        table["eigenvalue_std"] = [eigen[n].std for n in layers]
+        table["eigenvalues"] = [" ".join(f"{v:.6g}" for v in eigen[n].values) for n in layers]
     return table
 
 
@@ -65,9 +89,17 @@ def average_bits(model: nn.Module, plan: Plan) -> float:
     return sum(sizes[n] * plan[n] for n in plan) / sum(sizes[n] for n in plan)
 
 
-def choose_plan(model: nn.Module, loss: Loss, q: QuantConfig) -> tuple[Plan, pd.DataFrame]:
-    """``weight-mixed``'s plan for ``model`` and the table that explains it."""
-    scores = sensitivity(model, loss, q.low_bits, q.group_size)
+def choose_plan(
+    model: nn.Module, loss: BatchLoss, batches: Sequence[Batch], q: QuantConfig
+) -> tuple[Plan, pd.DataFrame]:
+    """``weight-mixed``'s plan for ``model`` (left as it is), ranked on ``batches`` by ``loss`` as
+    ``quant.sensitivity`` says, and the table that explains it."""
+    eigen = None
+    if q.sensitivity == "hessian":
+        eigen = top_eigenvalues(model, targets(model), loss, batches, iters=q.hessian_iters)
+        scores = {name: e.score for name, e in eigen.items()}
+    else:
+        scores = sensitivity(model, mean_loss(loss, batches), q.low_bits, q.group_size)
     sizes = {name: m.weight.numel() for name, m in targets(model).items()}
     plan = mixed_plan(sizes, scores, q)
-    return plan, plan_table(model, scores, plan)
+    return plan, plan_table(model, scores, plan, eigen)

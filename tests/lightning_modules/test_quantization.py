@@ -18,7 +18,16 @@ from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.presets import get_preset
 from ablate.lightning_modules.profiling import random_batch
 from ablate.lightning_modules.quant_config import QuantConfig
-from ablate.lightning_modules.quantization.apply import prepare_qat, quantize, quantized_like, stored_bytes, targets
+from ablate.lightning_modules.quantization.apply import (
+    convert_weight_qat,
+    prepare_qat,
+    prepare_weight_qat,
+    quantize,
+    quantized_like,
+    stored_bytes,
+    targets,
+    uniform_plan,
+)
 from ablate.lightning_modules.quantization.mixed import average_bits, choose_plan, mixed_plan
 
 V = 1000
@@ -182,11 +191,7 @@ def test_choose_plan_on_a_model_ranks_every_target_layer():
     model, b = tiny_model(), batch()
     ref = logits(model, b)
 
-    def loss(m: nn.Module) -> float:
-        with torch.no_grad():
-            return float(m.eval()(b).mlm_loss)
-
-    plan, table = choose_plan(model, loss, MIXED)
+    plan, table = choose_plan(model, lambda m, b: m(b).mlm_loss, [b], MIXED)
     layers = targets(model)
     assert set(plan) == set(layers) and set(plan.values()) == {4, 8}
     assert MIXED.low_bits < average_bits(model, plan) < MIXED.high_bits
@@ -255,6 +260,11 @@ def test_a_quant_source_makes_the_quant_regime():
         ({"quant.method": "weight-mixed", "quant.low_bits": 6, "quant.high_bits": 3}, "quant.high_bits", "low_bits"),
         ({"quant.method": "weight-int7"}, "quant.method", ""),
         ({"quant.low_bits": 1}, "quant.low_bits", ""),
+        ({"quant.method": "weight-int4", "quant.group_size": 48}, "quant.group_size", "divides none"),
+        ({"quant.method": "qat-int8", "quant.qat_steps": 10}, "quant.qat_steps", "weight-only"),
+        ({"quant.method": "dynamic-int8", "quant.qat_steps": 10}, "quant.qat_steps", "weight-only"),
+        ({"quant.method": "weight-int4", "quant.qat_steps": 10}, "quant.qat_steps", "regime 'pretrain'"),
+        ({"quant.embeddings": "int2"}, "quant.embeddings", ""),
     ],
 )
 def test_bad_quant_configs_are_one_error_naming_the_key(overrides, key, needle):
@@ -266,13 +276,16 @@ def test_bad_quant_configs_are_one_error_naming_the_key(overrides, key, needle):
 
 def test_run_params_log_the_quant_fields_the_method_uses():
     quant = {k for k in run_params(build_config(TINY)) if k.startswith("quant.")}
-    assert quant == {"quant.method"}
+    assert quant == {"quant.method", "quant.embeddings"}
     params = run_params(build_config(TINY, {"quant.method": "weight-int4"}))
-    assert {k for k in params if k.startswith("quant.")} == {"quant.method", "quant.group_size"}
+    expected = {"quant.method", "quant.embeddings", "quant.group_size", "quant.qat_steps"}
+    assert {k for k in params if k.startswith("quant.")} == expected
     assert params["quant.method"] == "weight-int4" and params["quant.group_size"] == 32
     mixed = {k for k in run_params(build_config(TINY, {"quant.method": "weight-mixed"})) if k.startswith("quant.")}
-    assert {"quant.low_bits", "quant.high_bits", "quant.high_fraction", "quant.rank"} <= mixed
-    assert "quant.source" not in mixed
+    assert {"quant.low_bits", "quant.high_bits", "quant.high_fraction", "quant.rank", "quant.sensitivity"} <= mixed
+    assert "quant.source" not in mixed and "quant.hessian_iters" not in mixed
+    hessian = run_params(build_config(TINY, {"quant.method": "weight-mixed", "quant.sensitivity": "hessian"}))
+    assert hessian["quant.sensitivity"] == "hessian" and "quant.hessian_iters" in hessian
 
 
 @pytest.mark.parametrize(
@@ -288,3 +301,66 @@ def test_quantized_like_builds_what_a_run_ends_with_for_timing(q, bits):
     assert stored_bytes(timed) == pytest.approx(expected, rel=0.2)
     assert stored_bytes(timed) < stored_bytes(model)
     assert torch.isfinite(logits(timed, batch())).all()
+
+
+# --- Q-BERT: Hessian sensitivity, low-bit QAT, quantized embeddings -----------------------------
+
+
+def test_hessian_plan_ranks_by_mean_plus_std_and_keeps_the_eigenvalues():
+    model, batches = tiny_model(), [batch(0), batch(1)]
+    ref = logits(model, batches[0])
+    q = dataclasses.replace(MIXED, sensitivity="hessian", hessian_iters=10)
+    plan, table = choose_plan(model, lambda m, b: m(b).mlm_loss, batches, q)
+    assert set(plan) == set(targets(model)) and set(plan.values()) <= {4, 8}
+    assert {"eigenvalue_mean", "eigenvalue_std", "eigenvalues"} <= set(table.columns)
+    expected = table["eigenvalue_mean"] + table["eigenvalue_std"]
+    assert list(table["sensitivity"]) == pytest.approx(list(expected))
+    assert all(len(v.split()) == 2 for v in table["eigenvalues"])  # one per batch
+    top = table.loc[table["rank"] == 1].iloc[0]
+    assert top["sensitivity"] == table["sensitivity"].max() and top["bits"] == q.high_bits
+    assert torch.equal(logits(model, batches[0]), ref)  # the model is left as it was
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("int8", 8), ("int4", 4)])
+def test_embedding_tables_quantize_per_row_and_count_in_model_bytes(kind, bits):
+    model, b = tiny_model(), batch()
+    ref = logits(model, b)
+    quantized = quantize(copy.deepcopy(model), QuantConfig(embeddings=kind))
+    tables = [model.encoder.embeddings.word.weight, model.encoder.embeddings.token_type.weight]
+    # each row: its values at `bits`, one fp32 scale and one int8 zero point, against 4 bytes a value
+    saved = sum(4 * w.numel() - (bits / 8 * w.numel() + 5 * w.shape[0]) for w in tables)
+    assert stored_bytes(model) - stored_bytes(quantized) == pytest.approx(saved, abs=8)
+    out = logits(quantized, b)  # the tied MLM decoder reads the quantized word table
+    assert relative_error(out, ref) < (0.05 if bits == 8 else 0.5)
+    assert type(quantized.encoder.embeddings.position.weight) is nn.Parameter  # the position table stays float
+
+
+def test_bert_base_with_4_bit_groups_and_int8_embeddings_is_a_fifth_of_fp32():
+    """Q-BERT's size: ``ablate params bert-base quant.method=weight-int4 quant.embeddings=int8``."""
+    from ablate.lightning_modules.accounting import report_for
+
+    base = get_preset("bert-base")
+    fp32 = report_for(base).model_bytes
+    q = report_for(base, quant=QuantConfig(method="weight-int4", group_size=32, embeddings="int8")).model_bytes
+    assert q / fp32 <= 0.2, q / fp32
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_weight_qat_trains_fake_quantized_and_converts_to_what_it_trained(bits):
+    model, b = tiny_model(), batch()
+    keys = list(model.state_dict())
+    q = QuantConfig(method=f"weight-int{bits}", group_size=32, qat_steps=5, embeddings="int8")
+    plan = uniform_plan(model, bits)
+    prepared = prepare_weight_qat(copy.deepcopy(model), plan, q)
+    assert list(prepared.state_dict()) == keys  # model/ artifacts load into a float model
+    assert not targets(prepared)  # every target layer is fake-quantized now
+    prepared.train()
+    prepared(b).loss.backward()
+    assert prepared.encoder.embeddings.word.weight.grad is not None
+    prepared.zero_grad()
+    fake = logits(prepared.eval(), b)
+    converted = convert_weight_qat(copy.deepcopy(prepared), plan, q)
+    # the converted layers compute what the fake-quantized ones trained with (up to rounding)
+    assert relative_error(logits(converted, b), fake) < 0.02
+    direct = quantize(copy.deepcopy(model), dataclasses.replace(q, qat_steps=0))
+    assert stored_bytes(converted) == stored_bytes(direct) < stored_bytes(model) / 3

@@ -224,6 +224,69 @@ def test_finetuning_a_quantized_run_quantizes_the_classifier(source, quantized):
     assert 0 < m["model_bytes"] < 0.8 * fp32_bytes
 
 
+def test_qbert_fine_tunes_then_trains_quantization_aware_at_2_and_4_bits(source, tmp_path):
+    """Q-BERT on a fine-tuning run: the plan by the Hessian of the task loss on the fine-tuned
+    classifier (2/4 bits), 8-bit embeddings, quantization-aware steps, then converted and scored."""
+    if not (SST2 / "train.tsv").is_file():
+        pytest.skip(f"shared test data not found at {SST2}")
+    tmp, base, src = source
+    for split, rows in (("train", 400), ("validation", 200)):
+        lines = (SST2 / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        (tmp / f"qbert-{split}.tsv").write_text("\n".join(lines[: rows + 1]) + "\n", encoding="utf-8")
+    task = {
+        "source": f"runs:/{src.run_id}",
+        "task": "sst2",
+        "train": str(tmp / "qbert-train.tsv"),
+        "validation": str(tmp / "qbert-validation.tsv"),
+        "max_length": 48,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "max_steps": 6,
+        "val_every": 3,
+        "patience": 3,
+    }
+    quant = {
+        "method": "weight-mixed",
+        "sensitivity": "hessian",
+        "hessian_iters": 8,
+        "low_bits": 2,
+        "high_bits": 4,
+        "high_fraction": 0.3,
+        "calib_batches": 2,
+        "embeddings": "int8",
+        "qat_steps": 6,
+    }
+    result = train(build_config(_tree(base, finetune=task, quant=quant)))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    m, params = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED"
+    assert params["quant.sensitivity"] == "hessian" and params["quant.qat_steps"] == "6"
+    assert params["quant.embeddings"] == "int8"
+    history = client.get_metric_history(result.run_id, "sst2/accuracy")
+    assert len(history) >= 4  # scored while fine-tuning and again while training quantization-aware
+    plan = pd.read_csv(client.download_artifacts(result.run_id, "quant/plan.csv", str(tmp_path)))
+    assert set(plan["bits"]) == {2, 4} and plan["eigenvalue_mean"].notna().all()
+    assert 2 < m["quant/avg_bits"] < 4
+    assert 0.0 <= m["sst2/final_accuracy"] <= 1.0 and m["sst2/fp32_accuracy"] > 0
+    classifier = weights.load_run_classifier(result.tracking_uri, result.run_id)[1]  # float, as trained
+    fp32 = sum(p.numel() * 4 for p in classifier.parameters())
+    assert m["model_bytes"] < 0.3 * fp32
+
+
+def test_a_quant_run_trains_quantization_aware_at_4_bits(source):
+    _, base, src = source
+    q = {"source": f"runs:/{src.run_id}", "method": "weight-int4", "qat_steps": 4, "embeddings": "int4"}
+    result = train(build_config(_tree(base, quant=q)))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and m["quant/avg_bits"] == 4.0
+    assert len(client.get_metric_history(result.run_id, "train/loss")) >= 1  # it trained
+    assert m["model_bytes"] < 0.25 * m["quant/fp32_model_bytes"]
+    assert m["val/mlm_acc"] >= 0 and "quant/mlm_acc_drop" in m
+
+
 def _params_json(capsys, *overrides: str) -> dict:
     assert main(["params", "bert-tiny", *overrides, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
