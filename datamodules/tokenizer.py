@@ -230,3 +230,16 @@ def continuation_mask(tokenizer: Tokenizer) -> list[bool]:
         if token.startswith("##") and idx < len(mask):
             mask[idx] = True
     return mask
+
+
+def vocabulary_map(student: Tokenizer, teacher: Tokenizer) -> list[int]:
+    """For each id of ``student``, the id of the ``teacher`` token with the same string, or -1.
+
+    Both are this module's WordPiece tokenizers (``##`` continuation pieces, the same normalizer):
+    a piece with the same string stands for the same text, and the special tokens map by name.
+    Used by a distillation whose student has its own, smaller vocabulary (Zhao et al.)."""
+    theirs = teacher.get_vocab()
+    out = [-1] * student.get_vocab_size()
+    for token, idx in student.get_vocab().items():
+        out[idx] = theirs.get(token, -1)
+    return out

@@ -230,6 +230,17 @@ class ExperimentConfig:
                 f"distill.{field}: a fine-tuning run starts from its finetune.source; initialise from the "
                 f"teacher when pre-training (regime distill)"
             )
+        if fine_tuning and (d.mix_prob is not None or d.dual_weight is not None):
+            field = "mix_prob" if d.mix_prob is not None else "dual_weight"
+            raise ValueError(
+                f"distill.{field}: dual training (a student with its own vocabulary) is for pre-training "
+                f"(regime distill); task distillation uses the source's vocabulary"
+            )
+        if d.projection == "shared" and not {"fmt", "embed", "cos"} & set(d.transfer_weights):
+            raise ValueError(
+                "distill.projection: 'shared' projects the student's hidden states for fmt_weight, embed_weight "
+                "or cos_weight, and all three are 0"
+            )
         if self.distill.layer_map is not None and len(self.distill.layer_map) != self.model.num_layers:
             raise ValueError(
                 f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "

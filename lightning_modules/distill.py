@@ -5,7 +5,8 @@ teacher (:func:`copy_embeddings`, :func:`copy_layers`: DistilBERT's every other 
 The intermediate terms (each weighted by ``distill.*_weight``, 0 = off):
 
 - ``fmt``, feature-map transfer: MSE between student block i's output and teacher block
-  ``layer_map[i]``'s, through a learned linear projection when the widths differ (TinyBERT's W_h);
+  ``layer_map[i]``'s, through a learned linear projection when the widths differ (TinyBERT's W_h:
+  one per layer; ``distill.projection: shared``: one for every layer, Zhao et al.'s shared projection);
 - ``at``, attention transfer: KL between per-head attention distributions (MobileBERT) or MSE
   between the raw scores (TinyBERT), teacher heads grouped or shared by
   :func:`~lightning_modules.losses.head_map`;
@@ -13,7 +14,9 @@ The intermediate terms (each weighted by ``distill.*_weight``, 0 = off):
 - ``cos``: DistilBERT's 1 - cos between the last student layer's hidden states and its teacher layer's.
 
 The prediction layer's ``kd`` and the data's own terms are the training step's
-(:mod:`lightning_modules.train_module`), the same in pre-training and fine-tuning.
+(:mod:`lightning_modules.train_module`), the same in pre-training and fine-tuning. A student with
+its own, smaller vocabulary learns through a :class:`~lightning_modules.vocab_bridge.VocabBridge`
+(``vocab``: Zhao et al.'s dual training, the ``dual`` term).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from torch import nn
 
 from ablate.lightning_modules.components.embeddings import Embeddings
 from ablate.lightning_modules.config import ModelConfig
-from ablate.lightning_modules.distill_config import DistillConfig
+from ablate.lightning_modules.distill_config import MIX_PROB, DistillConfig
 from ablate.lightning_modules.encoder import Encoder, Trace
 from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.losses import (
     attention_loss,
     attention_mse_loss,
@@ -36,6 +40,7 @@ from ablate.lightning_modules.losses import (
     head_map,
     layer_map,
 )
+from ablate.lightning_modules.vocab_bridge import VocabBridge, VocabMap
 
 
 def copy_embeddings(student: Embeddings, teacher: Embeddings, mode: str) -> list[str]:
@@ -114,10 +119,18 @@ class TeacherLink(nn.Module):
         teacher_cfg: the teacher's architecture.
         student_cfg: the student's architecture.
         at_needed: whether attention transfer is on (head counts must then be compatible).
+        vocab: for a student with its own, smaller vocabulary, the map of its ids to the
+            teacher's: the link then holds the :class:`VocabBridge` that teaches through it (``vocab``).
     """
 
     def __init__(
-        self, d: DistillConfig, teacher: nn.Module, teacher_cfg: ModelConfig, student_cfg: ModelConfig, at_needed: bool
+        self,
+        d: DistillConfig,
+        teacher: nn.Module,
+        teacher_cfg: ModelConfig,
+        student_cfg: ModelConfig,
+        at_needed: bool,
+        vocab: VocabMap | None = None,
     ) -> None:
         super().__init__()
         self.teacher: Any = teacher.eval().requires_grad_(False)  # a PretrainingModel or a Classifier
@@ -138,8 +151,21 @@ class TeacherLink(nn.Module):
                 raise ConfigError(f"distill.at_weight: {exc}") from None
             self.head_maps = []
         Hs, Ht = student_cfg.hidden_dim, teacher_cfg.hidden_dim
-        # projections student H -> teacher H (TinyBERT's W_h): one per layer, then one for the embedding
-        self.project = nn.ModuleList(nn.Linear(Hs, Ht) for _ in range(Ls + 1)) if Hs != Ht else None
+        self.shared = d.projection == "shared"
+        if self.shared and Hs == Ht:
+            raise ConfigError(
+                f"distill.projection: 'shared' projects the student's hidden states to the teacher's width, "
+                f"but both are H={Hs} (model.hidden_dim): there is nothing to project; use per_layer"
+            )
+        # projections student H -> teacher H: one per layer, then one for the embedding (TinyBERT's W_h),
+        # or one for all (Zhao et al.); every hidden state the traces record is H wide
+        count = 1 if self.shared else Ls + 1
+        self.project = nn.ModuleList(nn.Linear(Hs, Ht) for _ in range(count)) if Hs != Ht else None
+        self.vocab: VocabBridge | None = None  # a student with its own vocabulary: Zhao et al.'s dual training
+        if vocab is not None:
+            assert isinstance(teacher, PretrainingModel), "dual training reads a pre-trained teacher's MLM head"
+            mix = MIX_PROB if d.mix_prob is None else d.mix_prob
+            self.vocab = VocabBridge(vocab, teacher, student_cfg.embed_dim, mix)
 
     def train(self, mode: bool = True) -> TeacherLink:
         super().train(mode)
@@ -155,8 +181,13 @@ class TeacherLink(nn.Module):
         t = Trace(attention=frozenset(mapped) if attention else frozenset(), until=None if full else max(mapped))
         return s, t
 
+    def learned(self) -> list[nn.Module]:
+        """What the link trains beside the student: the projections and the vocabulary bridge."""
+        return [m for m in (self.project, self.vocab) if m is not None]
+
     def _project(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        return x if self.project is None else self.project[index](x)
+        """x (B, T, H_s) -> (B, T, H_t) through projection ``index`` (layer i, or -1: the embedding)."""
+        return x if self.project is None else self.project[0 if self.shared else index](x)
 
     def transfer_losses(
         self, terms: tuple[str, ...], layers: tuple[int, ...], s: Trace, t: Trace, mask: torch.Tensor

@@ -10,6 +10,7 @@ training step (:mod:`lightning_modules.train_module`); the strategies are schedu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import Field
@@ -62,6 +63,17 @@ class DistillConfig:
             whose shape matches; parts the student drops, such as positions or the
             embedding norm, stay dropped) or ``none``.
         stage_steps: steps of each transfer stage of ``joint`` and ``progressive``.
+        projection: how the student's hidden states (every layer's, the embedding output's)
+            reach the teacher's width when H differs: ``per_layer`` (one learned H_s -> H_t
+            Linear per layer and one for the embedding; TinyBERT's W_h) or ``shared`` (one
+            Linear for all of them, Zhao et al.'s shared projection).
+        mix_prob: a student with its own, smaller vocabulary (Zhao et al.'s dual training): the
+            probability that a position the teacher could read in its own vocabulary is given
+            to it in the student's instead. None: 0.5 for such a student; it must stay None
+            when the vocabularies are the same.
+        dual_weight: that student's ``dual`` term: the teacher's MLM over the student
+            vocabulary on the mixed sequence (gradients reach the student's word embedding
+            through the frozen teacher). None: 1.0 for such a student; None otherwise.
     """
 
     teacher: str | None = None
@@ -79,12 +91,37 @@ class DistillConfig:
     init_layers: Literal["none", "every_other", "layer_map"] = "none"
     init_embeddings: Literal["none", "word", "all"] = "none"
     stage_steps: Annotated[int, Field(gt=0)] = 100
+    projection: Literal["per_layer", "shared"] = "per_layer"
+    mix_prob: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    dual_weight: _Weight | None = None
 
     @property
     def transfer_weights(self) -> dict[str, float]:
         """The layer-wise transfer losses that are on, by name."""
         weights = {"fmt": self.fmt_weight, "at": self.at_weight, "embed": self.embed_weight, "cos": self.cos_weight}
         return {k: w for k, w in weights.items() if w > 0}
+
+
+MIX_PROB, DUAL_WEIGHT = 0.5, 1.0  # a student with its own vocabulary: Zhao et al. mix words at random
+
+
+def with_vocabularies(d: DistillConfig, own_vocabulary: bool) -> DistillConfig:
+    """``d`` with ``mix_prob`` and ``dual_weight`` resolved once the teacher is known: their
+    defaults for a student with its own vocabulary (``own_vocabulary``), None otherwise.
+
+    Raises ValueError (``field: message``) when one is set for a student sharing the teacher's vocabulary.
+    """
+    if own_vocabulary:
+        mix = MIX_PROB if d.mix_prob is None else d.mix_prob
+        dual = DUAL_WEIGHT if d.dual_weight is None else d.dual_weight
+        return dataclasses.replace(d, mix_prob=mix, dual_weight=dual)
+    field = "mix_prob" if d.mix_prob is not None else "dual_weight" if d.dual_weight is not None else None
+    if field is not None:
+        raise ValueError(
+            f"{field}: only for a student with its own, smaller vocabulary (dual training); this student's "
+            f"model.vocab_size is the teacher's"
+        )
+    return d
 
 
 class Stage(NamedTuple):

@@ -63,6 +63,12 @@ class Trace:
     def wants_attention(self, layer: int) -> bool:
         return self.attention is None or layer in self.attention
 
+    def detach(self) -> None:
+        """Cut what was recorded from the autograd graph (a teacher's trace read as fixed targets)."""
+        self.embedding = None if self.embedding is None else self.embedding.detach()
+        self.hidden = [h.detach() for h in self.hidden]
+        self.scores = {i: s.detach() for i, s in self.scores.items()}
+
 
 class Residual(nn.Module):
     """Post-norm residual sub-layer: ``norm(x + dropout(inner(x_in, ...)))``.
@@ -110,8 +116,12 @@ class Encoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         trace: Trace | None = None,
         rows: torch.Tensor | None = None,
+        words: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids: (B, T); attention_mask: (B, T) bool, True on real tokens -> (B, T, H).
+
+        ``words`` (B, T, E): word vectors to embed in place of the word embedding of ``input_ids``
+        (:meth:`Embeddings.forward`; Zhao et al.'s teacher reading a mixed vocabulary).
 
         With a ``trace``, the embedding output, each layer's output and the attention scores
         it asks for are recorded in it, and the stack stops after ``trace.until``.
@@ -123,7 +133,7 @@ class Encoder(nn.Module):
         nobody reads. Nothing here depends on the values of the inputs (no host sync), so the
         forward compiles to one graph."""
         mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T), True = attend
-        x: torch.Tensor = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x: torch.Tensor = self.embeddings(input_ids, token_type_ids, words)  # (B, T, H)
         if trace is not None:
             trace.embedding = x
         last = len(self.plan) - 1

@@ -37,9 +37,14 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self.extra = extra
 
+    def transformed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (N, H) -> (N, D): what the decoder reads (transform, activation, norm)."""
+        h: torch.Tensor = self.norm(self.activation(self.transform(hidden)))
+        return h
+
     def forward(self, hidden: torch.Tensor, word_weight: torch.Tensor) -> torch.Tensor:
         """hidden: (N, H) at masked positions only; word_weight: (V, E) -> logits (N, V)."""
-        h = self.norm(self.activation(self.transform(hidden)))  # (N, D)
+        h = self.transformed(hidden)  # (N, D)
         decoder = word_weight if self.extra is None else torch.cat([word_weight, self.extra], dim=1)  # (V, D)
         return F.linear(h, decoder, self.bias)  # (N, V)
 

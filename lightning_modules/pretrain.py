@@ -1,10 +1,12 @@
 """``PretrainModule``: the pre-training task (MLM + SOP/NSP) of any encoder the config describes,
 trained by the one step of :class:`~lightning_modules.train_module.TrainModule`: alone, or
 distilled from a teacher (``distill.teacher``: MobileBERT, DistilBERT, TinyBERT's general
-distillation) when given a :class:`~lightning_modules.distill.TeacherLink`."""
+distillation; Zhao et al.'s student with its own vocabulary) when given a
+:class:`~lightning_modules.distill.TeacherLink`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,21 +17,24 @@ from torchmetrics.text import Perplexity
 
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
-from ablate.lightning_modules.distill_config import Stage, schedule
+from ablate.lightning_modules.distill_config import Stage, schedule, with_vocabularies
 from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import IGNORE, PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model_config import ModelConfig
 from ablate.lightning_modules.train_module import OptimPlan, TaskOutput, TrainModule
+from ablate.lightning_modules.vocab_bridge import VocabMap, own_vocabulary
 
 
 def pretrain_weights(cfg: ExperimentConfig) -> dict[str, float]:
     """The pre-training terms' weights: MLM and KD as ``distill`` says (1 and unused without a
-    teacher), the sentence loss ``objective.sentence_weight``, the intermediate terms their own."""
+    teacher), the sentence loss ``objective.sentence_weight``, the intermediate terms their own,
+    ``dual`` (a student with its own vocabulary) ``distill.dual_weight`` (0 when unset)."""
     d = cfg.distill
     return {
         "mlm": d.mlm_weight,
         "sentence": cfg.objective.sentence_weight,
         "kd": d.kd_weight,
+        "dual": d.dual_weight or 0.0,
         **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
     }
 
@@ -104,19 +109,39 @@ class PretrainModule(TrainModule):
 
 
 def distill_module(
-    cfg: ExperimentConfig, teacher: PretrainingModel, teacher_cfg: ModelConfig, model: PretrainingModel | None = None
+    cfg: ExperimentConfig,
+    teacher: PretrainingModel,
+    teacher_cfg: ModelConfig,
+    model: PretrainingModel | None = None,
+    vocab: VocabMap | None = None,
 ) -> PretrainModule:
     """Pre-training distilled from ``teacher`` as ``cfg.distill`` says: the student starts from the
-    teacher's embeddings and layers where asked (``init_embeddings``, ``init_layers``).
+    teacher's embeddings and layers where asked (``init_embeddings``, ``init_layers``). A student
+    whose ``model.vocab_size`` is smaller than the teacher's has its own vocabulary and learns by
+    Zhao et al.'s dual training through ``vocab`` (its ids mapped to the teacher's). The module's
+    ``cfg`` has ``distill.mix_prob`` and ``distill.dual_weight`` resolved (what the run logs).
 
-    ConfigError (naming the field) when the teacher cannot teach this student: another vocabulary,
-    fewer positions than ``data.max_length``, a layer or head map that does not fit, shapes that
-    cannot be copied."""
-    d, student_cfg = cfg.distill, cfg.model
-    if teacher_cfg.vocab_size != student_cfg.vocab_size:
+    ConfigError (naming the field) when the teacher cannot teach this student: a larger vocabulary,
+    a smaller one without its map or with the word embedding copied, ``mix_prob`` or ``dual_weight``
+    set for the teacher's vocabulary, fewer positions than ``data.max_length``, a layer or head map
+    that does not fit, shapes that cannot be copied."""
+    student_cfg = cfg.model
+    own = own_vocabulary(student_cfg, teacher_cfg)
+    try:
+        d = with_vocabularies(cfg.distill, own)
+    except ValueError as exc:
+        raise ConfigError(f"distill.{exc}") from None
+    cfg = replace(cfg, distill=d)
+    if own and d.init_embeddings != "none":
         raise ConfigError(
-            f"distill.teacher: the teacher's vocabulary has {teacher_cfg.vocab_size} tokens, the "
-            f"student's model.vocab_size is {student_cfg.vocab_size}"
+            f"distill.init_embeddings: {d.init_embeddings!r} copies the teacher's word embedding, but the "
+            f"student's vocabulary ({student_cfg.vocab_size} tokens) is not the teacher's ({teacher_cfg.vocab_size})"
+        )
+    if own and vocab is None:
+        raise ConfigError(
+            f"distill.teacher: the student has its own vocabulary (model.vocab_size {student_cfg.vocab_size}, the "
+            f"teacher's {teacher_cfg.vocab_size}), mapped to the teacher's by token text: the teacher must come with "
+            f"its tokenizer (a runs:/ teacher, or a folder with its tokenizer.json)"
         )
     if teacher_cfg.position == "learned" and teacher_cfg.max_position < cfg.data.max_length:
         raise ConfigError(
@@ -124,7 +149,7 @@ def distill_module(
             f"fewer than data.max_length {cfg.data.max_length}"
         )
     model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
-    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0)
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0, vocab=vocab if own else None)
     module = PretrainModule(cfg, model, link)
     chosen = init_layer_map(d.init_layers, student_cfg.num_layers, teacher_cfg.num_layers, link.layer_map)
     module.copied = [

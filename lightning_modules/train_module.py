@@ -6,7 +6,8 @@ A method is a configuration of this step, not a subclass of its own:
 - an optional frozen **teacher**, joined to the student by a :class:`~lightning_modules.distill.TeacherLink`
   (layer and head maps, learned projections),
 - **loss terms**, each weighted: the data's own (``mlm``, ``sentence``, ``label``), the
-  prediction layer's KD (``kd``), the intermediate ones (``fmt``, ``at``, ``embed``, ``cos``) and
+  prediction layer's KD (``kd``), the intermediate ones (``fmt``, ``at``, ``embed``, ``cos``),
+  the teacher's MLM over a student's own vocabulary (``dual``: Zhao et al.'s dual training) and
   a method's own (``exit``: FastBERT's self-distillation; ``sparsity``: schuBERT's gates),
 - a schedule of **stages** (:class:`~lightning_modules.distill_config.Stage`): which terms count and
   what trains, step by step (MobileBERT's strategies, TinyBERT's intermediate-then-prediction).
@@ -22,6 +23,7 @@ last layer on the prediction rows only); nothing is read on the host except on l
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -171,26 +173,49 @@ class TrainModule(pl.LightningModule):
         link, pd = self.link, "pd" in stage.losses
         transfer = tuple(k for k in stage.losses if k in TRANSFER)
         kd = pd and self.weights.get("kd", 0.0) > 0
+        dual = pd and link is not None and link.vocab is not None and self.weights.get("dual", 0.0) > 0
         out: dict[str, torch.Tensor] = {}
-        if link is None or not (transfer or kd):  # the model alone: its own fast forward
+        if link is None or not (transfer or kd or dual):  # the model alone: its own fast forward
             if pd:
                 out.update(self.task_output(self.model, batch, None).losses)
             return {**out, **self.extra_terms(batch, stage)}
         layers = stage.layers if stage.layers is not None else tuple(range(len(link.layer_map)))
         s_trace, t_trace = link.traces(layers, "at" in transfer, full=pd) if transfer else (None, None)
         inputs = (batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
-        with torch.no_grad():
-            t_model = link.teacher
-            teacher = self.task_output(t_model, batch, t_trace) if pd else t_model.encoder(*inputs, trace=t_trace)
+        teacher = self.teacher_output(batch, t_trace, pd, dual)
         student = self.task_output(self.model, batch, s_trace) if pd else self.model.encoder(*inputs, trace=s_trace)
         if transfer:
             assert s_trace is not None and t_trace is not None
             out.update(link.transfer_losses(transfer, layers, s_trace, t_trace, batch["attention_mask"]))
         if pd:
+            assert teacher is not None
             out.update(student.losses)
+            if dual:
+                out["dual"] = teacher.losses["dual"]
             if kd:
-                out["kd"] = kd_loss(student.logits, teacher.logits, link.temperature, student.valid)
+                out["kd"] = kd_loss(student.logits, teacher.logits.detach(), link.temperature, student.valid)
         return {**out, **self.extra_terms(batch, stage)}
+
+    def teacher_output(
+        self, batch: dict[str, torch.Tensor], trace: Any, pd: bool, dual: bool = False
+    ) -> TaskOutput | None:
+        """The frozen teacher on ``batch``, recording ``trace``: its task output when ``pd`` (else
+        only its encoder runs). A student with its own vocabulary (``link.vocab``) has the teacher
+        read Zhao et al.'s mixed sequence and predict over the student's vocabulary (the losses:
+        ``dual``); with ``dual`` that term trains, its gradient flowing through the teacher into
+        the student's word table and the bridge. Otherwise nothing here builds a graph."""
+        link = self.link
+        assert link is not None
+        if link.vocab is not None:
+            with contextlib.nullcontext() if dual else torch.no_grad():
+                word = self.model.encoder.embeddings.word.weight  # (V_s, E_s)
+                mixed = link.vocab.teach(link.teacher, word, batch, trace, predict=pd, dual=dual)
+            return None if mixed is None else TaskOutput(mixed.logits, mixed.valid, {"dual": mixed.loss})
+        with torch.no_grad():
+            if pd:
+                return self.task_output(link.teacher, batch, trace)
+            link.teacher.encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], trace=trace)
+        return None
 
     def weighted(self, losses: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The total loss: each term times its weight."""
@@ -272,9 +297,10 @@ class TrainModule(pl.LightningModule):
 
     # -- the optimizer -------------------------------------------------------------------
     def trainable_modules(self) -> nn.Module:
-        """What the optimizer trains: the model, and the projections a teacher link learns."""
-        project = self.link.project if self.link is not None else None
-        return self.model if project is None else nn.ModuleList([self.model, project])
+        """What the optimizer trains: the model, and what a teacher link learns (projections, the
+        vocabulary bridge)."""
+        learned = self.link.learned() if self.link is not None else []
+        return self.model if not learned else nn.ModuleList([self.model, *learned])
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)

@@ -27,7 +27,14 @@ from ablate.sweeps.finetune_run import finetune
 from ablate.sweeps.prune_run import prune_train
 from ablate.sweeps.quant_run import quant_train, quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
-from ablate.sweeps.weights import Source, check_positions, check_same_tokenizer, load_source, log_weights
+from ablate.sweeps.weights import (
+    Source,
+    check_positions,
+    check_same_tokenizer,
+    load_source,
+    log_weights,
+    student_vocabulary,
+)
 
 # short names for run names: "E=64 sharing=all F=1 seed=0"
 RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
@@ -58,9 +65,16 @@ def build_module(cfg: ExperimentConfig, uri: str, tokenizer: Path) -> tuple[Pret
         return PretrainModule(cfg, student), {}
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
         teacher = load_source(cfg.distill.teacher, uri, Path(tmp))
-        check_same_tokenizer(teacher, tokenizer)
-    module = distill_module(cfg, teacher.model, teacher.model_cfg, student)
+        vocab = student_vocabulary(teacher, tokenizer, cfg.model)  # None: the teacher's own (checked)
+    module = distill_module(cfg, teacher.model, teacher.model_cfg, student, vocab)
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
+
+
+def vocabulary_metrics(module: PretrainModule) -> dict[str, float]:
+    """A student with its own vocabulary: the share of its tokens that have a teacher counterpart
+    (``distill/vocab_coverage``, logged at step 0 with the parameter counts)."""
+    bridge = module.link.vocab if module.link is not None else None
+    return {} if bridge is None else {"distill/vocab_coverage": bridge.coverage}
 
 
 def checked_source(cfg: ExperimentConfig, field: str, uri: str, tokenizer: Path) -> Source:
@@ -184,7 +198,9 @@ def train(
             return quant_train(cfg, source, data, uri, client, run_id)
     elif cfg.regime != "prune":
         module, module_tags = build_module(cfg, uri, tokenizer)
+        cfg = module.cfg  # a distillation's: distill.mix_prob and dual_weight resolved against its teacher
         inputs, measured_on = metric_counts(module.model, cfg.model, cfg)
+        inputs = {**inputs, **vocabulary_metrics(module)}
         extra_params = {**measured_on, **(extra_params or {})}
 
         def work(client: Any, run_id: str) -> dict[str, float]:

@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from mlflow.exceptions import MlflowException
@@ -31,6 +31,7 @@ from ablate.lightning_modules.errors import AblateError, ConfigError, StorageErr
 from ablate.lightning_modules.heads import PretrainingModel
 from ablate.lightning_modules.hf_export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
 from ablate.lightning_modules.interop import WEIGHTS, export, load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.vocab_bridge import VocabMap, own_vocabulary
 from ablate.sweeps import tracking
 
 ARTIFACT = "model"
@@ -333,3 +334,38 @@ def check_same_tokenizer(
             f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
             f"those it was trained with)"
         )
+
+
+_PROBE = "Éric's CAFÉ-au-lait, naïve 北京 x1.5 don't"  # accents, case, punctuation, CJK, digits
+
+
+def _reads(tok: Any) -> tuple[object, ...]:
+    """How a tokenizer splits text before WordPiece: its normalizer's and pre-tokenizer's output on a probe."""
+    text = tok.normalizer.normalize_str(_PROBE) if tok.normalizer is not None else _PROBE
+    words = tok.pre_tokenizer.pre_tokenize_str(text) if tok.pre_tokenizer is not None else text
+    return text, words
+
+
+def student_vocabulary(teacher: Source, student_tokenizer: Path, student_cfg: ModelConfig) -> VocabMap | None:
+    """How a student's token ids reach its teacher's: None for a student of the teacher's vocabulary
+    (its tokenizer must be the teacher's: :func:`check_same_tokenizer`); for one with its own,
+    smaller vocabulary (Zhao et al.), each id mapped to the teacher token of the same string
+    (None when the teacher has no tokenizer: ``distill_module`` names it). ConfigError
+    (``model.vocab_size``) for a larger vocabulary, (``distill.teacher``) for a teacher tokenizer
+    that reads text otherwise (``data.lowercase``), whose pieces would not mean the same text."""
+    from tokenizers import Tokenizer
+
+    from ablate.datamodules.tokenizer import continuation_mask, vocabulary_map
+
+    if not own_vocabulary(student_cfg, teacher.model_cfg):
+        check_same_tokenizer(teacher, student_tokenizer)
+        return None
+    if teacher.tokenizer is None:
+        return None
+    theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
+    if _reads(theirs) != _reads(mine):
+        raise ConfigError(
+            f"distill.teacher: {teacher.source}'s tokenizer normalizes or splits text otherwise than this run's "
+            f"(data.lowercase must be the teacher's): the student's tokens are mapped to the teacher's by their text"
+        )
+    return VocabMap.of(vocabulary_map(mine, theirs), continuation_mask(mine), student_cfg.vocab_size)

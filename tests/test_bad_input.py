@@ -112,6 +112,17 @@ def _teacher_tokenizer_mismatch(tmp: Path, ckpt: Path) -> list[str]:
     return _train(distill={"teacher": str(folder)})(tmp, ckpt)
 
 
+def _distill(model: dict | None = None, **distill: object) -> Callable[[Path, Path], list[str]]:
+    """A distillation from the checkpoint (an albert-tiny of 1000 tokens, H 32, without a tokenizer)."""
+
+    def make(tmp: Path, ckpt: Path) -> list[str]:
+        tree = _config(tmp, distill={"teacher": str(ckpt), **distill})
+        tree["model"] = {**tree["model"], **(model or {})}
+        return ["train", _write(tmp, tree)]
+
+    return make
+
+
 def _latin1() -> bytes:
     return ("Élève très âgé. " * 400).encode("latin-1")
 
@@ -214,6 +225,27 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "checkpoint of another architecture": (_other_architecture, "init_from"),
     "teacher run missing": (_train(distill={"teacher": "runs:/0123456789abcdef"}), "distill.teacher"),
     "teacher tokenizer mismatch": (_teacher_tokenizer_mismatch, "distill.teacher"),
+    "distill: student vocabulary larger than the teacher's": (
+        _distill({"vocab_size": 1200}),
+        "model.vocab_size: the student's",
+    ),
+    "distill: mix_prob with the teacher's vocabulary": (
+        _distill(mix_prob=0.3),
+        "distill.mix_prob: only for a student with",
+    ),
+    "distill: word embedding copied across vocabularies": (
+        _distill({"vocab_size": 500}, init_embeddings="word"),
+        "distill.init_embeddings: 'word' copies the teacher's word embedding",
+    ),
+    "distill: own vocabulary, teacher without a tokenizer": (
+        _distill({"vocab_size": 500}),
+        "distill.teacher: the student has",
+    ),
+    "distill: shared projection between equal widths": (_distill(projection="shared"), "distill.projection: 'shared'"),
+    "distill: shared projection no term uses": (
+        _distill(projection="shared", fmt_weight=0.0),
+        "distill.projection: 'shared' projects the student's hidden states for",
+    ),
     "prune source missing": (_train(prune={"source": "/nonexistent/model"}), "prune.source"),
     "finetune source missing": (
         _train(

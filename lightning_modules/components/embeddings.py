@@ -55,9 +55,15 @@ class Embeddings(nn.Module):
         self.position, self.token_type = position, token_type
         self.norm, self.dropout, self.projection = norm, dropout, projection
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
-        x: torch.Tensor = self.word(input_ids)  # (B, T, E)
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, words: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, token_type_ids: (B, T) -> (B, T, H).
+
+        ``words`` (B, T, E), when given, are the word vectors in place of ``word(input_ids)`` (a
+        distillation teacher reading a student's vocabulary through a bridge); ``input_ids`` then
+        only gives the shape."""
+        x: torch.Tensor = self.word(input_ids) if words is None else words  # (B, T, E)
         if self.trigram is not None:
             x = self.trigram(x)  # (B, T, H)
         if self.position is not None:

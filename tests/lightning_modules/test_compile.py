@@ -84,16 +84,26 @@ def _step_graphs(module, batch: dict[str, torch.Tensor]) -> None:
         assert explained.graph_count == 1, stage.name
 
 
-def test_every_distillation_stage_is_one_graph():
+@pytest.mark.parametrize("vocabulary", ["the teacher's", "its own"])
+def test_every_distillation_stage_is_one_graph(vocabulary: str):
+    """With its own vocabulary (Zhao et al.), the student's stages add the teacher's mixed input
+    (a draw, a gather, a where) and its prediction over the student vocabulary, still one graph."""
     from ablate.lightning_modules.pretrain import distill_module
+    from ablate.lightning_modules.vocab_bridge import VocabMap
 
-    raw = {"model": {"preset": "bert-tiny", "num_layers": 2, "hidden_dim": 64, "embed_dim": 64, "num_heads": 2}}
+    own = vocabulary == "its own"
+    model = {"preset": "bert-tiny", "num_layers": 2, "hidden_dim": 64, "embed_dim": 64, "num_heads": 2}
     distill = {"teacher": "runs:/t", "strategy": "joint", "stage_steps": 5, "at_loss": "mse", "cos_weight": 1.0}
-    cfg = build_config({**raw, "distill": distill, "trainer": {"max_steps": 10}})
+    if own:
+        model, distill = {**model, "vocab_size": 4096}, {**distill, "projection": "shared"}
+    cfg = build_config({"model": model, "distill": distill, "trainer": {"max_steps": 10}})
     teacher_cfg = build_config({"model": {"preset": "bert-tiny"}})
     torch.manual_seed(0)
     teacher = build_pretraining_model(teacher_cfg.model, cfg.objective)
-    module = distill_module(cfg, teacher, teacher_cfg.model).train()
+    ids = [i if i % 7 else -1 for i in range(4096)]  # every seventh student token without a counterpart
+    vocab = VocabMap.of(ids, [i % 5 == 0 for i in range(4096)], 4096) if own else None
+    module = distill_module(cfg, teacher, teacher_cfg.model, vocab=vocab).train()
+    assert (module.link.vocab is not None) == own
     _step_graphs(module, random_batch(cfg.model.vocab_size, B, T, torch.device("cpu"), seed=0))
 
 

@@ -127,6 +127,16 @@ def test_a_run_says_its_regime(raw, regime):
         ({"distill": {"fmt_weight": 0.5}}, "distill.fmt_weight: only for a distill run (distill.teacher); this run is"),
         ({"distill": {"teacher": "runs:/t"}, "prune": {"rounds": 2}}, "prune.rounds: only for a prune run"),
         ({"finetune": {"source": "runs:/s", **_FT}, "distill": {"temperature": 2.0}}, "distill.temperature: only for"),
+        # Zhao et al.: dual training is pre-training's; a shared projection needs a term that projects
+        (
+            {"distill": {"teacher": "runs:/t", "dual_weight": 2.0}, "finetune": {"source": "runs:/s", **_FT}},
+            "distill.dual_weight: dual training (a student with its own vocabulary) is for pre-training",
+        ),
+        (
+            {"distill": {"teacher": "runs:/t", "projection": "shared", "fmt_weight": 0.0}},
+            "distill.projection: 'shared' projects the student's hidden states for fmt_weight",
+        ),
+        ({"distill": {"teacher": "runs:/t", "mix_prob": 1.5}}, "distill.mix_prob: Input should be less than"),
     ],
 )
 def test_conflicting_regimes_are_one_error(raw, message):
@@ -150,6 +160,13 @@ def test_a_run_logs_only_the_fields_its_regime_uses():
     assert not any(k.startswith(("distill.", "prune.", "finetune.")) for k in pretrain)
     distill = run_params(build_config({"distill": {"teacher": "runs:/t"}}))
     assert distill["distill.teacher"] == "runs:/t" and not any(k.startswith(("prune.", "finetune.")) for k in distill)
+    # Zhao et al.'s fields: the projection as set; mix_prob and dual_weight resolved against the teacher
+    # (distill_module: the module's cfg, which the run logs), None until then
+    assert (distill["distill.projection"], distill["distill.mix_prob"], distill["distill.dual_weight"]) == (
+        "per_layer",
+        None,
+        None,
+    )
     assert set(pretrain) < set(flatten(build_config({}))) <= field_names()
 
 

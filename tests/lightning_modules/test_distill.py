@@ -139,10 +139,46 @@ def test_widths_that_differ_get_learned_projections():
     assert all(id(p) in params for p in module.link.project.parameters())  # the optimizer trains them
 
 
-def test_vocabularies_must_match():
-    teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V + 1})
-    with pytest.raises(ConfigError, match="distill.teacher: the teacher's vocabulary has 301"):
+def test_shared_projection_is_one_linear_and_equals_per_layer_ones_set_equal():
+    teacher, teacher_cfg = _teacher({**TEACHER, "hidden_dim": 96})
+    terms = {**TRANSFER, "cos_weight": 1.0}
+    per_layer = distill_module(_cfg(**terms), teacher, teacher_cfg).eval()
+    shared = distill_module(_cfg(**terms, projection="shared"), teacher, teacher_cfg, per_layer.model).eval()
+    assert shared.link.project is not None and len(shared.link.project) == 1
+    params = {id(p) for p in shared.trainable_modules().parameters()}
+    assert all(id(p) in params for p in shared.link.project.parameters())
+    assert per_layer.link.project is not None
+    for linear in per_layer.link.project:  # every layer's and the embedding's: the shared one's weights
+        linear.load_state_dict(shared.link.project[0].state_dict())
+    batch = _batch()
+    a, b = per_layer.losses(batch, per_layer.stages[0]), shared.losses(batch, shared.stages[0])
+    for name in ("fmt", "embed", "cos"):
+        assert a[name].item() == pytest.approx(b[name].item(), rel=1e-6), name
+    per_layer.link.project[1].weight.data.add_(0.1)  # another layer's projection: per_layer differs
+    assert per_layer.losses(batch, per_layer.stages[0])["fmt"].item() != pytest.approx(b["fmt"].item(), rel=1e-6)
+
+
+def test_a_shared_projection_needs_widths_to_project_and_a_term_that_uses_it():
+    teacher, teacher_cfg = _teacher()  # H 128, the student's
+    with pytest.raises(ConfigError, match="distill.projection: 'shared' .* both are H=128 .*nothing to project"):
+        distill_module(_cfg(projection="shared"), teacher, teacher_cfg)
+    with pytest.raises(ConfigError, match="distill.projection: 'shared' .* all three are 0"):
+        _cfg(projection="shared", fmt_weight=0.0)
+
+
+def test_a_larger_student_vocabulary_and_a_smaller_one_without_its_map_are_refused():
+    teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V - 1})
+    with pytest.raises(ConfigError, match=r"model.vocab_size: the student's vocabulary \(300\) is larger"):
         distill_module(_cfg(), teacher, teacher_cfg)
+    teacher, teacher_cfg = _teacher({**TEACHER, "vocab_size": V + 1})
+    with pytest.raises(ConfigError, match="distill.teacher: the student has its own vocabulary .* its tokenizer"):
+        distill_module(_cfg(), teacher, teacher_cfg)
+    with pytest.raises(ConfigError, match="distill.init_embeddings: 'word' copies .* not the teacher's"):
+        distill_module(_cfg(init_embeddings="word"), teacher, teacher_cfg)
+    same, same_cfg = _teacher()
+    for field in ("mix_prob", "dual_weight"):
+        with pytest.raises(ConfigError, match=f"distill.{field}: only for a student with its own"):
+            distill_module(_cfg(**{field: 0.5}), same, same_cfg)
 
 
 def test_a_teacher_must_read_sequences_as_long_as_the_students():

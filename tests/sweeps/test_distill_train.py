@@ -1,4 +1,5 @@
-"""A tiny teacher -> student distillation end to end: real corpus, real MLflow store, the CLI."""
+"""A tiny teacher -> student distillation end to end: real corpus, real MLflow store, the CLI; a student
+with its own, smaller vocabulary (Zhao et al.) exported as a transformers model with its tokenizer."""
 
 from __future__ import annotations
 
@@ -106,3 +107,61 @@ def test_a_teacher_with_another_tokenizer_is_refused(teacher_run):
     tree["data"]["lowercase"] = not build_config(base).data.lowercase  # a different vocabulary
     with pytest.raises(ConfigError, match="different tokenizer"):
         train(build_config(tree))
+
+
+# Zhao et al.: a student with its own vocabulary (500 tokens, the teacher's 1000), dual training and
+# one projection shared by every layer (H 16 -> the teacher's 32)
+ZHAO_STUDENT = {
+    "preset": "bert-tiny",
+    "vocab_size": 500,
+    "embed_dim": 16,
+    "hidden_dim": 16,
+    "num_layers": 2,
+    "num_heads": 2,
+    "ffn_dim": 32,
+    "max_position": 64,
+}
+
+
+def test_a_student_with_its_own_vocabulary_trains_and_exports_with_its_tokenizer(teacher_run, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from ablate.sweeps.weights import load_run_weights
+
+    _, base, teacher = teacher_run
+    tree = _student(base, f"runs:/{teacher.run_id}", projection="shared", cos_weight=1.0)
+    tree["model"] = ZHAO_STUDENT
+    tree["trainer"].update(max_steps=4, val_every=4)
+    path = tmp_path / "zhao.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["train", str(path)]) == 0
+    client = MlflowClient(teacher.tracking_uri)
+    experiment = client.get_run(teacher.run_id).info.experiment_id
+    (run,) = client.search_runs([experiment], filter_string="params.`model.vocab_size` = '500'")
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.teacher_run"] == teacher.run_id
+    params, metrics = run.data.params, run.data.metrics
+    assert (params["distill.mix_prob"], params["distill.dual_weight"], params["distill.projection"]) == (
+        "0.5",
+        "1.0",
+        "shared",
+    )
+    for name in ("train/dual_loss", "train/kd_loss", "train/mlm_loss", "train/fmt_loss", "train/cos_loss"):
+        assert name in metrics, name
+    assert 0.9 < metrics["distill/vocab_coverage"] <= 1.0  # the same corpus: nearly every token is the teacher's
+
+    out = tmp_path / "hf"
+    capsys.readouterr()
+    assert main(["export", run.info.run_id, str(out), "--tracking-uri", teacher.tracking_uri]) == 0
+    assert "transformers format" in capsys.readouterr().out
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    mlm = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert len(tok) == mlm.config.vocab_size == 500  # the student's own tokenizer, not the teacher's 1000
+    enc = tok("The capital of France is [MASK].", return_tensors="pt")
+    _, ours = load_run_weights(teacher.tracking_uri, run.info.run_id)
+    ours.eval()
+    with torch.no_grad():
+        hidden = ours.encoder(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"].bool())[0]
+        mine = ours.mlm_head(hidden, ours.encoder.embeddings.word.weight)
+        theirs = mlm(**enc).logits[0]
+    assert (mine - theirs).abs().max() < 1e-4
