@@ -283,6 +283,8 @@ class ExperimentConfig:
                 "finetune.exit_steps: FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
                 f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}"
             )
+        if f.exit_at is not None and not f.exits:
+            raise ValueError("finetune.exit_at: a speed to use the model at needs FastBERT's exits (finetune.exits)")
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data

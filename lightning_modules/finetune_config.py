@@ -54,6 +54,9 @@ class FinetuneConfig:
             frozen; only the exits train).
         exit_speeds: the speed thresholds evaluated: a sample leaves at the first layer whose
             exit's normalized entropy is below the threshold (0 = every layer runs).
+        exit_at: the speed the fine-tuned model is used at (FastBERT's product: the model with
+            its threshold): the run's ``<task>/final_<metric>`` and ``<task>/latency_ms`` are early
+            exit's at that speed; None = the full model's.
     """
 
     source: str | None = None
@@ -78,3 +81,4 @@ class FinetuneConfig:
     exits: bool = False
     exit_steps: Annotated[int, Field(ge=0)] = 0
     exit_speeds: tuple[Annotated[float, Field(ge=0.0, le=1.0)], ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
+    exit_at: Annotated[float, Field(ge=0.0, le=1.0)] | None = None

@@ -4,7 +4,8 @@ The trial is an MLflow run (nested under the study's parent) whose stages are ru
 under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked by
 ``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
 ``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
-study's objective and reports can use any of them.
+study's objective and reports can use any of them, and the params ``technique.<name>``: the
+compression techniques its stages apply, read from their configs (:mod:`~ablate.lightning_modules.techniques`).
 
 A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then
 fine-tuned once per seed (one stage run each) and the trial carries each ``<task>/...``
@@ -17,9 +18,10 @@ import statistics
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 
 from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.techniques import stages_of
 from ablate.sweeps.checkpoints import Plan
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import FinetuneTask
@@ -65,13 +67,14 @@ def chained_trial(
         client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
-        best = []
+        best, configs = [], []
         for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []
             for seed in task.seeds or [None]:
                 teacher = (task_teachers or {}).get(i)
                 ft_cfg = task.config(cfg, RUNS + pre.run_id, seed, teacher=teacher, study_model=study_model)
                 f = ft_cfg.finetune
+                configs.append(ft_cfg)
                 suffix = "" if seed is None else f" seed={seed}"
                 result = train(
                     ft_cfg,
@@ -89,7 +92,8 @@ def chained_trial(
             best.append(metrics[key])
         if best:
             metrics["downstream/avg"] = sum(best) / len(best)
-        client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()])
+        techniques = [Param(k, v) for k, v in stages_of(cfg, configs).items()]  # the overview's columns
+        client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()], params=techniques)
         return metrics
 
     return tracked_run(

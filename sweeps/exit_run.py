@@ -19,7 +19,7 @@ import torch
 from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.lightning_modules.classifier import Classifier
 from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.early_exit import SpeedPoint, full_latency_ms, speed_curve
+from ablate.lightning_modules.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
 from ablate.lightning_modules.profiling import placed
 
 TIMED = 200
@@ -67,16 +67,40 @@ def _plot(points: list[SpeedPoint], full_ms: float, metric: str, path: Path) -> 
     plt.close(fig)
 
 
+def dev_rows(data: ClassificationDataModule) -> tuple[list[Batch], torch.Tensor]:
+    """The dev set as batches of one (unpadded) and its labels (N,)."""
+    val = data.val_set
+    assert val is not None
+    rows = [collate([val[i]]) for i in range(len(val))]
+    return rows, torch.cat([r.pop("labels") for r in rows])
+
+
+def used_at(model: Classifier, cfg: ExperimentConfig, data: ClassificationDataModule) -> dict[str, float]:
+    """How the fine-tuned classifier is used, measured on the dev set on the CPU: its batch-1 latency
+    (``<task>/latency_ms``, the mean over the first :data:`TIMED` dev sentences of each one's fastest of
+    3 runs) and, when ``finetune.exit_at`` sets a speed, early exit's metric and mean layers there
+    (``<task>/final_<metric>``, ``<task>/exit_layers``)."""
+    f = cfg.finetune
+    rows, labels = dev_rows(data)
+    with placed(model, torch.device("cpu"), train=False):
+        if f.exit_at is None:
+            return {f"{f.task}/latency_ms": full_latency_ms(model, rows[:TIMED])}
+        metric = _metric(f.metric, f.num_labels)
+        (point,) = speed_curve(model, rows, labels, [f.exit_at], metric=metric, timed=TIMED)
+    return {
+        f"{f.task}/latency_ms": point.latency_ms,
+        f"{f.task}/final_{f.metric}": point.metric_value,
+        f"{f.task}/exit_layers": point.mean_layers,
+    }
+
+
 def exit_curve(
     model: Classifier, cfg: ExperimentConfig, data: ClassificationDataModule, client: Any, run_id: str, step: int
 ) -> dict[str, float]:
     """Early exit at each ``finetune.exit_speeds`` on the dev set, on the CPU; logged, and returned
     as metrics."""
     f = cfg.finetune
-    val = data.val_set
-    assert val is not None
-    rows = [collate([val[i]]) for i in range(len(val))]
-    labels = torch.cat([r.pop("labels") for r in rows])
+    rows, labels = dev_rows(data)
     with placed(model, torch.device("cpu"), train=False):
         points = speed_curve(model, rows, labels, f.exit_speeds, metric=_metric(f.metric, f.num_labels), timed=TIMED)
         full_ms = full_latency_ms(model, rows[:TIMED])

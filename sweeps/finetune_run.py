@@ -36,7 +36,7 @@ from ablate.lightning_modules.finetune import FinetuneModule, task_distill_modul
 from ablate.lightning_modules.quant_config import check_group_size
 from ablate.lightning_modules.quantization.apply import convert_weight_qat, prepare_qat, stored_bytes
 from ablate.sweeps import tracking
-from ablate.sweeps.exit_run import exit_curve
+from ablate.sweeps.exit_run import exit_curve, used_at
 from ablate.sweeps.quant_run import QuantPlan, plan_for, quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
 from ablate.sweeps.weights import (
@@ -198,7 +198,10 @@ def finetune(
                 metrics.update(scores)
                 if plan.table is not None:
                     client.log_text(run_id, plan.table.to_csv(index=False), "quant/plan.csv")
-            for key in (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits"):
+            if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
+                metrics.update(used_at(module.model, cfg, data))
+            logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
+            for key in (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers"):
                 if key in metrics:
                     client.log_metric(run_id, key, metrics[key], step=step)
             return metrics

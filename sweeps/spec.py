@@ -261,6 +261,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     if spec.finetune and isinstance(base.get("finetune"), dict):
         raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its finetune: tasks")
     check_tasks(students[0], spec.finetune, where, study_model=spec.upstream is not None)
+    check_task_variants(spec, where)
 
 
 def _validate_upstream(
@@ -278,12 +279,38 @@ def _validate_upstream(
     except ConfigError as exc:
         raise ConfigError(f"{where}: {section}.{exc}") from None
     for student in map(flatten, students):
+        # a distilled student with a smaller vocabulary trains its own tokenizer on the same corpus and
+        # learns through it (Zhao et al.'s dual training); every other trial shares the model's tokenizer
+        own = student["regime"] == "distill" and student["model.vocab_size"] < model["model.vocab_size"]
         for key in TOKENIZER_FIELDS:
+            if key == "model.vocab_size" and own:
+                continue
             if model[key] != student[key]:
                 raise ConfigError(
                     f"{where}: {section}.{key}: {model[key]!r} differs from the trials' "
                     f"{student[key]!r}; they must share one tokenizer"
                 )
+
+
+def check_task_variants(spec: StudySpec, where: Path | str) -> None:
+    """A task's ``variants`` name variants of the study, and no variant is fine-tuned twice on one task name."""
+    seen: dict[tuple[str, str | None], int] = {}
+    for i, task in enumerate(spec.finetune):
+        if task.variants is not None:
+            unknown = [v for v in task.variants if v not in spec.variants]
+            if unknown:
+                raise ConfigError(
+                    f"{where}: finetune[{i}].variants: {unknown[0]!r} is not one of the study's variants "
+                    f"({', '.join(spec.variants) or 'it has none'})"
+                )
+        for variant in task.variants or list(spec.variants) or [None]:
+            if (task.task, variant) in seen:
+                who = f"variant {variant!r}" if variant is not None else "every trial"
+                raise ConfigError(
+                    f"{where}: finetune[{i}].variants: {who} is already fine-tuned on task {task.task!r} "
+                    f"by finetune[{seen[task.task, variant]}]"
+                )
+            seen[task.task, variant] = i
 
 
 def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str, study_model: bool = True) -> None:

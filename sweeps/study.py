@@ -255,8 +255,11 @@ def trial_objective(
         try:
             extra = {"variant": params["variant"]} if "variant" in params else None
             # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
+            variant = params.get("variant")
+            mine = [i for i, task in enumerate(spec.finetune) if task.runs_for(variant)]  # this trial's tasks
+            teachers_of = {j: (task_teachers or {})[i] for j, i in enumerate(mine) if i in (task_teachers or {})}
             chained = functools.partial(
-                chained_trial, tasks=spec.finetune, task_teachers=task_teachers or {}, study_model=teacher
+                chained_trial, tasks=[spec.finetune[i] for i in mine], task_teachers=teachers_of, study_model=teacher
             )
             run = chained if spec.finetune else train
             result = run(

@@ -89,6 +89,10 @@ class FinetuneTask(FinetuneConfig):
     Attributes:
         seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
             and ``<task>/best_<metric>_std``); None: once, with the trial's seed.
+        variants: the study's variants whose trials this task fine-tunes (None: every trial); tasks
+            of the same name must not share a variant (a trial fine-tunes a task once), so the
+            variants of one comparison may each be fine-tuned their own way under one metric name
+            (FastBERT's exits for one arm, TinyBERT's task distillation for another).
         distill: task distillation: the ``distill`` section of this task's fine-tuning runs
             (``kd_weight``, ``label_weight``, ``temperature``, ``strategy``, ``stage_steps``, the
             intermediate terms ...). Its ``teacher`` left out: the study's trained model
@@ -102,6 +106,7 @@ class FinetuneTask(FinetuneConfig):
     """
 
     seeds: tuple[Annotated[StrictInt, Field(ge=0)], ...] | None = Field(default=None, min_length=1)
+    variants: tuple[str, ...] | None = Field(default=None, min_length=1)
     distill: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -112,6 +117,10 @@ class FinetuneTask(FinetuneConfig):
             raise ValueError(f"seeds: {list(self.seeds)}: repeated seeds")
         return self
 
+    def runs_for(self, variant: str | None) -> bool:
+        """Whether a trial of ``variant`` (None: a study without variants) is fine-tuned on this task."""
+        return self.variants is None or variant in self.variants
+
     @property
     def study_teacher(self) -> bool:
         """Whether this task learns from the study's model fine-tuned on it (``distill`` without a teacher)."""
@@ -120,7 +129,9 @@ class FinetuneTask(FinetuneConfig):
     def teacher_task(self) -> FinetuneTask:
         """The task the study's model is fine-tuned on to teach this one: the same data and
         schedule, no augmentation, exits or teacher."""
-        return dataclasses.replace(self, distill=None, augment_copies=0, exits=False, exit_steps=0, seeds=None)
+        return dataclasses.replace(
+            self, distill=None, augment_copies=0, exits=False, exit_steps=0, seeds=None, variants=None
+        )
 
     def config(
         self,
@@ -134,7 +145,8 @@ class FinetuneTask(FinetuneConfig):
         a ``finetune`` run with the trial's model, data and tracking settings, distilled from
         ``teacher`` (the study's fine-tuned model; else ``distill.teacher`` as given) when the task
         distils, augmented with ``study_model``'s MLM head (the study's trained model) unless it names its own."""
-        fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in ("seeds", "source", "distill")}
+        own = ("seeds", "source", "distill", "variants")
+        fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in own}
         if self.augment_copies and self.augment_model is None and study_model is not None:
             fields["finetune.augment_model"] = study_model
         tree = {k: v for k, v in to_dict(cfg).items() if k not in REGIME_SOURCE}  # the trial's regime section

@@ -118,6 +118,10 @@ def test_a_run_says_its_regime(raw, regime):
         ),
         ({"finetune": {"source": "runs:/s", "exits": True, **_FT}}, "finetune.exit_steps: FastBERT's exits"),
         ({"finetune": {"source": "runs:/s", "exit_steps": 5, **_FT}}, "finetune.exit_steps: FastBERT's exits"),
+        (
+            {"finetune": {"source": "runs:/s", "exit_at": 0.5, **_FT}},
+            "finetune.exit_at: a speed to use the model at needs",
+        ),
         ({"finetune": {"source": "runs:/s", "exit_speeds": [0.5, 1.5], **_FT}}, "finetune.exit_speeds[1]: Input"),
         ({"regime": "prune"}, "prune.source: required by regime 'prune'"),
         ({"regime": "pretrain", "distill": {"teacher": "runs:/t"}}, "distill.teacher: set, but regime is 'pretrain'"),

@@ -148,3 +148,62 @@ def test_check_validates_a_chained_study_and_writes_nothing(tmp_path, wiki_valid
     assert main(["sweep", "--check", str(path)]) == 0
     assert capsys.readouterr().out.strip() == "study chain: valid; 2 trials, fine-tuned on sst2; report: tiny"
     assert not (tmp_path / "runs").exists()
+
+
+def _variant_study(tmp_path, corpus, tasks):
+    lines = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:201]) + "\n", encoding="utf-8")
+    common = {"task": "sst2", "train": str(tmp_path / "train.tsv"), "validation": str(SST2 / "validation.tsv")}
+    common |= {"max_length": 32, "batch_size": 32, "lr": 1e-3, "max_steps": 4, "val_every": 4}
+    return write_study(
+        tmp_path,
+        corpus,
+        name="by-variant",
+        search={"model.num_layers": {"choices": [2]}},  # one point: the trials are the variants
+        variants={"plain": {"model.sharing": "none", "model.embed_dim": 32}, "shared": {}},  # albert-tiny: E=16, shared
+        trainer={"measure": False},
+        finetune=[{**common, **task} for task in tasks],
+        objective={"metric": "sst2/final_accuracy", "direction": "maximize"},
+    )
+
+
+def test_each_variant_is_fine_tuned_its_own_way_and_logs_its_techniques(tmp_path, wiki_validation):
+    """Tasks of one name for different variants (the overview study's FastBERT and TinyBERT arms):
+    each trial runs its own, under the same metric names; the trial records the techniques its
+    stages' configs apply."""
+    if not (SST2 / "train.tsv").is_file():
+        pytest.skip(f"shared test data not found at {SST2}")
+    tasks = [{"variants": ["plain"]}, {"variants": ["shared"], "lr": 5e-4, "max_steps": 6, "val_every": 3}]
+    spec, base = load_study(_variant_study(tmp_path, wiki_validation, tasks))
+    result = run_study(spec, base)
+    client = MlflowClient(result.tracking_uri)
+    exp = client.get_experiment_by_name("by-variant").experiment_id
+    trials = {t.data.params["variant"]: t for t in client.search_runs([exp], "tags.`ablate.role` = 'trial'")}
+    assert set(trials) == {"plain", "shared"}
+    for variant, steps in (("plain", "4"), ("shared", "6")):
+        trial = trials[variant]
+        stages = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{trial.info.run_id}'")
+        (ft,) = [s for s in stages if s.data.tags["ablate.stage"] == "finetune:sst2"]  # its own task, once
+        assert ft.data.params["finetune.max_steps"] == steps
+        assert "sst2/final_accuracy" in trial.data.metrics
+    plain, shared = (trials[v].data.params for v in ("plain", "shared"))
+    assert plain["technique.sharing"] == "-" and shared["technique.sharing"] == "pre-training"
+    assert shared["technique.factorization"] == "pre-training" and plain["technique.factorization"] == "-"
+    for params in (plain, shared):
+        assert params["technique.pruning"] == params["technique.distillation"] == "-"
+        assert params["technique.quantization"] == "-"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "needle"),
+    [
+        ([{"variants": ["plain", "nope"]}], "finetune[0].variants: 'nope' is not one of the study's variants"),
+        ([{}, {"variants": ["shared"]}], "finetune[1].variants: variant 'shared' is already fine-tuned on task 'sst2'"),
+        ([{"variants": []}], "finetune[0].variants: Tuple should have at least 1 item"),
+    ],
+)
+def test_bad_task_variants_are_refused(tmp_path, wiki_validation, capsys, tasks, needle):
+    path = _variant_study(tmp_path, wiki_validation, tasks)
+    assert main(["sweep", "--check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: ") and needle in err[0], err

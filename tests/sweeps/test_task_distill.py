@@ -110,12 +110,17 @@ def test_augmentation_enlarges_the_training_set_and_logs_a_sample(runs, tmp_path
 
 def test_fastbert_exits_trace_a_speed_curve_whose_threshold_0_is_the_full_model(runs):
     tmp, base, pretrained, teacher = runs
-    tree = _tree(tmp, base, f"runs:/{pretrained.run_id}", exits=True, exit_steps=6, exit_speeds=[0.0, 0.5, 1.0])
+    tree = _tree(
+        tmp, base, f"runs:/{pretrained.run_id}", exits=True, exit_steps=6, exit_speeds=[0.0, 0.5, 1.0], exit_at=1.0
+    )
     result = train(build_config(tree))
     client = MlflowClient(result.tracking_uri)
     m = client.get_run(result.run_id).data.metrics
     L = base["model"]["num_layers"]
-    assert m["sst2/speed_0/accuracy"] == pytest.approx(m["sst2/final_accuracy"], abs=1e-9)
+    assert m["sst2/speed_0/accuracy"] == pytest.approx(m["sst2/best_accuracy"], abs=1e-9)  # the full model's
+    # used at speed 1 (finetune.exit_at): every example leaves at the first exit, as the curve's speed 1
+    assert m["sst2/final_accuracy"] == pytest.approx(m["sst2/speed_1/accuracy"], abs=1e-9)
+    assert m["sst2/exit_layers"] == 1 and m["sst2/latency_ms"] > 0
     assert m["sst2/speed_0/layers"] == L and m["sst2/speed_1/layers"] == 1
     assert m["sst2/speed_0/flops"] > m["sst2/speed_1/flops"] > 0
     assert m["sst2/speed_0.5/layers"] <= L and m["sst2/speed_0/latency_ms"] > 0
