@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
+    torch.set_num_threads(1)
 
 # GPU-only tests: ``@requires_cuda`` (or ``pytestmark = requires_cuda``) marks a test ``cuda``; a
 # ``cuda`` test is skipped where CUDA is not available (CI has no GPU). On a GPU machine:

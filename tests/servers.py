@@ -10,6 +10,7 @@ on the CI machine). PostgreSQL refuses to run as root, so the cluster runs as th
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import shutil
@@ -36,6 +37,15 @@ def free_port() -> int:
 
 def postgres_bin() -> Path:
     """The folder holding ``initdb`` and ``pg_ctl``, installing Debian's PostgreSQL if absent."""
+    found = sorted(glob.glob(PG_GLOB), key=lambda p: int(Path(p).parent.name))
+    if not found:
+        with open("/tmp/ablate-apt.lock", "w") as lock:  # two test workers: one installs, the other waits
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return _install_postgres()
+    return Path(found[-1])
+
+
+def _install_postgres() -> Path:
     found = sorted(glob.glob(PG_GLOB), key=lambda p: int(Path(p).parent.name))
     if not found:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
