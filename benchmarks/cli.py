@@ -4,7 +4,6 @@ optionally write it as markdown (``--out``)."""
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import re
 import warnings
@@ -15,6 +14,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ablate.benchmarks.cases import CASES
+from ablate.lightning_modules import paths
+from ablate.lightning_modules.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
     import torch
@@ -57,17 +58,10 @@ def device_name(text: str) -> str:
 
 def output_file(text: str) -> Path:
     """argparse type: a file that can be written (checked before a benchmark runs, not after)."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: is a folder; give a file name")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text}: cannot write in {parent}")
-    return path
+    try:
+        return paths.output_file(text, "--out")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--out: ")) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
