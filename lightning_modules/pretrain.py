@@ -15,6 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
+from ablate.lightning_modules import metric_names as names
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
 from ablate.lightning_modules.distill_config import Stage, schedule, with_vocabularies
@@ -95,16 +96,16 @@ class PretrainModule(TrainModule):
 
     def on_validation_epoch_end(self) -> None:
         metrics = {
-            "val/loss": self.val_loss,
-            "val/mlm_loss": self.val_mlm_loss,
-            "val/mlm_acc": self.val_mlm_acc,
-            "val/mlm_ppl": self.val_mlm_ppl,
+            names.VAL_LOSS: self.val_loss,
+            names.VAL_MLM_LOSS: self.val_mlm_loss,
+            names.VAL_MLM_ACC: self.val_mlm_acc,
+            names.VAL_MLM_PPL: self.val_mlm_ppl,
         }
         if self.model.sentence_head is not None:
-            metrics["val/sentence_acc"] = self.val_sentence_acc
+            metrics[names.VAL_SENTENCE_ACC] = self.val_sentence_acc
         for name, metric in metrics.items():
             if metric.update_count:
-                self.log(name, metric.compute(), prog_bar=name in ("val/loss", "val/mlm_acc"), sync_dist=True)
+                self.log(name, metric.compute(), prog_bar=name in (names.VAL_LOSS, names.VAL_MLM_ACC), sync_dist=True)
             metric.reset()
 
 
