@@ -117,6 +117,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(to_yaml(cfg), end="")
         return
     from ablate.sweeps import checkpoints, tracking
+    from ablate.sweeps.plan import Machine, check_run, check_sqlite
     from ablate.sweeps.runner import train
 
     resume: str | bool = False
@@ -124,8 +125,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         root = cfg.tracking.root if cfg is not None else "ablate-runs"
         uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg and cfg.tracking.tracking_uri), root)
         cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
-        print(f"resuming run {args.resume} from {resume}")
     assert cfg is not None
+    check_run(cfg, args.checkpoints, Machine.here())  # machine, names, folders: before anything is written
+    check_sqlite(args.tracking_uri, "--tracking-uri")
+    if resume:
+        print(f"resuming run {args.resume} from {resume}")
     uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     result = train(cfg, tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume)
@@ -137,15 +141,22 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_sweep(args: argparse.Namespace) -> None:
     from ablate.reports.catalog import study_report
     from ablate.sweeps import tracking, workers
+    from ablate.sweeps.plan import Machine, check_sqlite, check_study
     from ablate.sweeps.spec import load_study
 
     spec, base = load_study(args.study)
     report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
     if args.check:
+        check_study(spec, base, args.study, None)  # every trial's config, paths and names
         upstream = f", {spec.upstream.SECTION}: {spec.upstream.source or 'trained once'}" if spec.upstream else ""
         tasks = f", fine-tuned on {', '.join(t.task for t in spec.finetune)}" if spec.finetune else ""
         title, n = report.title if report else "none", spec.total_trials()
-        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}")
+        try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here
+            check_study(spec, base, args.study, Machine.here())
+            here = ""
+        except ConfigError as exc:
+            here = f"; not runnable on this machine ({exc})"
+        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}{here}")
         return
     if args.print_config:  # the config of the first grid point (a placeholder for a study teacher's run)
         from ablate.lightning_modules.config import to_yaml
@@ -153,6 +164,9 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
         print(to_yaml(corner_configs(spec, base)[0]), end="")
         return
+    check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine
+    check_sqlite(args.storage, "--storage")
+    check_sqlite(args.tracking_uri, "--tracking-uri")
     from ablate.sweeps.study import run_study
 
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
@@ -201,6 +215,9 @@ def cmd_report(args: argparse.Namespace) -> None:
         raise ConfigError(f"{target}: study: required in a report spec (or give --study)")
     uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
     out = Path(args.out) if args.out else Path(root) / "reports" / study_name
+    from ablate.lightning_modules.paths import output_folder
+
+    output_folder(out, "--out")  # before the store is read
     result = build_report(report, study_name, uri, out, remeasure=args.remeasure)
     render_console(result)
     extra = ", remeasured.csv" if result.remeasured is not None else ""
@@ -209,12 +226,11 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
+    from ablate.lightning_modules.paths import output_folder
     from ablate.sweeps import tracking
     from ablate.sweeps.weights import RUNS, export_run
 
-    out = Path(args.out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # before downloading anything
-        raise ConfigError(f"{out}: already exists and is not an empty folder")
+    out = output_folder(args.out_dir, "out_dir", empty=True)  # before downloading anything
     if args.private and not args.push_to_hub:
         raise ConfigError("--private: only with --push-to-hub REPO")
     api = None
@@ -365,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: runs were marked KILLED; run the same command again to resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # what no check foresaw: still one line (its run is FAILED, the reason tagged)
+        if os.environ.get("ABLATE_TRACEBACK"):
+            raise
+        first = _one_line(exc)
+        print(f"error: {type(exc).__name__}: {first} (ABLATE_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 2
     return code or 0
 
 

@@ -45,6 +45,10 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 """``trainer.accelerator`` values Lightning knows."""
 MAX_SEED = 2**32 - 1
 """The largest ``seed`` (numpy's, which Lightning seeds too)."""
+MAX_INT = 2**63 - 1
+"""The largest integer setting (torch's int64; MLflow and Optuna store no larger one)."""
+MIN_VOCAB = 64
+"""The smallest WordPiece vocabulary a run trains: the 5 special tokens and a corpus's alphabet."""
 
 
 def prediction_slots(tokens: int, mask_prob: float) -> int:
@@ -263,6 +267,9 @@ class ExperimentConfig:
         the MLflow run exists: ``key: what is wrong (the other key and its value)``."""
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed: must be between 0 and {MAX_SEED} (numpy's range), got {self.seed}")
+        for key, value in flatten(self).items():
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                raise ValueError(f"{key}: {value} is past the largest integer a run can use ({MAX_INT})")
         if self.trainer.accelerator not in ACCELERATORS:
             raise ValueError(
                 f"trainer.accelerator: {self.trainer.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
@@ -288,6 +295,11 @@ class ExperimentConfig:
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data
+        if m.vocab_size < MIN_VOCAB:  # the run trains its WordPiece tokenizer of this size
+            raise ValueError(
+                f"model.vocab_size: {m.vocab_size} tokens cannot hold the 5 special tokens and a corpus's "
+                f"alphabet; a run's tokenizer needs at least {MIN_VOCAB}"
+            )
         check_group_size(self.quant, m)
         # the default length is not held against a model with fewer positions: such configs describe
         # models (exports, tests); a run of one sets its own data.max_length

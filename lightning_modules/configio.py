@@ -98,6 +98,8 @@ def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> d
         data = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -109,7 +111,21 @@ def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> d
         raise ConfigError(f"{path}: empty file; expected {what}")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected {what}")
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"{path}: nested more than {MAX_DEPTH} levels deep; expected {what}")
     return data
+
+
+MAX_DEPTH = 12
+"""The deepest nesting a config, study or report spec has any use for."""
+
+
+def _depth(value: object, limit: int = MAX_DEPTH + 1) -> int:
+    """How deeply ``value`` nests lists and mappings (counted up to ``limit``)."""
+    if limit <= 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:

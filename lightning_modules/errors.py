@@ -83,7 +83,7 @@ def require_driver(url: str) -> None:
         require("psycopg", "postgres")
 
 
-STRICT = ConfigDict(extra="forbid")
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN and infinity are never a setting
 """The pydantic config of every config and spec dataclass: an unknown key is an error."""
 
 

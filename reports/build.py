@@ -16,11 +16,13 @@ from rich.measure import Measurement
 from rich.table import Table as RichTable
 
 from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.lightning_modules.paths import output_folder
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import Table, aggregate, aggregated_metrics, cells, footnotes, to_csv, to_latex, to_markdown
+from ablate.sweeps.tracking import redact
 
 #: Artifact folder on the study's parent run.
 ARTIFACT_PATH = "report"
@@ -128,7 +130,13 @@ def build_report(
         ConfigError: a row param is not a param of any run; ``remeasure`` for a report that
             shows no latency.
     """
+    output_folder(out_dir, "--out")  # before anything is read or written
     runs, parent = load_runs(tracking_uri, study)
+    if runs.empty:  # nothing to tabulate: an error, not an empty report
+        raise ConfigError(
+            f"study {study}: no trial runs in {redact(tracking_uri)} (run ablate sweep first, or name the "
+            f"study with --study)"
+        )
     table = aggregate(runs, spec)  # a bad spec fails here, before any measuring
     again: Remeasured | None = None
     if remeasure:

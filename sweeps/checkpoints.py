@@ -221,9 +221,11 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
     from ablate.lightning_modules.errors import ConfigError
     from ablate.sweeps import tracking
 
-    client = tracking.connect(uri)
+    client = tracking.existing(uri, f"--resume {run_id}")
     try:
         run = client.get_run(run_id)
+        if run.info.status == "FINISHED":  # a killed run is RUNNING (SIGKILL) or KILLED; a failed one FAILED
+            raise ConfigError(f"--resume {run_id}: the run is FINISHED; there is nothing to resume")
         with tempfile.TemporaryDirectory(prefix="ablate-resume-") as tmp, tracking.quiet_downloads():
             text = Path(client.download_artifacts(run_id, "config.yaml", tmp)).read_text(encoding="utf-8")
     except MlflowException:

@@ -129,6 +129,12 @@ class PrunerSpec:
     percentile: float = Field(default=50.0, gt=0.0, lt=100.0)
     upper: float | None = None
 
+    @model_validator(mode="after")
+    def _bound(self) -> PrunerSpec:
+        if self.type == "threshold" and self.upper is None:
+            raise ValueError("upper: the threshold pruner stops a trial whose metric is above upper; give it")
+        return self
+
     def build(self, max_steps: int) -> optuna.pruners.BasePruner:
         factories = {
             "none": lambda: optuna.pruners.NopPruner(),
@@ -339,13 +345,25 @@ def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConf
     With a study teacher (or model to prune) they name a placeholder, so that the ``distill``
     (``prune``) section is validated (stages against ``trainer.max_steps`` ...) before it exists.
     """
+    return [cfg for _, cfg in corner_trials(spec, base)]
+
+
+def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str, Any], ExperimentConfig]]:
+    """:func:`corner_configs` with each one's params (``variant`` included, the first seed). A point
+    whose config is invalid raises a ConfigError naming its searched values (``search.model.num_heads=3:``)."""
     space = {k: v for k, v in spec.space.items() if k != "seed"}
     keys = list(space)
     teacher = PLACEHOLDER_SOURCE if spec.upstream is not None else None
-    return [
-        trial_config(base, spec, dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}, teacher)
-        for values in itertools.product(*(space[k].corners() for k in keys))
-    ]
+    trials = []
+    for values in itertools.product(*(space[k].corners() for k in keys)):
+        params = dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}
+        try:
+            trials.append((params, trial_config(base, spec, params, teacher)))
+        except ConfigError as exc:
+            searched = ", ".join(f"search.{k}={v}" for k, v in params.items() if k in spec.search)
+            named = searched and not str(exc).startswith("variants.")  # a variant's error names the variant
+            raise ConfigError(f"{searched}: {exc}" if named else str(exc)) from None
+    return trials
 
 
 def trial_config(

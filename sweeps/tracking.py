@@ -7,6 +7,7 @@ server (``http://host:port``) or any MLflow URI via ``--tracking-uri`` or
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -23,10 +24,11 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from optuna import TrialPruned
 
 from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
-from ablate.lightning_modules.errors import StorageError, require_driver
+from ablate.lightning_modules.errors import AblateError, StorageError, require_driver
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -136,6 +138,26 @@ def connect(uri: str) -> MlflowClient:
     return client
 
 
+def existing(uri: str, key: str = "--tracking-uri") -> MlflowClient:
+    """A client for a store a command only reads (``report``, ``export``, ``train --resume``): an
+    embedded SQLite store must exist already (it is not created, nor switched to WAL), a database
+    or server must be reachable; a StorageError naming ``key`` and the store if not."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise StorageError(f"{key}: {path}: no MLflow store there (no runs have been recorded at that place)")
+    try:
+        check_database(uri)
+    except StorageError as exc:
+        raise StorageError(f"{key} {exc}") from None
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - every backend raises its own type
+        raise StorageError(f"{key} {redact(uri)}: cannot read the MLflow store ({type(exc).__name__})") from None
+    return client
+
+
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     """Id of the experiment ``name``, created (with local artifacts for SQLite) if missing."""
     found = client.get_experiment_by_name(name)
@@ -161,6 +183,15 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     """Mark a run FINISHED / FAILED / KILLED, whatever state it was left in."""
     client.set_terminated(run_id, status)
+
+
+INTERRUPTED = "interrupted (Ctrl-C); run the same command again to resume"
+
+
+def end_killed(client: MlflowClient, run_id: str, reason: str = "worker died (heartbeat stale); retried") -> None:
+    """End a run whose process died KILLED, saying so in its ``ablate.fail_reason`` tag."""
+    client.set_tag(run_id, FAIL_REASON, reason)
+    end_run(client, run_id, "KILLED")
 
 
 def worker_id() -> str:
@@ -255,6 +286,14 @@ def redact(url: str) -> str:
         return url
 
 
+def fail_reason(exc: BaseException) -> str:
+    """Why a run failed, on one line for its ``ablate.fail_reason`` tag: a user error's message, else
+    the exception's type and first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = "; ".join(lines) if isinstance(exc, AblateError) else f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text[:MAX_TAG_VAL_LENGTH]
+
+
 @dataclass
 class RunResult:
     """What a finished run produced."""
@@ -293,15 +332,18 @@ def tracked_run(
             client.log_param(run_id, key, value)
         metrics = work(client, run_id)
     except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
-        end_run(client, run_id, "KILLED")
+        end_killed(client, run_id, INTERRUPTED)
         raise KeyboardInterrupt from exc
     except KeyboardInterrupt:
-        end_run(client, run_id, "KILLED")
+        end_killed(client, run_id, INTERRUPTED)
         raise
     except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
         end_run(client, run_id, "FINISHED")
         raise
-    except BaseException:
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # why, on the run itself, unless a stage said it already
+            if FAIL_REASON not in client.get_run(run_id).data.tags:
+                client.set_tag(run_id, FAIL_REASON, fail_reason(exc))
         end_run(client, run_id, "FAILED")
         raise
     finally:

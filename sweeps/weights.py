@@ -115,9 +115,8 @@ def _check_classifier_config(model: Classifier, cfg: ExperimentConfig) -> None:
 
 
 def _client(uri: str) -> MlflowClient:
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise StorageError(f"--tracking-uri {uri}: no MLflow store there")
-    return tracking.connect(uri)
+    """A client of a store weights are read from: it must exist (nothing is created or changed)."""
+    return tracking.existing(uri)
 
 
 def _not_a_classifier(run_id: str, regime: str) -> ConfigError:
@@ -230,7 +229,7 @@ def load_source(
                     f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
                     f"weights; start from the model it quantized, then quantize the result (quant.method)"
                 )
-            tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
+            tok = run_tokenizer(_client(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
         raise type(exc)(f"{field}: {exc}") from None
@@ -269,7 +268,7 @@ def load_classifier_source(
                     f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
                     "weights; use the same fine-tuning run without quant.method"
                 )
-            tok = run_tokenizer(tracking.connect(uri), run_id, workdir)
+            tok = run_tokenizer(_client(uri), run_id, workdir)
         return ClassifierSource(source, cfg.model, model, model.num_labels, tok, run_id)
     except (ConfigError, StorageError) as exc:
         raise type(exc)(f"{field}: {exc}") from None
@@ -292,19 +291,29 @@ def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo:
     ``*ForSequenceClassification`` when expressible)."""
     with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
         cfg, model = _load_run(uri, run_id, "any")
-        client = tracking.connect(uri)
+        client = _client(uri)
         tok = run_tokenizer(client, run_id, Path(tmp))
         run = client.get_run(run_id)
-        written = export(
-            model,
-            cfg,
-            out_dir,
-            format=format,  # type: ignore[arg-type] - checked by export
-            tokenizer=tok,
-            metrics=dict(run.data.metrics),
-            source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
-            repo=repo,
-        )
+        # written under a temporary name beside out_dir, then renamed: a failure leaves no half export
+        out_dir = Path(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+        try:
+            written = export(
+                model,
+                cfg,
+                staging,
+                format=format,  # type: ignore[arg-type] - checked by export
+                tokenizer=tok,
+                metrics=dict(run.data.metrics),
+                source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
+                repo=repo,
+            )
+            if out_dir.is_dir():
+                out_dir.rmdir()  # new or empty (checked before anything was read)
+            staging.rename(out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return Exported(written, tok is not None, isinstance(model, Classifier))
 
 

@@ -184,7 +184,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "seed negative": (_train(seed=-1), "seed: must be between 0 and 4294967295"),
     "seed too large": (_train(seed=2**40), "seed: must be between 0"),
     "accelerator unknown": (_train(trainer={"accelerator": "gpus"}), "trainer.accelerator: 'gpus' is not one of"),
-    "tokenizer cache is a file": (_cache_is_a_file, "data.cache_dir: cannot create the tokenizer cache folder"),
+    "tokenizer cache is a file": (_cache_is_a_file, "data.cache_dir: TMP/cache-file: is a file, not a folder"),
     # command-line values
     "sweep --n-trials 0": (_sweep_with("--n-trials", "0"), "error: --n-trials: must be a positive integer, got 0"),
     "sweep --n-trials negative": (_sweep_with("--n-trials=-3"), "--n-trials: must be a positive integer, got -3"),

@@ -5,7 +5,7 @@ from matplotlib.image import imread
 from rich.console import Console
 
 import ablate.reports.build as build_mod
-from ablate.lightning_modules.errors import StorageError
+from ablate.lightning_modules.errors import ConfigError, StorageError
 from ablate.reports import build_report, render_console
 from tests.reports.report_fixtures import STUDY
 
@@ -58,11 +58,10 @@ def test_failure_leaves_nothing_half_written(store, spec, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_study_gives_empty_report(store, spec, tmp_path):
-    res = build_report(spec, "no-such-study", store.uri, tmp_path / "out")
-    md = res.markdown.read_text()
-    assert "No runs found for study `no-such-study`." in md and "Runs used (0): none" in md
-    assert res.plots == [] and res.parent_run_id is None and not res.logged
+def test_unknown_study_is_an_error_and_writes_nothing(store, spec, tmp_path):
+    with pytest.raises(ConfigError, match="study no-such-study: no trial runs in"):
+        build_report(spec, "no-such-study", store.uri, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unreachable_store(spec, tmp_path):

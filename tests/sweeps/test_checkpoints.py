@@ -128,6 +128,10 @@ def test_resuming_a_finished_training_still_logs_its_final_validation(tmp_path: 
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (first,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
     capsys.readouterr()
+    # a FINISHED run has nothing to resume; one whose training ended before it failed does
+    assert main(["train", "--resume", first.info.run_id, "--tracking-uri", client.tracking_uri]) == 2
+    assert "the run is FINISHED" in capsys.readouterr().err
+    client.set_terminated(first.info.run_id, "FAILED")
     assert main(["train", "--resume", first.info.run_id, "--tracking-uri", client.tracking_uri]) == 0
     assert "resuming run" in capsys.readouterr().out
     runs = client.search_runs([first.info.experiment_id], order_by=["attributes.start_time DESC"])

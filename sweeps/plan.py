@@ -1,0 +1,209 @@
+"""A run's plan: what a config asks of this machine, of MLflow and of the file system, checked
+before anything is written.
+
+``ablate train`` and ``ablate sweep`` (for every trial a study can produce) call
+:func:`check_run` after the config is built and before a folder, store or run exists. What
+the config validation cannot know is checked here: the accelerator, device and node counts
+this machine has, launch strategies that cannot work with ablate's runner, a model too large
+to train in this machine's memory, names past MLflow's limits, and the folders the run writes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.lightning_modules.config import MAX_SEED, ExperimentConfig
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.metric_names import DOWNSTREAM_AVG, VAL_SENTENCE_ACC, VALIDATION, task_metrics
+from ablate.lightning_modules.paths import output_file, output_folder
+from ablate.lightning_modules.run_config import TrainerConfig
+from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, teacher_config
+
+MLFLOW_NAME = 250
+"""The longest MLflow run name (its ``runs.name`` column)."""
+MLFLOW_EXPERIMENT = 500
+"""The longest MLflow experiment name (``mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH``)."""
+BYTES_PER_TRAINED_PARAM = 16
+"""fp32 weight, gradient and AdamW's two moments."""
+CLUSTER_VARIABLES = ("SLURM_NTASKS", "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_SIZE")
+"""Set by the launchers under which Lightning runs one process per node (SLURM, torchrun, MPI)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine has, as the plan needs it."""
+
+    cuda: int
+    mps: bool
+    cores: int
+    memory: int  # bytes of host memory
+    gpu_memory: int  # bytes of the first CUDA device, 0 without one
+    cluster: bool
+
+    @classmethod
+    def here(cls) -> Machine:
+        import torch  # here, not at import: a config error answers before torch is loaded
+
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+        gpu = torch.cuda.get_device_properties(0).total_memory if cuda else 0
+        cluster = any(os.environ.get(name) for name in CLUSTER_VARIABLES)
+        return cls(cuda, torch.backends.mps.is_available(), cores, memory, gpu, cluster)
+
+
+def check_machine(t: TrainerConfig, machine: Machine) -> None:
+    """The trainer section asks only for what ``machine`` has, and for a launch ablate can run."""
+    name = t.accelerator.lower()
+    if name in ("gpu", "cuda") and not machine.cuda and not (name == "gpu" and machine.mps):
+        raise ConfigError(f"trainer.accelerator: {t.accelerator!r}, but this machine has no GPU (use auto or cpu)")
+    if name == "mps" and not machine.mps:
+        raise ConfigError("trainer.accelerator: 'mps', but this machine has no Apple GPU (use auto or cpu)")
+    if name == "tpu":
+        raise ConfigError("trainer.accelerator: 'tpu' is not supported by ablate's runner (use auto, cpu or gpu)")
+    on_gpu = machine.cuda > 0 and name in ("auto", "gpu", "cuda")
+    have = machine.cuda if on_gpu else machine.cores
+    kind = "CUDA devices" if on_gpu else "CPU cores"
+    if t.devices > have:
+        raise ConfigError(f"trainer.devices: {t.devices}, but this machine has {have} {kind}")
+    if t.num_nodes > 1 and not machine.cluster:
+        raise ConfigError(
+            f"trainer.num_nodes: {t.num_nodes} machines, but this process was not started by a cluster launcher "
+            f"(SLURM, torchrun: none of {', '.join(CLUSTER_VARIABLES)} is set); it would wait for the others forever"
+        )
+    if t.strategy == "ddp_spawn":
+        raise ConfigError(
+            "trainer.strategy: 'ddp_spawn' pickles the module and the runner's MLflow and Optuna callbacks into "
+            "new processes, which they do not survive; use ddp (ablate forks its ranks, or spawns them once "
+            "CUDA is initialised)"
+        )
+    if t.precision == "16-mixed" and not on_gpu:
+        raise ConfigError("trainer.precision: '16-mixed' needs a CUDA GPU; on the CPU use bf16-mixed or 32-true")
+
+
+def check_size(cfg: ExperimentConfig, machine: Machine) -> None:
+    """A model this machine can hold while training it (weights, gradients, AdamW's moments)."""
+    if cfg.regime not in ("pretrain", "distill"):  # the model is a trained source's: it exists
+        return
+    from ablate.lightning_modules.accounting import report_for
+
+    report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
+    params = report.backbone + report.heads
+    need = params * BYTES_PER_TRAINED_PARAM
+    on_gpu = machine.cuda > 0 and cfg.trainer.accelerator.lower() in ("auto", "gpu", "cuda")
+    have, where = (machine.gpu_memory, "GPU") if on_gpu else (machine.memory, "host")
+    if have and need > have:
+        raise ConfigError(
+            f"model: {params / 1e9:.1f}B parameters need {need / 2**30:.0f} GiB to train (weights, gradients, "
+            f"AdamW), more than this machine's {have / 2**30:.0f} GiB of {where} memory"
+        )
+
+
+def check_names(cfg: ExperimentConfig) -> None:
+    """Names MLflow stores within its limits."""
+    t = cfg.tracking
+    if t.run_name is not None and len(t.run_name) > MLFLOW_NAME:
+        raise ConfigError(f"tracking.run_name: {len(t.run_name)} characters; MLflow keeps at most {MLFLOW_NAME}")
+    if t.experiment is not None and len(t.experiment) > MLFLOW_EXPERIMENT:
+        raise ConfigError(
+            f"tracking.experiment: {len(t.experiment)} characters; MLflow keeps at most {MLFLOW_EXPERIMENT}"
+        )
+    if len(cfg.name) > MLFLOW_NAME:
+        raise ConfigError(f"name: {len(cfg.name)} characters; MLflow keeps at most {MLFLOW_NAME} in a run name")
+
+
+def check_sqlite(url: str | None, key: str) -> None:
+    """An embedded SQLite store a command will create or write (``--storage``, ``--tracking-uri``)."""
+    if url and url.startswith("sqlite:///"):
+        output_file(url.removeprefix("sqlite:///"), key)
+
+
+def check_folders(cfg: ExperimentConfig, checkpoints: str | None = None) -> None:
+    """The folders a run writes can be made (nothing is made here)."""
+    if cfg.tracking.tracking_uri is None and not os.environ.get("MLFLOW_TRACKING_URI"):
+        output_folder(cfg.tracking.root, "tracking.root")
+    if cfg.data.cache_dir is not None:
+        output_folder(cfg.data.cache_dir, "data.cache_dir")
+    if checkpoints is not None and "://" not in checkpoints and checkpoints != "mlflow":
+        output_folder(checkpoints, "--checkpoints")
+
+
+def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine | None) -> None:
+    """Everything :mod:`ablate.sweeps.plan` checks about one run's config, before it is written;
+    what it asks of ``machine`` too, unless None (a study checked for another machine)."""
+    if machine is not None:
+        check_machine(cfg.trainer, machine)
+    check_names(cfg)
+    check_folders(cfg, checkpoints)
+    if machine is not None:
+        check_size(cfg, machine)
+
+
+NAMESPACES = ("train", "val", "intrinsic", "quant", "prune", "distill", "source", "downstream", "augment")
+"""The first part of every metric name a run logs that is not a fine-tuning task's (``<task>/...``)."""
+
+
+def trial_metrics(cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The validation metrics a study trial of ``cfg`` returns, fine-tuned on ``tasks`` ((task, metric))."""
+    if cfg.regime == "finetune":
+        return task_metrics(cfg.finetune.task, cfg.finetune.metric)
+    sentence = (VAL_SENTENCE_ACC,) if cfg.objective.sentence != "none" else ()
+    chained = tuple(name for task in tasks for name in task_metrics(*task))
+    return (*VALIDATION, *sentence, *chained, *((DOWNSTREAM_AVG,) if tasks else ()))
+
+
+def check_objective(metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> None:
+    """The study's objective is a metric its trials log: a validation metric of their regime, a task's,
+    or one of the other namespaces runs log (``quant/...``, ``intrinsic/...``)."""
+    known = trial_metrics(cfg, tasks)
+    namespace, slash, _ = metric.partition("/")
+    task_names = {task for task, _ in tasks} | ({cfg.finetune.task} if cfg.regime == "finetune" else set())
+    if metric in known or (slash and namespace in task_names):
+        return
+    if slash and namespace not in NAMESPACES:
+        have = ", ".join(sorted(task_names)) or "none"
+        raise ConfigError(
+            f"objective.metric: {metric!r} is not a metric ablate logs: {namespace!r} is neither one of its "
+            f"namespaces ({', '.join(NAMESPACES)}) nor a task this study fine-tunes (tasks: {have})"
+        )
+    if namespace == "val" or metric == DOWNSTREAM_AVG or not slash:
+        close = difflib.get_close_matches(metric, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; its trials log {', '.join(known)}"
+        raise ConfigError(f"objective.metric: {metric!r} is not logged by this study's trials{hint}")
+
+
+def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machine: Machine | None) -> None:
+    """Every trial the study can produce (each grid point or range corner, variant and seed, its
+    study model) checked as :func:`check_run` checks one run; and the objective against them.
+    ``machine`` None leaves out what the trials ask of the machine (``sweep --check``)."""
+    for name in spec.variants:  # a trial's run name is "variant=NAME seed=N"
+        if len(name) > MLFLOW_NAME - 50:
+            raise ConfigError(
+                f"{where}: variants.{name[:20]}...: a name of {len(name)} characters; a variant's trials are named "
+                f"after it and MLflow keeps run names of at most {MLFLOW_NAME}"
+            )
+    for seed in spec.seeds:
+        if not 0 <= seed <= MAX_SEED:
+            raise ConfigError(f"{where}: seeds: {seed}: must be between 0 and {MAX_SEED} (numpy's range)")
+    trials = corner_trials(spec, base)
+    if spec.upstream is not None and spec.upstream.model is not None:
+        try:
+            check_run(teacher_config(base, spec), spec.checkpoints, machine)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {spec.upstream.SECTION}.{exc}") from None
+    for params, cfg in trials:
+        try:
+            check_run(cfg, spec.checkpoints, machine)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        mine = [t for t in spec.finetune if t.runs_for(params.get("variant"))]
+        tasks = [(t.task, t.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE).finetune.metric) for t in mine]
+        try:
+            check_objective(spec.objective.metric, cfg, tasks)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
