@@ -173,7 +173,7 @@ def run_study(
     optuna.storages.fail_stale_trials(study)  # trials of dead workers: KILLED in MLflow, retried
     for stale in tracking.stale_running(client, exp_id, spec.name):  # runs whose trial is no longer running
         if _trial_state(study, stale) != TrialState.RUNNING:
-            tracking.end_run(client, stale.info.run_id, "KILLED")
+            tracking.end_killed(client, stale.info.run_id, "worker died; its trial was retried")
     workers.fill_queue(study, spec, created)
 
     client.update_run(parent, status="RUNNING")
@@ -194,7 +194,7 @@ def run_study(
                     if not workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
                         break
     except KeyboardInterrupt:
-        tracking.end_run(client, parent, "KILLED")
+        tracking.end_killed(client, parent, tracking.INTERRUPTED)
         raise
     except BaseException:
         tracking.end_run(client, parent, "FAILED")

@@ -104,8 +104,7 @@ def mark_killed(client: Any, exp_id: str, study_name: str) -> None:
             f"and attributes.status = 'RUNNING'"
         ),
     ):
-        client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")
-        tracking.end_run(client, run.info.run_id, "KILLED")
+        tracking.end_killed(client, run.info.run_id)
 
 
 def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | None:

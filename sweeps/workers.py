@@ -223,9 +223,8 @@ def mark_killed(client: Any, exp_id: str, study_name: str) -> Callable[[FrozenTr
                 [exp_id],
                 filter_string=(f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'"),
             ):
-                tracking.end_run(client, nested.info.run_id, "KILLED")
+                tracking.end_killed(client, nested.info.run_id)
             client.set_tag(run.info.run_id, tracking.STATE, "FAIL")
-            client.set_tag(run.info.run_id, tracking.FAIL_REASON, "worker died (heartbeat stale); retried")
-            tracking.end_run(client, run.info.run_id, "KILLED")
+            tracking.end_killed(client, run.info.run_id)
 
     return mark

@@ -10,14 +10,18 @@ server. Everything it started is stopped, also when it fails.
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -162,3 +166,91 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     said = [log.read_text() for log in logs]
     assert sum("teacher: training" in s for s in said) == 1
     assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited
+
+
+def _trials_started(storage: str) -> int:
+    """How many trials the study ``faults`` has begun (0 before it exists)."""
+    try:
+        return len(optuna.load_study(study_name="faults", storage=storage).get_trials(deepcopy=False))
+    except KeyError:
+        return 0
+
+
+@pytest.mark.timeout(400)
+def test_two_workers_killed_at_random_moments_still_finish_every_configuration_once(servers, tmp_path, wiki_validation):
+    """Faults: two workers are SIGKILLed at random moments, three times over, then run to the end.
+    Every configuration is FINISHED exactly once in MLflow, no run is left RUNNING, the Optuna study
+    is complete, and the report shows the grid's configurations, as an uninterrupted study's would."""
+    storage, uri = servers
+    grid = {"model.sharing": {"choices": ["all", "none"]}, "model.embed_dim": {"choices": [16, 32]}}
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="faults",
+        search=grid,
+        trainer={"max_steps": 4, "val_every": 2, "measure": False},
+    )
+    raw = study.read_text() + "heartbeat: 1\n"  # a killed worker's trial is stale (and retried) 3 s later
+    study.write_text(raw)
+    chance = random.Random(27)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    for round_, victims in enumerate((2, 1, 2)):
+        logs = [tmp_path / f"killed{round_}-{i}.log" for i in range(2)]
+        before = _trials_started(storage)
+        procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
+        deadline = time.monotonic() + 120
+        while _trials_started(storage) == before and time.monotonic() < deadline:
+            if all(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.2)
+        time.sleep(chance.uniform(0.0, 4.0))  # a random moment of a trial: set-up, training, logging, the end
+        for p in chance.sample(procs, victims):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in procs:  # a survivor finishes what it can, then exits
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    _two_workers(study, storage, uri, tmp_path)
+
+    expected = {(s, e) for s in ("all", "none") for e in (16, 32)}
+    trials = optuna.load_study(study_name="faults", storage=storage).get_trials()
+    complete = Counter(
+        (t.params["model.sharing"], t.params["model.embed_dim"])
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+    )
+    assert set(complete) == expected and set(complete.values()) == {1}, complete
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("faults").experiment_id
+    runs = client.search_runs([exp])
+    assert not [r.info.run_id for r in runs if r.info.status == "RUNNING"], "a run was left RUNNING"
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert killed and all(r.data.tags.get("ablate.fail_reason") for r in killed)  # the kills hit trials mid-run
+    finished = Counter(
+        (r.data.params["model.sharing"], int(r.data.params["model.embed_dim"]))
+        for r in runs
+        if r.data.tags.get("ablate.role") == "trial" and r.info.status == "FINISHED"
+    )
+    assert set(finished) == expected and set(finished.values()) == {1}, finished
+
+    out = tmp_path / "report"
+    rep = subprocess.run(
+        [sys.executable, "-m", "ablate", "report", str(study), "--tracking-uri", uri, "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rep.returncode == 0, rep.stderr
+    rows = pd.read_csv(out / "runs.csv")  # every attempt, with its state; the table counts COMPLETE ones
+    used = rows[rows["state"] == "COMPLETE"]
+    assert sorted(zip(used["model.sharing"], used["model.embed_dim"], strict=True)) == sorted(expected)
+    assert f"Runs used ({len(expected)})" in (out / "report.md").read_text()
+    assert set(rows["status"]) <= {"FINISHED", "KILLED"}
