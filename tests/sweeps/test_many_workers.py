@@ -168,7 +168,7 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited
 
 
-def _trials_started(storage: str) -> int:
+def _trials_started(storage: optuna.storages.BaseStorage) -> int:
     """How many trials the study ``faults`` has begun (0 before it exists)."""
     try:
         return len(optuna.load_study(study_name="faults", storage=storage).get_trials(deepcopy=False))
@@ -193,14 +193,15 @@ def test_two_workers_killed_at_random_moments_still_finish_every_configuration_o
     raw = study.read_text() + "heartbeat: 1\n"  # a killed worker's trial is stale (and retried) 3 s later
     study.write_text(raw)
     chance = random.Random(27)
+    watch = optuna.storages.RDBStorage(storage)  # one pool for the polling below (PostgreSQL allows 100 clients)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     for round_, victims in enumerate((2, 1, 2)):
         logs = [tmp_path / f"killed{round_}-{i}.log" for i in range(2)]
-        before = _trials_started(storage)
+        before = _trials_started(watch)
         procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
         deadline = time.monotonic() + 120
-        while _trials_started(storage) == before and time.monotonic() < deadline:
+        while _trials_started(watch) == before and time.monotonic() < deadline:
             if all(p.poll() is not None for p in procs):
                 break
             time.sleep(0.2)
@@ -214,6 +215,8 @@ def test_two_workers_killed_at_random_moments_still_finish_every_configuration_o
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    watch.remove_session()
+    watch.engine.dispose()
     _two_workers(study, storage, uri, tmp_path)
 
     expected = {(s, e) for s in ("all", "none") for e in (16, 32)}
