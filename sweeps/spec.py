@@ -49,6 +49,7 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.configio import build_config, read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
+from ablate.lightning_modules.paths import input_file
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     REFERENCE_FIELDS,
     FinetuneTask,
@@ -335,8 +336,11 @@ def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | 
             raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
         for key in ("train", "validation"):
             value = getattr(task, key)
-            if value is not None and value.endswith(LOCAL) and not Path(value).is_file():
-                raise ConfigError(f"{where}: finetune[{i}].{key}: {value}: no such file")
+            if value is not None and value.endswith(LOCAL):
+                try:
+                    input_file(value, f"finetune[{i}].{key}")
+                except ConfigError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
 
 
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:

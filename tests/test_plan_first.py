@@ -153,7 +153,7 @@ CASES: dict[str, tuple[Make, str]] = {
         lambda tmp: (
             (tmp / "train.tsv").mkdir() or _study(finetune=[{"task": "sst2", "train": str(tmp / "train.tsv")}])(tmp)
         ),
-        "finetune[0].train",
+        "finetune[0].train: TMP/train.tsv: is a folder, not a file",
     ),
     "bench --out not writable": (lambda tmp: ["bench", "--out", "/proc/ablate-bench.md"], "--out"),
     # stores, studies and runs that cannot continue as asked
