@@ -126,16 +126,7 @@ def sqlite_wal(uri: str) -> None:
 def connect(uri: str) -> MlflowClient:
     """A client for ``uri``, checked to be reachable (StorageError naming the URI if not)."""
     sqlite_wal(uri)
-    try:
-        check_database(uri)
-    except StorageError as exc:
-        raise StorageError(f"--tracking-uri {exc}") from None
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - every backend raises its own type
-        raise StorageError(f"--tracking-uri {uri}: cannot reach the MLflow store ({type(exc).__name__})") from None
-    return client
+    return _reachable(uri, "--tracking-uri", f"{uri}: cannot reach")
 
 
 def existing(uri: str, key: str = "--tracking-uri") -> MlflowClient:
@@ -146,6 +137,11 @@ def existing(uri: str, key: str = "--tracking-uri") -> MlflowClient:
         path = Path(uri.removeprefix("sqlite:///"))
         if not path.is_file():
             raise StorageError(f"{key}: {path}: no MLflow store there (no runs have been recorded at that place)")
+    return _reachable(uri, key, f"{redact(uri)}: cannot read")
+
+
+def _reachable(uri: str, key: str, failed: str) -> MlflowClient:
+    """A client for ``uri`` that answered one query; a StorageError ``{key} {failed} the MLflow store`` if not."""
     try:
         check_database(uri)
     except StorageError as exc:
@@ -154,7 +150,7 @@ def existing(uri: str, key: str = "--tracking-uri") -> MlflowClient:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - every backend raises its own type
-        raise StorageError(f"{key} {redact(uri)}: cannot read the MLflow store ({type(exc).__name__})") from None
+        raise StorageError(f"{key} {failed} the MLflow store ({type(exc).__name__})") from None
     return client
 
 
