@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.distill_config import DistillConfig, schedule
-from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.errors import STRICT, FieldError
 from ablate.lightning_modules.fields import NonNegFloat, NonNegInt, PosInt
 from ablate.lightning_modules.finetune_config import FinetuneConfig
 from ablate.lightning_modules.model_config import SHARES as SHARES
@@ -186,12 +186,12 @@ class ExperimentConfig:
         if len(named) > 1:
             first, second = (REGIME_SOURCE[r] for r in named[:2])
             regimes = ", ".join(("pretrain", *REGIME_SOURCE))
-            raise ValueError(f"{second}: a run has one regime ({regimes}); {first} is set too")
+            raise FieldError(f"{second}", f"a run has one regime ({regimes}); {first} is set too")
         found = named[0] if named else "pretrain"
         if self.regime is not None and self.regime != found:
             if self.regime == "pretrain":
-                raise ValueError(f"{REGIME_SOURCE[found]}: set, but regime is 'pretrain' (use regime: {found})")
-            raise ValueError(f"{REGIME_SOURCE[self.regime]}: required by regime '{self.regime}'")
+                raise FieldError(f"{REGIME_SOURCE[found]}", f"set, but regime is 'pretrain' (use regime: {found})")
+            raise FieldError(f"{REGIME_SOURCE[self.regime]}", f"required by regime '{self.regime}'")
         object.__setattr__(self, "regime", found)  # frozen: resolved once, here
         for regime in ("distill", "prune", "finetune"):  # the other regimes' sections stay at their defaults
             if regime == "distill" and task_teacher:
@@ -205,9 +205,9 @@ class ExperimentConfig:
                 also = (
                     " or a fine-tuning run's task distillation" if regime == "distill" and found == "finetune" else ""
                 )
-                raise ValueError(
-                    f"{regime}.{changed[0]}: only for a {regime} run ({REGIME_SOURCE[regime]}){also}; "
-                    f"this run is {found!r}"
+                raise FieldError(
+                    f"{regime}.{changed[0]}",
+                    f"only for a {regime} run ({REGIME_SOURCE[regime]}){also}; this run is {found!r}",
                 )
         return self
 
@@ -216,39 +216,44 @@ class ExperimentConfig:
         if self.distill.teacher is None:
             return self
         if self.distill.strategy == "progressive" and self.model.sharing != "none":
-            raise ValueError(
-                f"distill.strategy: 'progressive' freezes layers one at a time and needs "
-                f"model.sharing 'none', not {self.model.sharing!r}"
+            raise FieldError(
+                "distill.strategy",
+                f"'progressive' freezes layers one at a time and needs "
+                f"model.sharing 'none', not {self.model.sharing!r}",
             )
         d, default = self.distill, DistillConfig()
         fine_tuning = self.regime == "finetune"
         if fine_tuning and d.mlm_weight != default.mlm_weight:
-            raise ValueError(
-                "distill.mlm_weight: a fine-tuning run has no MLM; the task's labels weigh distill.label_weight"
+            raise FieldError(
+                "distill.mlm_weight", "a fine-tuning run has no MLM; the task's labels weigh distill.label_weight"
             )
         if not fine_tuning and d.label_weight != default.label_weight:
-            raise ValueError("distill.label_weight: only for task distillation (a fine-tuning run with a teacher)")
+            raise FieldError("distill.label_weight", "only for task distillation (a fine-tuning run with a teacher)")
         if fine_tuning and (d.init_layers != "none" or d.init_embeddings != "none"):
             field = "init_layers" if d.init_layers != "none" else "init_embeddings"
-            raise ValueError(
-                f"distill.{field}: a fine-tuning run starts from its finetune.source; initialise from the "
-                f"teacher when pre-training (regime distill)"
+            raise FieldError(
+                f"distill.{field}",
+                "a fine-tuning run starts from its finetune.source; initialise from the "
+                "teacher when pre-training (regime distill)",
             )
         if fine_tuning and (d.mix_prob is not None or d.dual_weight is not None):
             field = "mix_prob" if d.mix_prob is not None else "dual_weight"
-            raise ValueError(
-                f"distill.{field}: dual training (a student with its own vocabulary) is for pre-training "
-                f"(regime distill); task distillation uses the source's vocabulary"
+            raise FieldError(
+                f"distill.{field}",
+                "dual training (a student with its own vocabulary) is for pre-training "
+                "(regime distill); task distillation uses the source's vocabulary",
             )
         if d.projection == "shared" and not {"fmt", "embed", "cos"} & set(d.transfer_weights):
-            raise ValueError(
-                "distill.projection: 'shared' projects the student's hidden states for fmt_weight, embed_weight "
-                "or cos_weight, and all three are 0"
+            raise FieldError(
+                "distill.projection",
+                "'shared' projects the student's hidden states for fmt_weight, embed_weight "
+                "or cos_weight, and all three are 0",
             )
         if self.distill.layer_map is not None and len(self.distill.layer_map) != self.model.num_layers:
-            raise ValueError(
-                f"distill.layer_map: gives {len(self.distill.layer_map)} layers but the student has "
-                f"model.num_layers {self.model.num_layers}"
+            raise FieldError(
+                "distill.layer_map",
+                f"gives {len(self.distill.layer_map)} layers but the student has "
+                f"model.num_layers {self.model.num_layers}",
             )
         steps, field = (
             (self.finetune.max_steps, "finetune.max_steps")
@@ -257,8 +262,8 @@ class ExperimentConfig:
         )
         try:
             schedule(self.distill, self.model.num_layers, steps, steps_field=field)
-        except ValueError as exc:
-            raise ValueError(f"distill.{exc}") from None
+        except FieldError as exc:
+            raise FieldError(f"distill.{exc.key}", exc.msg) from None
         return self
 
     @model_validator(mode="after")
@@ -266,47 +271,52 @@ class ExperimentConfig:
         """Constraints between sections that would otherwise fail inside the training loop, after
         the MLflow run exists: ``key: what is wrong (the other key and its value)``."""
         if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed: must be between 0 and {MAX_SEED} (numpy's range), got {self.seed}")
+            raise FieldError("seed", f"must be between 0 and {MAX_SEED} (numpy's range), got {self.seed}")
         for key, value in flatten(self).items():
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-                raise ValueError(f"{key}: {value} is past the largest integer a run can use ({MAX_INT})")
+                raise FieldError(f"{key}", f"{value} is past the largest integer a run can use ({MAX_INT})")
         if self.trainer.accelerator not in ACCELERATORS:
-            raise ValueError(
-                f"trainer.accelerator: {self.trainer.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+            raise FieldError(
+                "trainer.accelerator", f"{self.trainer.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
             )
         if self.quant.method == "qat-int8" and self.regime == "prune":
-            raise ValueError(
-                "quant.method: 'qat-int8' trains with fake quantization, which pruning's phases do not; "
-                "quantize the pruned model after training (dynamic-int8, weight-int8 ...)"
+            raise FieldError(
+                "quant.method",
+                "'qat-int8' trains with fake quantization, which pruning's phases do not; "
+                "quantize the pruned model after training (dynamic-int8, weight-int8 ...)",
             )
         if self.quant.qat_steps and self.regime not in ("finetune", "quant"):
-            raise ValueError(
-                f"quant.qat_steps: quantization-aware training at 2-8 bits follows a trained model: a fine-tuning "
-                f"run (Q-BERT) or the quant regime (quant.source), not regime {self.regime!r}"
+            raise FieldError(
+                "quant.qat_steps",
+                f"quantization-aware training at 2-8 bits follows a trained model: a fine-tuning "
+                f"run (Q-BERT) or the quant regime (quant.source), not regime {self.regime!r}",
             )
         f = self.finetune
         if f.exits != (f.exit_steps > 0):
-            raise ValueError(
-                "finetune.exit_steps: FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
-                f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}"
+            raise FieldError(
+                "finetune.exit_steps",
+                "FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
+                f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}",
             )
         if f.exit_at is not None and not f.exits:
-            raise ValueError("finetune.exit_at: a speed to use the model at needs FastBERT's exits (finetune.exits)")
+            raise FieldError("finetune.exit_at", "a speed to use the model at needs FastBERT's exits (finetune.exits)")
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data
         if m.vocab_size < MIN_VOCAB:  # the run trains its WordPiece tokenizer of this size
-            raise ValueError(
-                f"model.vocab_size: {m.vocab_size} tokens cannot hold the 5 special tokens and a corpus's "
-                f"alphabet; a run's tokenizer needs at least {MIN_VOCAB}"
+            raise FieldError(
+                "model.vocab_size",
+                f"{m.vocab_size} tokens cannot hold the 5 special tokens and a corpus's "
+                f"alphabet; a run's tokenizer needs at least {MIN_VOCAB}",
             )
         check_group_size(self.quant, m)
         # the default length is not held against a model with fewer positions: such configs describe
         # models (exports, tests); a run of one sets its own data.max_length
         if m.position == "learned" and m.max_position < data.max_length != DataConfig().max_length:
-            raise ValueError(
-                f"data.max_length: {data.max_length} tokens, but the position embedding has "
-                f"model.max_position {m.max_position} rows (raise model.max_position or lower data.max_length)"
+            raise FieldError(
+                "data.max_length",
+                f"{data.max_length} tokens, but the position embedding has "
+                f"model.max_position {m.max_position} rows (raise model.max_position or lower data.max_length)",
             )
         if m.token_types == 1 and (self.objective.sentence != "none" or self.trainer.intrinsic):
             why = (
@@ -314,7 +324,7 @@ class ExperimentConfig:
                 if self.objective.sentence != "none"
                 else "trainer.intrinsic probes NSP and SOP on segment pairs (token type 1)"
             )
-            raise ValueError(f"model.token_types: 1 row, but {why}; use 2, or 0 for no token-type embedding")
+            raise FieldError("model.token_types", f"1 row, but {why}; use 2, or 0 for no token-type embedding")
         return self
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.errors import STRICT, FieldError
 
 _Weight = Annotated[float, Field(ge=0.0)]
 
@@ -109,7 +109,7 @@ def with_vocabularies(d: DistillConfig, own_vocabulary: bool) -> DistillConfig:
     """``d`` with ``mix_prob`` and ``dual_weight`` resolved once the teacher is known: their
     defaults for a student with its own vocabulary (``own_vocabulary``), None otherwise.
 
-    Raises ValueError (``field: message``) when one is set for a student sharing the teacher's vocabulary.
+    Raises FieldError (the field and the message) when one is set for a student sharing the teacher's vocabulary.
     """
     if own_vocabulary:
         mix = MIX_PROB if d.mix_prob is None else d.mix_prob
@@ -117,9 +117,10 @@ def with_vocabularies(d: DistillConfig, own_vocabulary: bool) -> DistillConfig:
         return dataclasses.replace(d, mix_prob=mix, dual_weight=dual)
     field = "mix_prob" if d.mix_prob is not None else "dual_weight" if d.dual_weight is not None else None
     if field is not None:
-        raise ValueError(
-            f"{field}: only for a student with its own, smaller vocabulary (dual training); this student's "
-            f"model.vocab_size is the teacher's"
+        raise FieldError(
+            f"{field}",
+            "only for a student with its own, smaller vocabulary (dual training); this student's "
+            "model.vocab_size is the teacher's",
         )
     return d
 
@@ -150,14 +151,14 @@ def schedule(
     """The stages of ``cfg.strategy`` for a student of ``num_layers`` layers trained ``max_steps``
     steps (``steps_field`` names them in errors: ``finetune.max_steps`` for task distillation).
 
-    Raises ValueError (``field: message``) when the stages leave no PD steps or have no loss.
+    Raises FieldError (the field and the message) when the stages leave no PD steps or have no loss.
     """
     transfer = tuple(cfg.transfer_weights)
     if cfg.strategy == "auxiliary":
         return [Stage("auxiliary", 0, max_steps, (*transfer, "pd"))]
     if not transfer:
-        raise ValueError(
-            f"strategy: {cfg.strategy!r} has transfer stages but fmt_weight, at_weight and embed_weight are all 0"
+        raise FieldError(
+            "strategy", f"{cfg.strategy!r} has transfer stages but fmt_weight, at_weight and embed_weight are all 0"
         )
     s = cfg.stage_steps
     if cfg.strategy == "joint":
@@ -182,11 +183,14 @@ def schedule(
             stages[-1] = last._replace(losses=(*last.losses, "cos"))
     empty = next((st for st in stages if not st.losses), None)
     if empty is not None:
-        raise ValueError(f"strategy: stage {empty.name!r} of {cfg.strategy!r} has no loss: set fmt_weight or at_weight")
+        raise FieldError(
+            "strategy", f"stage {empty.name!r} of {cfg.strategy!r} has no loss: set fmt_weight or at_weight"
+        )
     pd_start = stages[-1].end
     if pd_start >= max_steps:
-        raise ValueError(
-            f"stage_steps: {len(stages)} transfer stage(s) x {s} steps = {pd_start} leave no PD "
-            f"stage within {steps_field} {max_steps}"
+        raise FieldError(
+            "stage_steps",
+            f"{len(stages)} transfer stage(s) x {s} steps = {pd_start} leave no PD "
+            f"stage within {steps_field} {max_steps}",
         )
     return [*stages, Stage("pd", pd_start, max_steps, ("pd",))]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import re
 from types import ModuleType
 
 from pydantic import ConfigDict, ValidationError
@@ -24,6 +23,17 @@ class AblateError(Exception):
         if len(args) == 1 and isinstance(args[0], str):
             args = (worker_message(args[0], type(self)),)
         super().__init__(*args)
+
+
+class FieldError(ValueError):
+    """A validator's finding about one field: ``key`` (dotted, relative to the model validated) and
+    ``msg``. Pydantic keeps the exception (``ctx["error"]``), so :func:`format_error` names the key
+    without reading it back out of the text; ``str()`` is ``key: msg`` for everyone else."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        super().__init__(f"{key}: {msg}")
+        self.key = key
+        self.msg = msg
 
 
 class ConfigError(AblateError):
@@ -97,8 +107,8 @@ def _dotted(where: str, loc: tuple[int | str, ...]) -> str:
 def format_error(exc: ValidationError, where: str = "") -> str:
     """One line naming the dotted key of each problem, e.g. ``report.metrics[2].name: Field required``.
 
-    ``where`` prefixes the keys (``report`` for a study's report section). A validator's message
-    that starts with its field (``num_heads: must divide ...``) names that field.
+    ``where`` prefixes the keys (``report`` for a study's report section). A validator's
+    :class:`FieldError` names its field (``num_heads``: must divide ...).
     """
     errors = exc.errors(include_url=False)
     locs = [tuple(e["loc"]) for e in errors]
@@ -107,14 +117,12 @@ def format_error(exc: ValidationError, where: str = "") -> str:
         if err["type"] == "too_short" and any(o[: len(loc)] == loc and len(o) > len(loc) for o in locs):
             continue  # pydantic's echo of an invalid item, already reported
         key, msg = _dotted(where, loc), err["msg"].removeprefix("Value error, ")
-        if err["type"] == "keyed":
-            ctx = err.get("ctx") or {}
-            key, msg = _dotted(key, (ctx["key"],)), ctx["msg"]
+        found = (err.get("ctx") or {}).get("error")
+        if isinstance(found, FieldError):
+            key, msg = _dotted(key, (found.key,)), found.msg
         elif err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required key is missing"
-        elif named := re.match(r"^(\w+): (.*)$", msg):
-            key, msg = _dotted(key, (named.group(1),)), named.group(2)
         parts.append(f"{key}: {msg}" if key else msg)
     return "; ".join(dict.fromkeys(parts))

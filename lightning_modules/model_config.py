@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.errors import STRICT, FieldError
 from ablate.lightning_modules.fields import NonNegInt, PosFloat, PosInt, Prob
 
 Sharing = Literal["none", "all", "attn", "ffn"]
@@ -103,26 +103,27 @@ class ModelConfig:
     def _check_shapes(self) -> ModelConfig:
         width = "hidden_dim" if self.intra_dim is None else "intra_dim"
         if self.layers is None and self.block_dim % self.num_heads:
-            raise ValueError(f"num_heads: {width} {self.block_dim} is not divisible by num_heads {self.num_heads}")
+            raise FieldError("num_heads", f"{width} {self.block_dim} is not divisible by num_heads {self.num_heads}")
         if self.layers is not None and len(self.layers) != self.num_layers:
-            raise ValueError(f"layers: gives {len(self.layers)} layers but num_layers is {self.num_layers}")
+            raise FieldError("layers", f"gives {len(self.layers)} layers but num_layers is {self.num_layers}")
         if self.embedding == "trigram" and self.embed_dim > self.hidden_dim:
-            raise ValueError(
-                f"embed_dim: a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}"
+            raise FieldError(
+                "embed_dim", f"a trigram embedding needs E <= H, got E={self.embed_dim} > H={self.hidden_dim}"
             )
         if self.mlm_head == "mobilebert" and self.embed_dim > self.hidden_dim:
-            raise ValueError(f"mlm_head: 'mobilebert' decodes at H and needs E <= H, got E={self.embed_dim}")
+            raise FieldError("mlm_head", f"'mobilebert' decodes at H and needs E <= H, got E={self.embed_dim}")
         if self.attention_input != "bottleneck" and self.intra_dim is None:
-            raise ValueError(f"attention_input: {self.attention_input!r} needs a bottleneck (set model.intra_dim)")
+            raise FieldError("attention_input", f"{self.attention_input!r} needs a bottleneck (set model.intra_dim)")
         specs = self.layer_specs()
         share_attn, share_ffn = SHARES[self.sharing]
         for i, spec in enumerate(specs[1:], start=1):
             first = specs[0]
             attn_differs = (spec.num_heads, spec.qk_dim, spec.v_dim) != (first.num_heads, first.qk_dim, first.v_dim)
             if (share_attn and attn_differs) or (share_ffn and spec.ffn_dim != first.ffn_dim):
-                raise ValueError(
-                    f"sharing: {self.sharing!r} shares modules across layers, but model.layers "
-                    f"differ at layer {i} ({spec} vs {first})"
+                raise FieldError(
+                    "sharing",
+                    f"{self.sharing!r} shares modules across layers, but model.layers "
+                    f"differ at layer {i} ({spec} vs {first})",
                 )
         return self
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.errors import STRICT, FieldError
 from ablate.lightning_modules.fields import NonNegInt, PosInt
 from ablate.lightning_modules.model_config import ModelConfig
 
@@ -93,12 +93,13 @@ class QuantConfig:
     @model_validator(mode="after")
     def _check_bits(self) -> QuantConfig:
         if self.method == "weight-mixed" and self.high_bits <= self.low_bits:
-            raise ValueError(f"high_bits: {self.high_bits} must be above low_bits {self.low_bits}")
+            raise FieldError("high_bits", f"{self.high_bits} must be above low_bits {self.low_bits}")
         if self.qat_steps and self.method not in (*WEIGHT_BITS, "weight-mixed"):
-            raise ValueError(
-                f"qat_steps: quantization-aware training at 2-8 bits needs a weight-only method "
+            raise FieldError(
+                "qat_steps",
+                f"quantization-aware training at 2-8 bits needs a weight-only method "
                 f"(weight-int2 ... weight-int8, weight-mixed), not {self.method!r}"
-                + ("; qat-int8 trains fake-quantized for the run's own steps" if self.method == "qat-int8" else "")
+                + ("; qat-int8 trains fake-quantized for the run's own steps" if self.method == "qat-int8" else ""),
             )
         return self
 
@@ -155,13 +156,14 @@ def input_widths(m: ModelConfig) -> set[int]:
 
 
 def check_group_size(q: QuantConfig, m: ModelConfig) -> None:
-    """ValueError (``quant.group_size: ...``) when a weight-only method's group size divides none of the
+    """FieldError (``quant.group_size: ...``) when a weight-only method's group size divides none of the
     model's quantized layers' input widths (every layer would fall back to one scale per row)."""
     if q.method not in WEIGHT_BITS and q.method != "weight-mixed":
         return
     widths = input_widths(m)
     if not any(w % q.group_size == 0 for w in widths):
-        raise ValueError(
-            f"quant.group_size: {q.group_size} divides none of the quantized layers' input widths "
-            f"({', '.join(map(str, sorted(widths)))})"
+        raise FieldError(
+            "quant.group_size",
+            f"{q.group_size} divides none of the quantized layers' input widths "
+            f"({', '.join(map(str, sorted(widths)))})",
         )

@@ -24,10 +24,9 @@ from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
-from pydantic_core import PydanticCustomError
 
 from ablate.lightning_modules.configio import read_yaml
-from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
+from ablate.lightning_modules.errors import STRICT, ConfigError, FieldError, format_error
 
 Format = Literal["millions", "percent", "float", "int", "sci"]
 State = Literal["COMPLETE", "PRUNED", "FAIL"]
@@ -36,16 +35,11 @@ State = Literal["COMPLETE", "PRUNED", "FAIL"]
 DEFAULT_DIGITS: dict[str, int] = {"millions": 1, "percent": 1, "float": 3, "int": 0, "sci": 2}
 
 
-def _keyed(key: str, msg: str) -> PydanticCustomError:
-    """A validation error that carries the dotted key it is about (for cross-field checks)."""
-    return PydanticCustomError("keyed", "{msg}", {"key": key, "msg": msg})
-
-
 def _unique(values: list[str] | tuple[str, ...], what: str) -> None:
     seen: set[str] = set()
     for i, v in enumerate(values):
         if v in seen:
-            raise _keyed(f"{what}[{i}]", f"{v!r} is listed twice")
+            raise FieldError(f"{what}[{i}]", f"{v!r} is listed twice")
         seen.add(v)
 
 
@@ -115,13 +109,13 @@ class PlotSpec:
     def _placeholders(self) -> PlotSpec:
         for i, v in enumerate(self.over):
             if not v:
-                raise _keyed(f"over[{i}]", "must be non-empty")
+                raise FieldError(f"over[{i}]", "must be non-empty")
         _unique(self.over, "over")
         for axis, name in (("x", self.x), ("y", self.y)):
             if self.over and name.count("{}") != 1:
-                raise _keyed(axis, f"{name!r} must hold {{}} exactly once (where the over values go)")
+                raise FieldError(axis, f"{name!r} must hold {{}} exactly once (where the over values go)")
             if not self.over and "{}" in name:
-                raise _keyed(axis, f"{name!r} holds {{}} but the plot has no over values")
+                raise FieldError(axis, f"{name!r} holds {{}} but the plot has no over values")
         return self
 
     def names(self, axis: str) -> list[str]:
@@ -178,14 +172,16 @@ class ReportSpec:
         _unique([m.name for m in self.metrics], "metrics")
         for key in self.row_labels:
             if key not in (*self.rows, *self.details):
-                raise _keyed(f"row_labels.{key}", f"not one of rows {list(self.rows)} or details {list(self.details)}")
+                raise FieldError(
+                    f"row_labels.{key}", f"not one of rows {list(self.rows)} or details {list(self.details)}"
+                )
         headers = [("rows", self.row_label(r)) for r in self.rows]
         headers += [("details", self.row_label(d)) for d in self.details]
         headers += [(f"metrics[{i}].label", m.display) for i, m in enumerate(self.metrics)]
         seen: dict[str, str] = {}
         for key, header in headers:
             if header in seen:
-                raise _keyed(
+                raise FieldError(
                     key,
                     f"column header {header!r} is used twice (also by {seen[header]}); "
                     "give one of them a label (row_labels or label)",
@@ -193,12 +189,12 @@ class ReportSpec:
             seen[header] = key
         for key in self.order:
             if key not in self.rows:
-                raise _keyed(f"order.{key}", f"not one of rows {list(self.rows)}")
+                raise FieldError(f"order.{key}", f"not one of rows {list(self.rows)}")
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:
-                raise _keyed(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")
+                raise FieldError(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")
             if p.y in self.rows:
-                raise _keyed(f"plots[{i}].y", f"{p.y!r} is a row param; y must be a metric")
+                raise FieldError(f"plots[{i}].y", f"{p.y!r} is a row param; y must be a metric")
         return self
 
     # ------------------------------------------------------------------ helpers

@@ -48,7 +48,7 @@ from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.configio import build_config, read_yaml
-from ablate.lightning_modules.errors import STRICT, ConfigError, format_error
+from ablate.lightning_modules.errors import STRICT, ConfigError, FieldError, format_error
 from ablate.lightning_modules.paths import input_file
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     REFERENCE_FIELDS,
@@ -90,13 +90,13 @@ class ParamSpace:
     def _check(self) -> ParamSpace:
         if self.choices is not None:
             if not self.choices:
-                raise ValueError("choices: empty search space")
+                raise FieldError("choices", "empty search space")
             if self.low is not None or self.high is not None:
-                raise ValueError("choices: give either choices or low/high, not both")
+                raise FieldError("choices", "give either choices or low/high, not both")
         elif self.low is None or self.high is None:
-            raise ValueError("choices: give choices, or both low and high")
+            raise FieldError("choices", "give choices, or both low and high")
         elif self.low > self.high:
-            raise ValueError(f"low: {self.low} is above high {self.high}")
+            raise FieldError("low", f"{self.low} is above high {self.high}")
         return self
 
     @property
@@ -133,7 +133,7 @@ class PrunerSpec:
     @model_validator(mode="after")
     def _bound(self) -> PrunerSpec:
         if self.type == "threshold" and self.upper is None:
-            raise ValueError("upper: the threshold pruner stops a trial whose metric is above upper; give it")
+            raise FieldError("upper", "the threshold pruner stops a trial whose metric is above upper; give it")
         return self
 
     def build(self, max_steps: int) -> optuna.pruners.BasePruner:
@@ -185,7 +185,7 @@ class StudySpec:
     def _one_upstream(self) -> StudySpec:
         given = [name for name in ("teacher", "prune_source", "reference") if getattr(self, name) is not None]
         if len(given) > 1:
-            raise ValueError(f"{given[1]}: a study has one trained model (teacher, prune_source or reference)")
+            raise FieldError(f"{given[1]}", "a study has one trained model (teacher, prune_source or reference)")
         return self
 
     @property

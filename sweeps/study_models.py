@@ -14,7 +14,7 @@ from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, to_dict
 from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import STRICT
+from ablate.lightning_modules.errors import STRICT, FieldError
 from ablate.lightning_modules.finetune_config import FinetuneConfig
 
 
@@ -42,12 +42,13 @@ class StudyModel:
     @model_validator(mode="after")
     def _check_source(self) -> StudyModel:
         if (self.source is None) == (self.model is None):
-            raise ValueError(
-                f"source: give exactly one of {self.SECTION}.source (an existing model: runs:/RUN_ID or a "
-                f"checkpoint folder) and {self.SECTION}.model (a model to train once for the study)"
+            raise FieldError(
+                "source",
+                f"give exactly one of {self.SECTION}.source (an existing model: runs:/RUN_ID or a "
+                f"checkpoint folder) and {self.SECTION}.model (a model to train once for the study)",
             )
         if self.source is not None and self.overrides:
-            raise ValueError(f"overrides: only for a model the study trains ({self.SECTION}.model), not .source")
+            raise FieldError("overrides", f"only for a model the study trains ({self.SECTION}.model), not .source")
         return self
 
 
@@ -112,9 +113,9 @@ class FinetuneTask(FinetuneConfig):
     @model_validator(mode="after")
     def _check_task(self) -> FinetuneTask:
         if self.source is not None:
-            raise ValueError("source: set by the chain (each trial's own pre-trained model)")
+            raise FieldError("source", "set by the chain (each trial's own pre-trained model)")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: {list(self.seeds)}: repeated seeds")
+            raise FieldError("seeds", f"{list(self.seeds)}: repeated seeds")
         return self
 
     def runs_for(self, variant: str | None) -> bool:
