@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ablate.lightning_modules.config import ModelConfig
+from ablate.lightning_modules.interop_maps import MOBILEBERT_EPS
 from ablate.lightning_modules.presets import albert_base as albert_base_preset
-from ablate.lightning_modules.presets import albert_small
+from ablate.lightning_modules.presets import albert_small, ibbert_large, ibbert_mini, mobilebert_mini
 from ablate.lightning_modules.presets import bert_base as bert_base_preset
 from ablate.lightning_modules.presets import mobilebert as mobilebert_preset
 
@@ -31,6 +32,9 @@ class Case:
             ``best`` (ablate's best over transformers' best), ``mfu`` (ablate's best step's
             share of the bf16 matmul peak), ``compiled`` (ablate bf16 compiled over eager),
             ``bf16`` (ablate's best bf16 over its own fp32); absent = not checked.
+        teacher: a distillation case's frozen teacher (same vocabulary, layers and heads as
+            ``model``); a step is then the teacher's forward and the student's step with MLM,
+            the sentence loss, KD, FMT and AT (MobileBERT's ``auxiliary`` strategy). None: pre-training.
     """
 
     name: str
@@ -40,6 +44,7 @@ class Case:
     batch: int = 16
     mask_prob: float = 0.15
     targets: tuple[tuple[str, float], ...] = ()
+    teacher: ModelConfig | None = None
 
 
 def albert_tiny() -> Case:
@@ -83,6 +88,20 @@ def mobilebert_small() -> Case:
         mlm_head="mobilebert",
     )
     return Case("mobilebert-small", model, "nsp", targets=(("fp32", 1.3),))
+
+
+def ibbert_for(model: ModelConfig) -> ModelConfig:
+    """An IB-BERT teacher as transformers' MobileBERT can express it: Q and K from a shared
+    bottleneck (``attention_input: shared_qk``), transformers' LayerNorm epsilon, MobileBERT's MLM head."""
+    return replace(model, attention_input="shared_qk", norm_eps=MOBILEBERT_EPS, mlm_head="mobilebert", dropout=0.0)
+
+
+def distill_mini() -> Case:
+    """MobileBERT's distillation at CPU size: an ``ibbert-mini`` teacher (H=128, intra-block 256, FFN
+    1024, LayerNorm, GELU) and a ``mobilebert-mini`` student (intra-block 32, F=2, NoNorm, ReLU),
+    V=8192, L=4, 4 heads, trigram E=32; MLM + NSP + KD + FMT + AT."""
+    student = replace(mobilebert_mini(), mlm_head="mobilebert", dropout=0.0)
+    return Case("distill-mini", student, "nsp", teacher=ibbert_for(ibbert_mini()))
 
 
 # GPU-sized cases: T=128, B=128, dropout off (both sides do the same arithmetic)
@@ -134,16 +153,30 @@ def mobilebert() -> Case:
     )
 
 
+def distill_mobilebert() -> Case:
+    """MobileBERT's own distillation: IB-BERT-large (24 layers, inter-block 512, intra-block 1024,
+    FFN 4096) teaching MobileBERT; MLM + NSP + KD + FMT + AT."""
+    return Case(
+        "distill-mobilebert",
+        replace(mobilebert_preset(), max_position=128, dropout=0.0),
+        "nsp",
+        batch=128,
+        teacher=ibbert_for(replace(ibbert_large(), max_position=128)),
+    )
+
+
 CPU_CASES: dict[str, Callable[[], Case]] = {
     "albert-tiny": albert_tiny,
     "bert-tiny": bert_tiny,
     "mobilebert-small": mobilebert_small,
+    "distill-mini": distill_mini,
 }
 GPU_CASES: dict[str, Callable[[], Case]] = {
     "bert-small": bert_small,
     "bert-base": bert_base,
     "albert-base": albert_base,
     "mobilebert": mobilebert,
+    "distill-mobilebert": distill_mobilebert,
 }
 CASES: dict[str, Callable[[], Case]] = {**CPU_CASES, **GPU_CASES}
 

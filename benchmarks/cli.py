@@ -1,9 +1,11 @@
-"""``ablate bench [train|precision|data|pruning]``: run a benchmark, print its table, and
-optionally write it as markdown (``--out``)."""
+"""``ablate bench [train|precision|data|pruning|loop]``: run a benchmark, print its table, and
+optionally write it as markdown (``--out``). While it runs it says what it is doing on stderr
+(:mod:`benchmarks.status`: live on a terminal, plain lines otherwise)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import warnings
@@ -11,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import Progress
 
 from ablate.benchmarks.cases import CASES
+from ablate.benchmarks.status import progress_for
 from ablate.lightning_modules import paths
 from ablate.lightning_modules.errors import ConfigError
 
@@ -21,7 +23,10 @@ if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --h
     import torch
 
 SUITES = ("train", "precision", "data", "pruning", "loop")
-console = Console(highlight=False, soft_wrap=True)
+REGIMES = ("pretrain", "distill", "prune", "finetune")
+SST2_ENV = "ABLATE_SST2"  # a GLUE SST-2 folder (train.tsv, validation.tsv) for `ablate bench loop --regime finetune`
+console = Console(highlight=False, soft_wrap=True)  # the tables: stdout
+status = Console(stderr=True, highlight=False, soft_wrap=True)  # what the bench is doing: stderr
 
 
 def positive_int(text: str) -> int:
@@ -64,6 +69,17 @@ def output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--out: ")) from None
 
 
+def sst2_folder(text: str) -> Path:
+    """argparse type: a folder holding GLUE SST-2's ``train.tsv`` and ``validation.tsv``."""
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a folder (expected one with train.tsv and validation.tsv)")
+    missing = [name for name in ("train.tsv", "validation.tsv") if not (folder / name).is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text}: no {' or '.join(missing)} in it")
+    return folder
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "suite",
@@ -86,6 +102,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile (always on CUDA)")
     parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda or auto (default)")
     parser.add_argument("--out", type=output_file, default=None, help="also write the tables as markdown here")
+    parser.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default=None,
+        help="loop only: the training run timed (default pretrain; distill: a teacher and its student; prune: "
+        "schuBERT's gates; finetune: SST-2 classification)",
+    )
+    parser.add_argument(
+        "--sst2",
+        type=sst2_folder,
+        default=None,
+        help=f"loop --regime finetune: a folder with SST-2's train.tsv and validation.tsv (default: ${SST2_ENV}, "
+        "else synthetic sentences)",
+    )
 
 
 def machine(device: torch.device) -> str:
@@ -108,6 +138,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
+    if args.suite != "loop" and (args.regime is not None or args.sst2 is not None):
+        raise ConfigError(f"{'--regime' if args.regime is not None else '--sst2'}: only for `ablate bench loop`")
+    if args.suite == "loop" and args.regime not in (None, "finetune") and args.sst2 is not None:
+        raise ConfigError("--sst2: only for `ablate bench loop --regime finetune`")
+    if args.sst2 is None and os.environ.get(SST2_ENV):
+        try:
+            args.sst2 = sst2_folder(os.environ[SST2_ENV])
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"${SST2_ENV}: {exc}") from None
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -120,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         "pruning": sweep_pruning.main,
         "loop": loop.main,
     }
-    with Progress(console=console, transient=True) as progress:
+    with progress_for(status) as progress:
         lines, ok = suites[args.suite](args, device, progress)
     text = "\n".join([f"Machine: {machine(device)}", "", *lines])
     console.print(text, markup=False)

@@ -1,6 +1,8 @@
 """``ablate bench loop``: does the whole training loop run at the speed of its own step?
 
-Two measurements of one configuration, in one process:
+Two measurements of one configuration, in one process, for the run ``--regime`` names
+(:mod:`benchmarks.regimes`: pre-training by default, distillation, pruning, fine-tuning; what
+follows describes pre-training, and the others differ only in their run and module):
 
 - the loop: a real ``ablate train`` (:func:`sweeps.runner.train`: the Lightning loop, the
   streamed corpus through ``PretrainDataModule`` and its DataLoader workers, MLflow logging
@@ -38,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -46,6 +49,7 @@ from rich.progress import Progress
 
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.regimes import DEFAULT_CASE, Step, clock_in, setup
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
 from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
 from ablate.lightning_modules.heads import build_pretraining_model
@@ -102,10 +106,13 @@ class Alone:
         self.tokens_per_batch = [float(b["attention_mask"].sum()) for b in self.data]
 
     def warm_up(self, n: int) -> None:
+        """``n`` untimed steps on the first batches; the timed ones then start at batch ``n + 1``,
+        the batch of the loop's first timed step (its steady state starts after step ``n + 1``)."""
         for i in range(n):
             loss = self.step(self.data[i % len(self.data)])
         if n:
             float(loss)  # wait for the warm-up
+        self._next = n + 1
 
     def run(self, n: int) -> None:
         """``n`` timed steps, from a synced device to the last step's loss read back."""
@@ -229,9 +236,11 @@ def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: 
     )
 
 
-def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device) -> Alone:
-    """The step alone at ``cfg``'s model, precision, compilation and clipping, on batches from
-    the same pipeline already on ``device``, not yet warmed up."""
+def isolated_step(
+    case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, count: int
+) -> tuple[Step, list[Batch]]:
+    """The step alone at ``cfg``'s model, precision, compilation and clipping, and ``count``
+    batches from the same pipeline already on ``device``."""
     init = build_pretraining_model(cfg.model, cfg.objective).state_dict()
     precision = "bf16" if cfg.trainer.precision.startswith("bf16") else "fp32"
     side = ablate_side(
@@ -244,7 +253,7 @@ def isolated_step(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.
         cfg.trainer.compile_mode,
         grad_clip=cfg.optim.grad_clip,
     )
-    return Alone(side.step, batches(case, corpus, min(cfg.trainer.max_steps, 50), device), device)
+    return side.step, batches(case, corpus, count, device)
 
 
 @dataclass
@@ -253,6 +262,9 @@ class LoopResult:
 
     case: Case
     cfg: ExperimentConfig
+    regime: str
+    what: str
+    loader: str
     warmup: int
     steps: int
     block: int | None
@@ -274,31 +286,40 @@ def measure(
     steps: int,
     block: int | None,
     progress: Callable[[str], None] = lambda _: None,
+    regime: str = "pretrain",
+    sst2: Path | None = None,
 ) -> LoopResult:
-    """Run ``ablate train`` for ``warmup + steps`` steps and the step alone for the same
-    steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
-    from ablate.sweeps.runner import train
-
+    """Run ``ablate train`` of ``regime`` for ``warmup + steps`` steps and the step alone for the
+    same steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:
-        cfg = run_config(case, corpus, device, warmup + steps, root)
+        progress(f"{regime}: the run's models and data")
+        s = setup(
+            regime, case, run_config(case, corpus, device, warmup + steps, root), corpus, device, Path(root), sst2
+        )
+
+        def alone_built() -> Alone:
+            step, data = s.step(min(warmup + steps, 400))
+            alone = Alone(step, data, device)
+            alone.warm_up(warmup)
+            return alone
+
         alone = None
         if block is not None:
-            progress("the step alone: batches and warm-up")
-            alone = isolated_step(case, cfg, corpus, device)
-            alone.warm_up(warmup)
-        progress(f"ablate train, {warmup + steps} steps" + (f", the step alone in turns of {block}" if block else ""))
+            progress(f"{regime}: the step alone, batches and warm-up")
+            alone = alone_built()
+        turns = f", the step alone in turns of {block}" if block else ""
+        progress(f"{regime}: ablate train, {warmup + steps} steps{turns}")
         clock = StepClock(warmup, steps, device, block, alone)
         stamps: dict[str, float] = {}
         begin = time.perf_counter()
-        with timed_measurement(stamps):
-            train(cfg, callbacks=[clock])
+        with timed_measurement(stamps), clock_in(clock):
+            s.run()
         end = time.perf_counter()
-    if alone is None:
-        progress("the step alone")
-        alone = isolated_step(case, cfg, corpus, device)
-        alone.warm_up(warmup)
-        alone.run(clock.timing.steps)
+        if alone is None:
+            progress(f"{regime}: the step alone")
+            alone = alone_built()
+            alone.run(clock.timing.steps)
     first, last = clock.ends[0], clock.ends[-1]
     measure_start, measure_end = stamps.get("measure_start", begin), stamps.get("measure_end", begin)
     phases = {
@@ -315,17 +336,29 @@ def measure(
     if not clock.timing.blocks or not clock.timing.tokens:
         raise RuntimeError("the run ended before its steady state")
     return LoopResult(
-        case, cfg, warmup, steps, block, clock.timing, alone.timing, phases, (load_before, os.getloadavg()[0])
+        case,
+        s.cfg,
+        regime,
+        s.what,
+        s.loader,
+        warmup,
+        steps,
+        block,
+        clock.timing,
+        alone.timing,
+        phases,
+        (load_before, os.getloadavg()[0]),
     )
 
 
 def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     """The tables and the last line, ``loop efficiency: X.XX``; whether the target holds."""
-    t, d, p = r.cfg.trainer, r.cfg.data, r.phases
+    t, p = r.cfg.trainer, r.phases
     how = f"in turns of {r.block} step{'s' if r.block > 1 else ''} inside the run" if r.block else "after the run"
+    data = "" if r.regime == "finetune" else f", T={r.case.seq_len} B={r.case.batch}, {corpus}"
     lines = [
-        f"### {r.case.name}: ablate train ({t.precision}{', compiled ' + t.compile_mode if t.compile else ''}, "
-        f"data.num_workers {d.workers()}, T={r.case.seq_len} B={r.case.batch}, {corpus}) against its isolated step "
+        f"### {r.case.name}: ablate train --regime {r.regime} ({r.what}; {t.precision}"
+        f"{', compiled ' + t.compile_mode if t.compile else ''}, {r.loader}{data}) against its isolated step "
         f"({how}); steady state = steps {r.warmup + 2} to {r.warmup + r.steps}",
         "",
         "| | tokens/s | ms/step (median) | ms/step (mean) | steps timed |",
@@ -361,8 +394,9 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
 
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
-    # bert-small is the GPU case (benchmarks/cases.py GPU_CASES); albert-tiny the CPU one
-    name = (args.case or ["bert-small" if device.type == "cuda" else "albert-tiny"])[0]
+    regime = args.regime or "pretrain"
+    # the GPU cases and the CPU ones (benchmarks/cases.py), per regime
+    name = (args.case or [DEFAULT_CASE["cuda" if device.type == "cuda" else "cpu"][regime]])[0]
     case = CASES[name]()
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
     task = progress.add_task(name, total=None)
@@ -374,6 +408,8 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         steps,
         BLOCK[device.type],
         lambda what: progress.update(task, description=f"{name}: {what}"),
+        regime,
+        args.sst2,
     )
     progress.remove_task(task)
     return report(result, args.corpus)

@@ -1,5 +1,6 @@
 """``ablate bench precision``: bf16 autocast (and ``torch.compile``) against fp32 over 300
-steps: speed, and the loss reached (bf16 must stay within 2% of fp32)."""
+steps: speed, and the loss reached (bf16 must stay within 2% of fp32). On a CPU without fast
+bf16 matmul kernels (:func:`benchmarks.ceiling.peaks`) bf16 is left out, and the output says so."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.progress import Progress
 
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES
+from ablate.benchmarks.ceiling import peaks
 from ablate.benchmarks.train_speed import batches, build_sides, race, tokens_per_s
 
 WARMUP = 3
@@ -20,12 +22,16 @@ TOLERANCE = 0.02
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 300
-    lines, all_ok = [], True
+    task = progress.add_task("matmul peaks (fp32, bf16)", total=None)
+    peak = peaks(device)
+    progress.remove_task(task)
+    lines, all_ok = [f"- {peak.note()}", ""], True
     for name in args.case or ["bert-small" if device.type == "cuda" else "albert-tiny"]:
         case = CASES[name]()
         settings = ["ablate:fp32", "ablate:bf16"] + (
             ["ablate:fp32:compile", "ablate:bf16:compile"] if args.compile else []
         )
+        settings = [s for s in settings if s.split(":")[1] in peak.fast]
         task = progress.add_task(f"{name}: batches", total=None)
         data = batches(case, args.corpus, steps, device)
         sides = build_sides(case, settings, device, max_steps=steps)

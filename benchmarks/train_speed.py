@@ -230,8 +230,13 @@ def tokens_per_s(side: Side, data: list[Batch], warmup: int) -> float:
 
 def build_sides(case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0) -> list[Side]:
     """The sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
-    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation."""
+    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation;
+    a distillation case's (``case.teacher``) are :func:`benchmarks.distill_speed.build_distill_sides`."""
     use_tensor_cores(device)
+    if case.teacher is not None:
+        from ablate.benchmarks.distill_speed import build_distill_sides
+
+        return build_distill_sides(case, settings, device, max_steps, seed)
     torch.manual_seed(seed)
     reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
     init = {k: v.clone() for k, v in reference.model.state_dict().items()}

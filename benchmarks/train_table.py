@@ -2,9 +2,14 @@
 
 Per side: tokens/s, ms/step, the step's FLOPs (forward + backward, FlopCounterMode), the
 FLOP/s it achieves and its MFU (model FLOPs utilisation: that rate over the machine's
-measured bf16 matmul peak), activation memory, losses, and for a compiled side the time its
-first step took (compilation). The case's targets (:class:`benchmarks.cases.Case`) are
-checked below the table.
+measured matmul peak in the side's precision), activation memory, losses, and for a compiled
+side the time its first step took (compilation). The case's targets
+(:class:`benchmarks.cases.Case`) are checked below the table. A distillation case (one with a
+teacher: :mod:`benchmarks.distill_speed`) times the teacher's forward and the student's step.
+
+The peaks are measured first, in under a second (:func:`benchmarks.ceiling.peaks`); a precision
+this CPU has no fast matmul kernels for (bf16 without AVX-512 BF16 or AMX) is left out, and the
+output says so.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from rich.progress import Progress
 
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case, default_cases
-from ablate.benchmarks.ceiling import Ceiling, matmul_peak, step_flops
+from ablate.benchmarks.ceiling import Ceiling, Peaks, peaks, step_flops
 from ablate.benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
+from ablate.lightning_modules.config import ModelConfig
 
 FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]
 BF16 = ["ablate:bf16", "transformers:sdpa:bf16", "transformers:eager:bf16"]
@@ -31,37 +37,78 @@ SAME_START = {
 }  # first-step fp32 losses from the same weights agree this closely (TF32 on CUDA)
 
 
+def settings_for(case: Case, device: torch.device, compiled: bool, fast: tuple[str, ...]) -> list[str]:
+    """The sides a case runs: fp32 and bf16 (those with fast kernels here), compiled where asked; a
+    distillation case has no transformers SDPA side (SDPA returns no attention probabilities)."""
+    settings = FP32 + BF16 + (GPU_COMPILED if device.type == "cuda" else COMPILED if compiled else [])
+
+    def precision(setting: str) -> str:  # ablate:bf16[:compile], transformers:sdpa:bf16
+        parts = setting.split(":")
+        return parts[2] if parts[0] == "transformers" else parts[1]
+
+    settings = [s for s in settings if precision(s) in fast]
+    if case.teacher is not None:  # no SDPA side (no attention probabilities); the distillation step has no CUDA graphs
+        settings = [s for s in settings if not s.startswith("transformers:sdpa") and "cudagraphs" not in s]
+    return settings
+
+
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 20
     names = args.case or default_cases(device.type)
     compiled = args.compile or device.type == "cuda"  # on a GPU the compiled step is the one users run
-    peak = matmul_peak("bf16", device, n=8192 if device.type == "cuda" else 2048)
+    task = progress.add_task("matmul peaks (fp32, bf16)", total=None)
+    peak = peaks(device)
+    progress.remove_task(task)
     lines = [
         f"ablate vs transformers, training steps (forward, backward, AdamW) at the same configuration, "
         f"same weights and batches ({args.corpus}); {WARMUP} warm-up steps, then the median of {steps} "
-        f"alternating steps. MFU: the step's FLOPs per second over this machine's measured bf16 matmul "
-        f"peak, {peak / 1e12:.1f} TFLOP/s.",
+        f"alternating steps. MFU: the step's FLOPs per second over this machine's measured matmul peak "
+        f"in the side's precision.",
+        "",
+        f"- {peak.note()}",
         "",
     ]
     all_ok = True
     for name in names:
         case = CASES[name]()
-        settings = FP32 + BF16 + (GPU_COMPILED if device.type == "cuda" else COMPILED if compiled else [])
+        settings = settings_for(case, device, compiled, peak.fast)
         task = progress.add_task(f"{name}: batches", total=None)
         data = batches(case, args.corpus, WARMUP + steps, device)
+        progress.update(task, description=f"{name}: building {len(settings)} sides")
         sides = build_sides(case, settings, device, max_steps=WARMUP + steps)
-        progress.update(task, description=f"{name}: {len(sides)} sides", total=len(data), completed=0)
+        progress.update(task, description=f"{name}: {len(sides)} sides, one step each in turn", total=len(data))
         race(sides, data, WARMUP, lambda task=task: progress.advance(task))
-        progress.remove_task(task)
+        progress.update(task, description=f"{name}: FLOPs and activation memory")
         speed = {s.name: tokens_per_s(s, data, WARMUP) for s in sides}
         for s in sides:
             s.activation_mb = activation_mb(s, data[0], device)
             eager = next(e for e in sides if e.name == s.name.split(" compiled")[0])  # same arithmetic
             s.flops = eager.flops if eager is not s else step_flops(s, data[WARMUP])
+        progress.remove_task(task)
         block, ok = _block(name, case, sides, speed, peak, device)
         lines += block
         all_ok &= ok
     return lines, all_ok
+
+
+def _describe(name: str, case: Case) -> str:
+    """The case's heading: the architecture(s), sequence and batch, and the losses."""
+
+    def arch(m: ModelConfig) -> str:
+        intra = f" intra={m.intra_dim}" if m.intra_dim is not None else ""
+        return (
+            f"V={m.vocab_size} H={m.hidden_dim}{intra} E={m.embed_dim} L={m.num_layers} A={m.num_heads} "
+            f"FFN={m.ffn_dim}x{m.num_ffn} sharing={m.sharing}"
+        )
+
+    shape = f"T={case.seq_len} B={case.batch}"
+    if case.teacher is None:
+        return f"### {name}: {arch(case.model)}, {shape}, MLM + {case.sentence.upper()}"
+    return (
+        f"### {name}: distillation, teacher {arch(case.teacher)} (forward) -> student {arch(case.model)} "
+        f"(step), {shape}, MLM + {case.sentence.upper()} + KD + FMT + AT; transformers: eager attention "
+        f"(its SDPA returns no attention probabilities, which AT needs)"
+    )
 
 
 def _ratios(sides: list[Side], speed: dict[str, float]) -> dict[str, float]:
@@ -76,8 +123,9 @@ def _ratios(sides: list[Side], speed: dict[str, float]) -> dict[str, float]:
     out = {
         "fp32": speed["ablate fp32"] / best("transformers", "fp32"),
         "best": best("ablate") / best("transformers"),
-        "bf16": best("ablate", "bf16") / speed["ablate fp32"],
     }
+    if any(s.precision == "bf16" for s in sides):
+        out["bf16"] = best("ablate", "bf16") / speed["ablate fp32"]
     compiled = [v for k, v in speed.items() if k.startswith("ablate bf16 compiled")]
     if compiled:
         out["compiled"] = max(compiled) / speed["ablate bf16"]
@@ -85,17 +133,14 @@ def _ratios(sides: list[Side], speed: dict[str, float]) -> dict[str, float]:
 
 
 def _block(
-    name: str, case: Case, sides: list[Side], speed: dict[str, float], peak: float, device: torch.device
+    name: str, case: Case, sides: list[Side], speed: dict[str, float], peak: Peaks, device: torch.device
 ) -> tuple[list[str], bool]:
     """The table of one case and its targets; True when every target holds."""
     hf_best = max(speed[s.name] for s in sides if s.library == "transformers")
     reference = next(s for s in sides if s.name == "ablate fp32")
     first_gap = max(abs(s.losses[0] - reference.losses[0]) for s in sides if s.precision == "fp32")
-    m = case.model
     lines = [
-        f"### {name}: V={m.vocab_size} H={m.hidden_dim} E={m.embed_dim} L={m.num_layers} A={m.num_heads} "
-        f"FFN={m.ffn_dim}x{m.num_ffn} sharing={m.sharing}, T={case.seq_len} B={case.batch}, MLM + "
-        f"{case.sentence.upper()}",
+        _describe(name, case),
         "",
         "| side | tokens/s | ms/step | x transformers best | GFLOP/step | TFLOP/s | MFU | activations MiB "
         "| first step s | loss step 1 | loss last step |",
@@ -104,16 +149,18 @@ def _block(
     for s in sorted(sides, key=lambda s: -speed[s.name]):
         step_s = statistics.median(s.times)
         rate = s.flops / step_s
+        mfu = rate / peak.flops[s.precision]
         # CUDA graphs keep activations in their own memory pool, which the allocator's peak does not see
         memory = "–" if s.name.endswith("cudagraphs") else f"{s.activation_mb:,.0f}"
         lines.append(
             f"| {s.name} | {speed[s.name]:,.0f} | {step_s * 1e3:.1f} | {speed[s.name] / hf_best:.2f} | "
-            f"{s.flops / 1e9:,.0f} | {rate / 1e12:.2f} | {rate / peak:.1%} | {memory} | "
+            f"{s.flops / 1e9:,.1f} | {rate / 1e12:.3f} | {mfu:.1%} | {memory} | "
             f"{s.first_s:.1f} | {s.losses[0]:.5f} | {s.losses[-1]:.4f} |"
         )
     ratios = _ratios(sides, speed)
     best_ours = max((s for s in sides if s.library == "ablate"), key=lambda s: speed[s.name])
-    ratios["mfu"] = best_ours.flops / statistics.median(best_ours.times) / peak
+    best_peak = peak.flops[best_ours.precision]
+    ratios["mfu"] = best_ours.flops / statistics.median(best_ours.times) / best_peak
     labels = {
         "fp32": "ablate fp32 over transformers' best fp32",
         "best": "ablate's best over transformers' best",
@@ -136,9 +183,9 @@ def _block(
             line += f" (target {goal}: {mark(met)})"
         lines.append(line)
     theirs = max((s for s in sides if s.library == "transformers"), key=lambda s: speed[s.name])
-    floor_s = Ceiling(best_ours.flops, peak).min_step_s  # every FLOP at the peak, nothing else costing time
+    floor_s = Ceiling(best_ours.flops, best_peak).min_step_s  # every FLOP at the peak, nothing else costing time
     lines.append(
-        f"- ceiling: at the bf16 peak ablate's best step would take {floor_s * 1e3:.1f} ms against "
+        f"- ceiling: at the {best_ours.precision} peak ablate's best step would take {floor_s * 1e3:.1f} ms against "
         f"{statistics.median(best_ours.times) * 1e3:.1f} ms now: best against best could reach at most "
         f"**{statistics.median(theirs.times) / floor_s:.2f}x**"
     )

@@ -9,17 +9,20 @@ from dataclasses import replace
 import pytest
 
 from ablate.benchmarks.cases import CASES, Case, default_cases
-from ablate.benchmarks.ceiling import step_flops
+from ablate.benchmarks.ceiling import Peaks, step_flops
 from ablate.benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
-from ablate.benchmarks.train_table import FP32, _block
+from ablate.benchmarks.train_table import BF16, FP32, _block, settings_for
 
 
 def _small(case: Case) -> Case:
     """The case at a test's size: same architecture family, fewer layers, a shorter sequence and a
     smaller vocabulary (training a 30k-word tokenizer and stepping its embeddings would take minutes)."""
-    return replace(
-        case, model=replace(case.model, num_layers=2, vocab_size=min(case.model.vocab_size, 2048)), seq_len=32, batch=4
-    )
+
+    def small(model):
+        return replace(model, num_layers=2, vocab_size=min(model.vocab_size, 2048))
+
+    teacher = None if case.teacher is None else small(case.teacher)
+    return replace(case, model=small(case.model), teacher=teacher, seq_len=32, batch=4)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -29,8 +32,9 @@ def test_sides_start_equal_and_stay_close(name, wiki_validation):
     case = _small(CASES[name]())
     data = batches(case, str(wiki_validation), 4, torch.device("cpu"))
     # bf16 on this CPU takes seconds per step at the GPU-sized widths (H=768): there it is checked on a GPU
-    bf16 = ["ablate:bf16", "transformers:eager:bf16"] if name in default_cases("cpu") else []
-    sides = build_sides(case, [*FP32, *bf16], torch.device("cpu"), max_steps=4)
+    bf16 = [s for s in BF16 if "sdpa" not in s] if name in default_cases("cpu") else []
+    settings = [s for s in [*FP32, *bf16] if case.teacher is None or "sdpa" not in s]  # distillation: eager only
+    sides = build_sides(case, settings, torch.device("cpu"), max_steps=4)
     race(sides, data, warmup=1, progress=lambda: None)
     ours = sides[0]
     assert ours.name == "ablate fp32" and len(ours.losses) == 4 and len(ours.times) == 3
@@ -43,6 +47,24 @@ def test_sides_start_equal_and_stay_close(name, wiki_validation):
         assert side.activation_mb > 0
         side.flops = step_flops(side, data[1])
         assert side.flops > 0
-    lines, _ = _block(name, case, sides, {s.name: tokens_per_s(s, data, 1) for s in sides}, 1e12, torch.device("cpu"))
+    peak = Peaks({"fp32": 1e12, "bf16": 2e12}, ("fp32", "bf16"), ())
+    lines, _ = _block(name, case, sides, {s.name: tokens_per_s(s, data, 1) for s in sides}, peak, torch.device("cpu"))
     assert any("same work" in line and "ok at" in line for line in lines)
     assert any(line.startswith("| ablate fp32 |") and "%" in line for line in lines)  # MFU column
+
+
+def test_sides_leave_out_what_the_machine_has_no_fast_kernels_for():
+    import torch
+
+    cpu = torch.device("cpu")
+    plain, distill = CASES["albert-tiny"](), CASES["distill-mini"]()
+    assert settings_for(plain, cpu, False, ("fp32",)) == FP32
+    assert settings_for(plain, cpu, True, ("fp32", "bf16")) == [
+        *FP32,
+        *BF16,
+        "ablate:fp32:compile",
+        "ablate:bf16:compile",
+    ]
+    # transformers' SDPA returns no attention probabilities: a distillation has no SDPA side
+    assert settings_for(distill, cpu, False, ("fp32",)) == ["ablate:fp32", "transformers:eager:fp32"]
+    assert all("cudagraphs" not in s for s in settings_for(distill, torch.device("cuda"), True, ("fp32", "bf16")))

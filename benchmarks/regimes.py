@@ -1,0 +1,269 @@
+"""The runs ``ablate bench loop --regime`` times against their isolated steps.
+
+- ``pretrain``: ``ablate train`` of the case (MLM + SOP/NSP), what the bench always ran.
+- ``distill``: ``ablate train`` of a distillation (``distill.teacher``): each step the frozen
+  teacher's forward, then the student's step with MLM, the sentence loss, KD, FMT and AT
+  (MobileBERT's ``auxiliary`` strategy). Default: the ``distill-mini`` case (an ``ibbert-mini``
+  teacher and a ``mobilebert-mini`` student).
+- ``prune``: ``ablate train`` of a pruning (``prune.source``): schuBERT's gate phase
+  (``schubert-all``: gates on h, heads, Q/K, V and FFN; one round of gate steps, no fine-tuning),
+  the source's weights frozen, MLM + sentence loss + the gates' sparsity term.
+- ``finetune``: ``ablate train`` of a fine-tuning (``finetune.source``) on SST-2: a folder with
+  its ``train.tsv`` and ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic
+  sentences of SST-2's lengths; batches of 32 padded to their longest sentence.
+
+The teacher and the models to prune and to fine-tune are written at their initialisation (the
+speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
+as ``ablate export`` writes them, and named by that folder. The step alone is the module the run
+builds (the same code: :func:`ablate.sweeps.runner.build_module`, ``PruneModule``,
+``FinetuneModule``) trained by :func:`module_step` on the same batches; the run's own
+``Trainer`` gets the clock (:func:`clock_in`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from ablate.benchmarks.cases import Case
+from ablate.benchmarks.train_speed import Batch, batches
+from ablate.lightning_modules.config import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.pruning.config import PruneConfig
+from ablate.lightning_modules.train_module import TrainModule
+
+REGIMES = ("pretrain", "distill", "prune", "finetune")
+DEFAULT_CASE = {
+    "cpu": {"pretrain": "albert-tiny", "distill": "distill-mini", "prune": "bert-tiny", "finetune": "bert-tiny"},
+    "cuda": {
+        "pretrain": "bert-small",
+        "distill": "distill-mobilebert",
+        "prune": "bert-small",
+        "finetune": "bert-small",
+    },
+}
+FINETUNE_BATCH = 32  # sentences per fine-tuning step (SST-2's usual batch)
+Step = Callable[[Batch], torch.Tensor]
+
+
+@dataclass
+class Setup:
+    """One regime's measurement: the run's config, what the heading says, the run, the step alone.
+
+    Attributes:
+        cfg: the run's config (the trainer section is the timed fit's).
+        what: the regime in words, for the heading.
+        loader: how the run's loader feeds it, for the heading.
+        run: runs ``ablate train`` (:func:`ablate.sweeps.runner.train`) of ``cfg``.
+        step: builds the step alone (a fresh module, its optimizer) and its batches on the device.
+    """
+
+    cfg: ExperimentConfig
+    what: str
+    loader: str
+    run: Callable[[], object]
+    step: Callable[[int], tuple[Step, list[Batch]]]
+
+
+@contextlib.contextmanager
+def clock_in(clock: pl.Callback) -> Iterator[None]:
+    """Add ``clock`` to the first Trainer the run builds (the fit that is timed: pre-training,
+    distillation, the gate phase of a pruning, a fine-tuning), whichever module builds it."""
+    from ablate.sweeps import finetune_run, prune_run, runner, trainer
+
+    users = [m for m in (runner, prune_run, finetune_run) if hasattr(m, "build_trainer")]
+    build = trainer.build_trainer
+    first = [True]
+
+    def with_clock(cfg: ExperimentConfig, logger: object, callbacks: list[pl.Callback], **kwargs: object) -> pl.Trainer:
+        extra, first[0] = ([clock] if first[0] else []), False
+        return build(cfg, logger, [*callbacks, *extra], **kwargs)  # type: ignore[arg-type]
+
+    for module in users:
+        module.build_trainer = with_clock  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in users:
+            module.build_trainer = build  # type: ignore[attr-defined]
+
+
+def module_step(module: TrainModule, device: torch.device, grad_clip: float) -> Step:
+    """The step alone of ``module``: what Lightning's loop does per batch, without the loop (its
+    hooks, callbacks, logging, loader): the stage hook, ``training_step``, backward, gradient
+    clipping as ``optim.grad_clip`` asks, the optimizer and schedule, the module's batch-end hook
+    (pruning's gate clamp). Nothing is logged (the loop logs every ``trainer.log_every`` steps)."""
+    module.to(device).train()
+    module.logs_this_step = lambda: False  # type: ignore[method-assign]
+    setup = module.configure_optimizers()
+    optimizer = setup["optimizer"] if isinstance(setup, dict) else setup
+    schedule = setup["lr_scheduler"]["scheduler"] if isinstance(setup, dict) else None
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def step(batch: Batch) -> torch.Tensor:
+        module.on_train_batch_start(batch, 0)
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_([p for p in trained if p.grad is not None], grad_clip, foreach=True)
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        module.on_train_batch_end(loss, batch, 0)
+        return loss.detach()
+
+    return step
+
+
+def _save(model_cfg: object, objective: ObjectiveConfig, data: DataConfig, folder: Path, seed: int) -> str:
+    """A model of ``model_cfg`` at its initialisation, exported to ``folder`` with ``data``'s tokenizer."""
+    from ablate.datamodules.tokenizer import load_or_train_tokenizer
+    from ablate.lightning_modules.interop import export
+
+    cfg = ExperimentConfig(model=model_cfg, objective=objective, data=data, seed=seed)  # type: ignore[arg-type]
+    _, tokenizer = load_or_train_tokenizer(data, cfg.model.vocab_size)
+    torch.manual_seed(seed)
+    export(build_pretraining_model(cfg.model, objective), cfg, folder, format="ablate", tokenizer=tokenizer)
+    return str(folder)
+
+
+WORDS = {
+    1: "good great moving funny brilliant charming warm clever delightful fresh".split(),
+    0: "bad dull boring flat tedious clumsy stale weak lifeless awkward".split(),
+    None: "the film a story its cast and of with but it is this movie director plot an as in that".split(),
+}
+
+
+def synthetic_sst2(folder: Path, train: int = 4000, validation: int = 400, seed: int = 0) -> Path:
+    """``train.tsv`` and ``validation.tsv`` in SST-2's format (``sentence``, ``label``) and about its
+    lengths (training phrases of 1 to 50 words, most short), labelled by their sentiment words."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train.tsv", train), ("validation.tsv", validation)):
+        lines = ["sentence\tlabel"]
+        for _ in range(rows):
+            label = rng.randint(0, 1)
+            n = min(50, max(1, int(rng.lognormvariate(2.0, 0.8))))
+            words = [rng.choice(WORDS[label] if rng.random() < 0.2 else WORDS[None]) for _ in range(n)]
+            lines.append(f"{' '.join(words)}\t{label}")
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def _train(cfg: ExperimentConfig) -> Callable[[], object]:
+    def run() -> object:
+        from ablate.sweeps.runner import train
+
+        return train(cfg)
+
+    return run
+
+
+def setup(
+    regime: str,
+    case: Case,
+    cfg: ExperimentConfig,
+    corpus: str,
+    device: torch.device,
+    root: Path,
+    sst2: Path | None = None,
+) -> Setup:
+    """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
+    (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps."""
+    from ablate.lightning_modules.config import ModelConfig
+
+    d, objective, clip = cfg.data, cfg.objective, cfg.optim.grad_clip
+    loader = f"data.num_workers {d.workers()}"
+    if regime != "pretrain":  # compiled (and CUDA graphs on a GPU): pre-training's; the others run eagerly
+        cfg = replace(cfg, trainer=replace(cfg.trainer, compile=False, compile_mode="default"))
+    if regime == "pretrain":
+        from ablate.benchmarks.loop import isolated_step
+
+        return Setup(cfg, "pre-training", loader, _train(cfg), lambda n: isolated_step(case, cfg, corpus, device, n))
+    if regime == "distill":
+        if case.teacher is None:
+            raise ValueError(f"--regime distill: the case {case.name} has no teacher (use distill-mini)")
+        teacher = _save(case.teacher, objective, d, root / "teacher", cfg.seed + 1)
+        run_cfg = replace(cfg, regime="distill", distill=DistillConfig(teacher=teacher))
+        t = case.teacher
+
+        def distill_step(n: int) -> tuple[Step, list[Batch]]:
+            from ablate.lightning_modules.pretrain import distill_module
+            from ablate.sweeps.weights import load_source
+
+            s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
+            module = distill_module(run_cfg, s.model, s.model_cfg)  # the student: a fresh initialisation
+            return module_step(module, device, clip), batches(case, corpus, n, device)
+
+        what = (
+            f"distillation: the teacher's forward (H={t.hidden_dim}, intra {t.intra_dim}, FFN {t.ffn_dim}, "
+            f"L={t.num_layers}) and the student's step, MLM + {case.sentence.upper()} + KD + FMT + AT"
+        )
+        return Setup(run_cfg, what, loader, _train(run_cfg), distill_step)
+    if regime == "prune":
+        from ablate.lightning_modules.pruning.gates import check_supported
+
+        check_supported(case.model)
+        source = _save(case.model, objective, d, root / "source", cfg.seed)
+        steps = cfg.trainer.max_steps
+        prune = PruneConfig(
+            source=source, method="schubert-all", target=0.75, rounds=1, gate_steps=steps, finetune_steps=0
+        )
+        run_cfg = replace(cfg, regime="prune", prune=prune)
+
+        def prune_step(n: int) -> tuple[Step, list[Batch]]:
+            from ablate.lightning_modules.prune import PruneModule
+            from ablate.lightning_modules.pruning.keep import VARIANTS
+            from ablate.sweeps.weights import load_source
+
+            s = load_source(source, "", root, field="prune.source")
+            module = PruneModule(replace(run_cfg, model=s.model_cfg), s.model, VARIANTS[run_cfg.prune.method])
+            return module_step(module, device, clip), batches(case, corpus, n, device)
+
+        what = (
+            "pruning: schuBERT's gate phase (schubert-all: gates on h, heads, Q/K, V, FFN), MLM + sentence + sparsity"
+        )
+        return Setup(run_cfg, what, loader, _train(run_cfg), prune_step)
+    if regime == "finetune":
+        data = sst2 if sst2 is not None else synthetic_sst2(root / "sst2-synthetic")
+        source = _save(case.model, objective, d, root / "source", cfg.seed)
+        steps = cfg.trainer.max_steps
+        task = FinetuneConfig(
+            source=source,
+            task="sst2",
+            train=str(data / "train.tsv"),
+            validation=str(data / "validation.tsv"),
+            max_length=case.seq_len,
+            batch_size=FINETUNE_BATCH,
+            max_steps=steps,
+            val_every=steps,
+        )
+        model: ModelConfig = case.model
+        run_cfg = replace(cfg, regime="finetune", model=model, finetune=task)
+
+        def finetune_step(n: int) -> tuple[Step, list[Batch]]:
+            from ablate.datamodules.classification import ClassificationDataModule
+            from ablate.lightning_modules.finetune import FinetuneModule
+            from ablate.sweeps.weights import load_source
+
+            s = load_source(source, "", root, field="finetune.source")
+            module = FinetuneModule(replace(run_cfg, model=s.model_cfg), s.model)
+            assert s.tokenizer is not None
+            dm = ClassificationDataModule(task, s.tokenizer, seed=run_cfg.seed, cache_dir=d.cache_dir)
+            dm.setup("fit")
+            data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]
+            return module_step(module, device, clip), data
+
+        origin = "synthetic sentences" if sst2 is None else str(data)
+        what = f"fine-tuning: SST-2 ({origin}), B={FINETUNE_BATCH} padded to the longest sentence, T <= {case.seq_len}"
+        return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), finetune_step)
+    raise ValueError(f"unknown regime {regime!r}; expected one of {', '.join(REGIMES)}")

@@ -1,0 +1,62 @@
+"""``ablate bench loop --regime distill|prune|finetune`` on tiny real runs: each regime runs its
+real ``ablate train`` (a teacher's distillation, schuBERT's gates, SST-2 fine-tuning) and its step
+alone in turns, and prints the table whose last line is the efficiency. No timed assertion:
+speed is the benchmark's job."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.loop import measure, report
+from ablate.benchmarks.regimes import synthetic_sst2
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _tiny(name: str) -> Case:
+    """The regime's default case at a test's size: one layer, a 2048-token vocabulary, T=32, B=4."""
+    case = CASES[name]()
+
+    def small(model):
+        return replace(model, vocab_size=2048, num_layers=1, max_position=32)
+
+    teacher = None if case.teacher is None else small(case.teacher)
+    return replace(case, model=small(case.model), teacher=teacher, seq_len=32, batch=4)
+
+
+@pytest.mark.parametrize(
+    ("regime", "name"), [("distill", "distill-mini"), ("prune", "bert-tiny"), ("finetune", "bert-tiny")]
+)
+def test_each_regime_runs_and_prints_its_table(regime, name, wiki_validation):
+    case = _tiny(name)
+    r = measure(case, str(wiki_validation), torch.device("cpu"), warmup=2, steps=5, block=1, regime=regime)
+    assert r.regime == regime and r.cfg.regime == regime
+    assert [n for _, n in r.loop.blocks] == [n for _, n in r.step.blocks] == [1, 1, 1, 1]
+    for side in (r.loop, r.step):
+        assert side.steps == 4 and side.tokens > 0 and side.tokens_per_s > 0
+    assert r.phases["validation"] > 0 and r.phases["step alone in the run"] > 0
+    lines, ok = report(r, "wiki")
+    assert lines[0].startswith(f"### {case.name}: ablate train --regime {regime} (")
+    assert any(line.startswith("| the loop (ablate train) |") for line in lines)
+    assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}" and ok == (r.efficiency >= 0.9)
+
+
+def test_the_loop_and_the_step_alone_see_the_same_batches(wiki_validation):
+    """Fine-tuning batches differ in length (padded to their longest sentence): the step alone's
+    timed steps are the loop's own batches, so both count the same real tokens."""
+    r = measure(_tiny("bert-tiny"), str(wiki_validation), torch.device("cpu"), 2, 5, 1, regime="finetune")
+    assert r.loop.tokens == r.step.tokens
+
+
+def test_synthetic_sst2_has_its_format_and_short_sentences(tmp_path):
+    folder = synthetic_sst2(tmp_path, train=200, validation=20)
+    rows = (folder / "train.tsv").read_text().splitlines()
+    assert rows[0] == "sentence\tlabel" and len(rows) == 201
+    lengths = [len(row.split("\t")[0].split()) for row in rows[1:]]
+    assert all(1 <= n <= 50 for n in lengths) and sorted(lengths)[100] < 20
+    assert {row.rsplit("\t", 1)[1] for row in rows[1:]} == {"0", "1"}
+    assert len((folder / "validation.tsv").read_text().splitlines()) == 21
