@@ -2,8 +2,10 @@
 
 ``finetune.train``/``finetune.validation`` are local ``.tsv``/``.csv``/``.json``/``.jsonl`` files
 (optionally ``.gz``), streamed through ``datasets`` (nothing cached), or ``datasets`` hub names
-(``glue/sst2``, ``path/config``, ``path:config``) whose ``train``/``validation`` splits go to the
-``datasets`` cache. A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).
+(``nyu-mll/glue:sst2``, ``path/config``, ``path:config``) whose ``train``/``validation`` splits (or
+``finetune.train_split``/``validation_split``) go to the ``datasets`` cache, or are read from the
+local copies the data catalog maps them to (:mod:`ablate.datamodules.sources`).
+A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).
 Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
 ``attention_mask`` (B, T) bool; ``labels`` (B,) long. With ``finetune.augment_copies``, the training
 split is enlarged by TinyBERT's data augmentation (:mod:`ablate.datamodules.augment`), cached on disk.
@@ -15,7 +17,6 @@ import hashlib
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.augment import augment_rows, cached_augmentation, sample_table, vocab_digest
+from ablate.datamodules.catalog import hub_hint
+from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.tokenizer import cache_root, special_ids
 from ablate.datamodules.transfer import packed, unpack
 from ablate.lightning_modules.config import DataConfig
@@ -35,41 +38,10 @@ from ablate.lightning_modules.errors import ConfigError, DataError
 from ablate.lightning_modules.finetune_config import FinetuneConfig
 from ablate.lightning_modules.heads import PretrainingModel
 
-_BUILDERS = {".tsv": "csv", ".csv": "csv", ".json": "json", ".jsonl": "json"}
-_PATH_SUFFIXES = {*_BUILDERS, ".gz", ".txt", ".parquet", ".tar", ".zip"}
 _READ_BATCH = 8192  # rows per batch pulled from `datasets`, and texts per encode_batch call
 
 
-@dataclass(frozen=True)
-class _Source:
-    """One resolved split: ``key`` (``finetune.train``) names it in errors."""
-
-    key: str
-    name: str
-    split: str
-    builder: str
-    files: tuple[str, ...] = ()
-    config: str | None = None
-
-
-def _resolve(key: str, name: str, split: str) -> _Source:
-    """A local file (checked to exist) or a hub ``path``, ``path/config``, ``path:config``."""
-    path = Path(os.path.expanduser(name))
-    suffixes = path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:]
-    if name.startswith(("/", ".", "~")) or path.suffix.lower() in _PATH_SUFFIXES or path.exists():
-        builder = _BUILDERS.get(suffixes[0].lower()) if suffixes else None
-        if builder is None:
-            raise DataError(f"{key}: {name}: unknown extension (expected .tsv, .csv, .json, .jsonl[.gz])")
-        if not path.is_file():
-            raise DataError(f"{key}: {name}: no such file")
-        return _Source(key, name, "train", builder, (str(path.resolve()),))
-    hub, sep, config = name.partition(":")
-    if not sep and len(parts := name.split("/")) in (2, 3):
-        hub, config = "/".join(parts[:-1]), parts[-1]
-    return _Source(key, name, split, hub, config=config or None)
-
-
-def _read(src: _Source, columns: list[str], limit: int | None) -> dict[str, list[Any]]:
+def _read(src: TaskData, columns: list[str], limit: int | None) -> dict[str, list[Any]]:
     """The ``columns`` of a split (the first ``limit`` rows), read through ``datasets``."""
     if src.files and os.path.getsize(src.files[0]) == 0:
         raise DataError(f"{src.key}: {src.name}: no examples")
@@ -98,7 +70,7 @@ def _read(src: _Source, columns: list[str], limit: int | None) -> dict[str, list
                 break
     except Exception as exc:  # noqa: BLE001 - any failure to read is the data's problem
         what = "cannot read" if src.files else f"cannot load the hub dataset's {src.split!r} split"
-        first = (str(exc).splitlines() or [""])[0]
+        first = (str(exc).splitlines() or [""])[0] + ("" if src.files else hub_hint(src.name))
         raise DataError(f"{src.key}: {src.name}: {what}: {type(exc).__name__}: {first}") from None
     for c, field in zip(columns, ("finetune.label_field", *["finetune.text_fields"] * 2), strict=False):
         if found is not None and c not in found:
@@ -108,7 +80,7 @@ def _read(src: _Source, columns: list[str], limit: int | None) -> dict[str, list
     return out
 
 
-def _check_labels(src: _Source, labels: list[Any], num_labels: int) -> list[int]:
+def _check_labels(src: TaskData, labels: list[Any], num_labels: int) -> list[int]:
     """``labels``, checked to be integers in ``[0, num_labels)``."""
     bad = [v for v in labels if not isinstance(v, int)]
     if bad:
@@ -184,10 +156,22 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length
     )
 
 
-def collate(rows: list[tuple[np.ndarray, int, int]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad rows of :class:`EncodedSplit` to the longest one: the batch dict of tensors."""
+def collate(
+    rows: list[tuple[np.ndarray, int, int]], pad_id: int = 0, length: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Pad rows of :class:`EncodedSplit` to the longest one (or to ``length`` tokens, at least the
+    longest): the batch dict of tensors.
+
+    The loaders pad to the longest row: every layer's cost grows with T, and a classification
+    batch is far shorter than ``finetune.max_length`` (SST-2's batches of 32 are about 50
+    tokens long at ``max_length`` 128; ``ablate bench loop --regime finetune`` measures the
+    step on both). Padding keys are masked out of attention and the logits read [CLS], so a
+    row's logits do not depend on its batch's padding (up to float rounding; MobileBERT's
+    trigram embedding reads a row's next token, [PAD] or the end, and is the exception).
+    """
     lengths = torch.tensor([len(ids) for ids, _, _ in rows])
-    input_ids = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)
+    width = max(int(lengths.max()), length or 0)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, (ids, _, _) in enumerate(rows):
         input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
     positions = torch.arange(input_ids.shape[1])[None, :]
@@ -226,7 +210,8 @@ class ClassificationDataModule(pl.LightningDataModule):
     Raises:
         ConfigError: ``finetune.train`` is unset, ``finetune.validation`` is unset for a local file,
             or ``finetune.augment_copies`` is set without ``mlm``.
-        DataError: a local file is missing or has an unknown extension.
+        DataError: a local file (or the data catalog's copy of a hub name) is missing or has an
+            unknown extension.
     """
 
     def __init__(
@@ -247,10 +232,11 @@ class ClassificationDataModule(pl.LightningDataModule):
             raise ConfigError("finetune.train: required to fine-tune (a data file or a hub name)")
         self.cfg, self.tokenizer_path, self.seed = cfg, Path(tokenizer_path), seed
         self.num_workers, self.limit_train = num_workers, limit_train
-        self._train_src = _resolve("finetune.train", cfg.train, "train")
-        if cfg.validation is None and self._train_src.files:
+        self._train_src = resolve_task("finetune.train", cfg.train, cfg.train_split, "train")
+        if cfg.validation is None and self._train_src.is_file:
             raise ConfigError("finetune.validation: required for a local train file")
-        self._val_src = _resolve("finetune.validation", cfg.validation or cfg.train, "validation")
+        val = cfg.validation or cfg.train
+        self._val_src = resolve_task("finetune.validation", val, cfg.validation_split, "validation")
         if cfg.augment_copies > 0 and mlm is None:
             raise ConfigError(
                 "finetune.augment_copies: augmentation needs a masked LM "
@@ -280,7 +266,7 @@ class ClassificationDataModule(pl.LightningDataModule):
             raise DataError(f"{self.tokenizer_path}: cannot load the tokenizer: {first}") from None
         return tok
 
-    def _encode(self, src: _Source, limit: int | None, augment: bool = False) -> EncodedSplit:
+    def _encode(self, src: TaskData, limit: int | None, augment: bool = False) -> EncodedSplit:
         assert self.tokenizer is not None
         cols = _read(src, [self.cfg.label_field, *self.cfg.text_fields], limit)
         labels = _check_labels(src, cols[self.cfg.label_field], self.cfg.num_labels)
@@ -293,7 +279,7 @@ class ClassificationDataModule(pl.LightningDataModule):
             self.augment_sample = sample_table(rows, copies, self.cfg.augment_copies)
         return encode(self.tokenizer, texts, labels, self.cfg.max_length)
 
-    def _augment(self, src: _Source, rows: list[list[str]]) -> list[list[str]]:
+    def _augment(self, src: TaskData, rows: list[list[str]]) -> list[list[str]]:
         """TinyBERT's augmented copies of the training ``rows``, cached by everything they depend on."""
         assert self.tokenizer is not None and self.mlm is not None
         tok, mlm, cfg = self.tokenizer, self.mlm, self.cfg

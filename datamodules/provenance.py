@@ -1,0 +1,82 @@
+"""What data a run reads: resolved before anything is written, and logged with the run.
+
+:func:`check_data` resolves a config's data names (the corpus of a pre-training, distillation,
+pruning or quantization run; a fine-tuning run's ``finetune.train`` and ``finetune.validation``)
+without reading them: local files, and the data catalog's copies of hub names, must exist; other
+hub names are checked for their form only (no network). :func:`data_tags` says, as MLflow tags,
+what those names resolved to: the catalog in effect and, per name, its hub dataset or its files.
+"""
+
+from __future__ import annotations
+
+from ablate.datamodules.catalog import ENV, active_catalog
+from ablate.datamodules.sources import CorpusSpec, TaskData, resolve_corpus, resolve_task
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.finetune_config import FinetuneConfig
+
+CATALOG_TAG = "ablate.data.catalog"
+"""The data catalog file in effect for the run (absent without one)."""
+CORPUS_TAG = "ablate.data.corpus"
+"""What ``data.corpus`` resolved to."""
+TASK_TAG = "ablate.data.finetune.{key}"
+"""What ``finetune.train`` / ``finetune.validation`` resolved to."""
+MAX_TAG = 8000
+"""The longest tag value MLflow stores (``mlflow.utils.validation.MAX_TAG_VAL_LENGTH``)."""
+
+
+def task_data(task: FinetuneConfig, prefix: str = "finetune") -> tuple[TaskData, TaskData] | None:
+    """The resolved training and dev data of a ``finetune`` section (None: no ``train``); ``prefix``
+    names it in errors (``finetune[0]`` for a study's task)."""
+    if task.train is None:
+        return None
+    train = resolve_task(f"{prefix}.train", task.train, task.train_split, "train")
+    val = resolve_task(f"{prefix}.validation", task.validation or task.train, task.validation_split, "validation")
+    return train, val
+
+
+def check_data(cfg: ExperimentConfig) -> None:
+    """Resolve the data names ``cfg`` reads (see the module's docstring).
+
+    Raises:
+        DataError: a local file or the catalog's copy is missing; a hub name is malformed.
+        ConfigError: ``ABLATE_DATA_CATALOG`` names a missing or malformed catalog.
+    """
+    if cfg.regime == "finetune":
+        task_data(cfg.finetune)
+    else:
+        resolve_corpus(cfg.data.corpus, cfg.data.text_field)
+
+
+def describe(data: CorpusSpec | TaskData) -> str:
+    """One line: ``hub DATASET[:CONFIG], split S``, or the files (through the catalog, if it mapped them)."""
+    if isinstance(data, CorpusSpec):
+        hub, config, split, via = data.builder, data.config_name, "train", data.catalog
+    else:
+        hub, config, split, via = data.builder, data.config, data.split, data.catalog
+    if not data.files:
+        return f"hub {hub}{f':{config}' if config else ''}, split {split} (datasets)"
+    n = len(data.files)
+    head = f"{split} split via {ENV} ({via}): " if via else ""
+    head += f"{n} file{'s' * (n != 1)}: "
+    shown: list[str] = []
+    room = MAX_TAG - len(head) - 40  # for ", ... (N more)"
+    for name in data.files:
+        room -= len(name) + 2
+        if room < 0:
+            break
+        shown.append(name)
+    rest = n - len(shown)
+    return head + ", ".join(shown) + (f", ... ({rest} more)" if rest else "")
+
+
+def data_tags(cfg: ExperimentConfig) -> dict[str, str]:
+    """MLflow tags saying what the run's data names resolved to (see the module's docstring)."""
+    catalog = active_catalog()
+    tags = {CATALOG_TAG: str(catalog.file)} if catalog is not None else {}
+    if cfg.regime == "finetune":
+        resolved = task_data(cfg.finetune)
+        for data in resolved or ():
+            tags[TASK_TAG.format(key=data.key.rsplit(".", 1)[-1])] = describe(data)
+    else:
+        tags[CORPUS_TAG] = describe(resolve_corpus(cfg.data.corpus, cfg.data.text_field))
+    return tags
