@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.datamodules.catalog import active_catalog
+from ablate.datamodules.provenance import check_data, task_data
 from ablate.lightning_modules.config import MAX_SEED, ExperimentConfig
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.errors import ConfigError, DataError
 from ablate.lightning_modules.metric_names import DOWNSTREAM_AVG, VAL_SENTENCE_ACC, VALIDATION, task_metrics
 from ablate.lightning_modules.paths import output_file, output_folder
 from ablate.lightning_modules.run_config import TrainerConfig
@@ -140,6 +142,7 @@ def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine |
         check_machine(cfg.trainer, machine)
     check_names(cfg)
     check_folders(cfg, checkpoints)
+    check_data(cfg)  # local files and the data catalog's copies exist; hub names are well formed (offline)
     if machine is not None:
         check_size(cfg, machine)
 
@@ -181,6 +184,7 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
     """Every trial the study can produce (each grid point or range corner, variant and seed, its
     study model) checked as :func:`check_run` checks one run; and the objective against them.
     ``machine`` None leaves out what the trials ask of the machine (``sweep --check``)."""
+    active_catalog()  # a broken ABLATE_DATA_CATALOG is the environment's error, said as such, not the study's
     for name in spec.variants:  # a trial's run name is "variant=NAME seed=N"
         if len(name) > MLFLOW_NAME - 50:
             raise ConfigError(
@@ -194,13 +198,18 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
     if spec.upstream is not None and spec.upstream.model is not None:
         try:
             check_run(teacher_config(base, spec), spec.checkpoints, machine)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {spec.upstream.SECTION}.{exc}") from None
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"{where}: {spec.upstream.SECTION}.{exc}") from None
+    for i, task in enumerate(spec.finetune):  # each task's data, as check_data checks a run's
+        try:
+            task_data(task, f"finetune[{i}]")
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
     for params, cfg in trials:
         try:
             check_run(cfg, spec.checkpoints, machine)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
         mine = [t for t in spec.finetune if t.runs_for(params.get("variant"))]
         tasks = [(t.task, t.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE).finetune.metric) for t in mine]
         try:

@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from optuna import TrialPruned
 
+from ablate.datamodules.provenance import data_tags
 from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
 from ablate.lightning_modules.errors import AblateError, StorageError, require_driver
 
@@ -225,6 +226,7 @@ def log_run_inputs(
     metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
     tags = [RunTag(k, v) for k, v in package_tags().items()]
     tags.append(RunTag("ablate.num_workers", str(cfg.data.workers(cfg.trainer.devices))))  # what `auto` became
+    tags += [RunTag(k, v) for k, v in data_tags(cfg).items()]  # the files or hub dataset each data name is
     for i in range(0, len(params), 100):
         client.log_batch(run_id, params=params[i : i + 100])
     client.log_batch(run_id, metrics=metrics, tags=tags)
