@@ -10,10 +10,14 @@ Latency is the minimum of timed repeats after untimed warm-up runs (:func:`time_
 machine only ever adds time, so the fastest repeat is the least disturbed figure. Beside it goes
 its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
 running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
+A machine busy the whole time gives repeats that agree, all slow: so a fixed reference workload
+runs after every timed repeat (:mod:`~ablate.lightning_modules.reference_load`), and its fastest
+time goes beside the latency (``latency_ms_b1_reference``), for a report to compare across runs.
 """
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -25,6 +29,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.reference_load import REFERENCE_SUFFIX, Workload, reference_workload
 
 FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
 LATENCY_BATCHES = (1, 32)  # the batch sizes every run times: metrics latency_ms_b1, latency_ms_b32
@@ -52,6 +57,9 @@ class Measured:
         latency_ms_b1_spread: ``(median - min) / min`` of the batch-1 repeats (0.05 = the median
             repeat was 5 % slower than the fastest); large when the machine was busy.
         latency_ms_b32_spread: the same at batch 32.
+        latency_ms_b1_reference: ms of the fixed reference workload timed after each batch-1 repeat
+            (:mod:`~ablate.lightning_modules.reference_load`), the fastest; NaN if not timed.
+        latency_ms_b32_reference: the same beside the batch-32 repeats.
     """
 
     latency_ms_b1: float
@@ -60,6 +68,8 @@ class Measured:
     device: str
     latency_ms_b1_spread: float = 0.0
     latency_ms_b32_spread: float = 0.0
+    latency_ms_b1_reference: float = math.nan
+    latency_ms_b32_reference: float = math.nan
 
     def as_dict(self) -> dict[str, float | str]:
         """The fields as a plain dict (JSON / MLflow ready)."""
@@ -191,9 +201,11 @@ class Latency:
 
     Attributes:
         times_ms: wall time of each timed repeat, milliseconds, in order.
+        reference_ms: wall time of the reference workload run after each repeat (empty if none ran).
     """
 
     times_ms: tuple[float, ...]
+    reference_ms: tuple[float, ...] = ()
 
     @property
     def min_ms(self) -> float:
@@ -212,6 +224,11 @@ class Latency:
         low = self.min_ms
         return (self.median_ms - low) / low if low > 0 else 0.0
 
+    @property
+    def reference_min_ms(self) -> float:
+        """The fastest run of the reference workload beside the repeats; NaN if none ran."""
+        return min(self.reference_ms) if self.reference_ms else math.nan
+
 
 def time_forward(
     model: PretrainingModel,
@@ -222,8 +239,10 @@ def time_forward(
     warmup: int = WARMUP,
     device: torch.device | None = None,
     precision: str = "32-true",
+    reference: Workload | None = None,
 ) -> Latency:
-    """Time ``model.encoder``'s forward: ``warmup`` untimed runs, then ``repeats`` timed ones.
+    """Time ``model.encoder``'s forward: ``warmup`` untimed runs, then ``repeats`` timed ones, each
+    followed by one timed run of ``reference`` (if given) in the same window.
 
     Runs eager (uncompiled) in eval mode under :func:`torch.inference_mode` and the autocast of
     ``precision`` (:func:`autocast_for`: a ``bf16-mixed`` run's encoder runs its matmuls in bf16),
@@ -239,10 +258,12 @@ def time_forward(
         warmup: untimed runs first.
         device: where to run; ``None`` = where the model is. The model is moved back afterwards.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
+        reference: a fixed workload on ``device`` (:func:`~ablate.lightning_modules.reference_load.
+            reference_workload`), timed after each repeat; None times none.
 
     Returns:
         The repeats' wall times (:class:`Latency`: ``min_ms`` is the latency, ``spread`` how much
-        the repeats disagree). Model device and training modes are restored.
+        the repeats disagree, ``reference_ms`` the reference's). Model device and training modes are restored.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -256,14 +277,19 @@ def time_forward(
         args = (b["input_ids"], b["token_type_ids"], b["attention_mask"])
         for _ in range(warmup):
             model.encoder(*args)
-        times = []
+        times, refs = [], []
         for _ in range(repeats):
             _sync(dev)
             start = time.perf_counter()
             model.encoder(*args)
             _sync(dev)
             times.append((time.perf_counter() - start) * 1e3)
-    return Latency(tuple(times))
+            if reference is not None:
+                start = time.perf_counter()
+                reference()
+                _sync(dev)
+                refs.append((time.perf_counter() - start) * 1e3)
+    return Latency(tuple(times), tuple(refs))
 
 
 def measure_latency(
@@ -293,10 +319,14 @@ def measure_latencies(
     repeats: int = REPEATS,
     warmup: int = WARMUP,
     precision: str = "32-true",
+    reference: Workload | None = None,
 ) -> dict[str, float]:
     """The latency metrics of a model, one dedicated pass per batch size of :data:`LATENCY_BATCHES`
     (:func:`time_forward`): ``latency_ms_b1`` (the minimum of the repeats, ms),
-    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b32``, ``latency_ms_b32_spread``.
+    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b1_reference`` (the fastest
+    run of the reference workload beside them: ``reference``, by default
+    :func:`~ablate.lightning_modules.reference_load.reference_workload` on the device), and the
+    same three for batch 32.
 
     A run logs these before training (:func:`measure`); ``ablate report --remeasure`` times the
     models of a report the same way (:func:`time_forward`, :func:`latency_metrics`), in rounds.
@@ -304,18 +334,22 @@ def measure_latencies(
     dev = torch.device(device) if device is not None else _model_device(model)
     timed: dict[int, Latency] = {}
     with _forked_rng(dev):
+        ref = reference if reference is not None else reference_workload(dev)
         for batch in LATENCY_BATCHES:  # one dedicated pass each, nothing in between
-            timed[batch] = time_forward(model, vocab_size, batch, seq_len, repeats, warmup, dev, precision)
+            timed[batch] = time_forward(model, vocab_size, batch, seq_len, repeats, warmup, dev, precision, ref)
     return latency_metrics(timed)
 
 
 def latency_metrics(timed: Mapping[int, Latency]) -> dict[str, float]:
-    """Metrics of timed forwards by batch size: ``latency_ms_b<B>`` (the fastest repeat, ms) and
-    ``latency_ms_b<B>_spread`` (``(median - min) / min``)."""
+    """Metrics of timed forwards by batch size: ``latency_ms_b<B>`` (the fastest repeat, ms),
+    ``latency_ms_b<B>_spread`` (``(median - min) / min``) and, where a reference workload ran
+    beside them, ``latency_ms_b<B>_reference`` (its fastest run, ms)."""
     out: dict[str, float] = {}
     for batch, lat in timed.items():
         out[latency_metric(batch)] = lat.min_ms
         out[latency_metric(batch) + SPREAD_SUFFIX] = lat.spread
+        if lat.reference_ms:
+            out[latency_metric(batch) + REFERENCE_SUFFIX] = lat.reference_min_ms
     return out
 
 
@@ -414,6 +448,7 @@ def measure(
     warmup: int = WARMUP,
     memory_batch: int = 32,
     precision: str = "32-true",
+    reference: Workload | None = None,
 ) -> Measured:
     """Latency at batch 1 and 32 and training activation memory at ``memory_batch``, on ``device``
     and under the autocast of ``precision``.
@@ -434,13 +469,15 @@ def measure(
         warmup: untimed runs before each latency.
         memory_batch: batch size of the memory measurement.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
+        reference: the workload timed beside the latency repeats (default: :func:`~ablate.
+            lightning_modules.reference_load.reference_workload` on the device).
 
     Returns:
         The :class:`Measured` costs, ``device`` described by :func:`describe_device`.
     """
     dev = torch.device(device) if device is not None else _model_device(model)
     with _forked_rng(dev):
-        lat = measure_latencies(model, vocab_size, seq_len, dev, repeats, warmup, precision)  # first, on its own
+        lat = measure_latencies(model, vocab_size, seq_len, dev, repeats, warmup, precision, reference)  # first
         mem = peak_train_memory(model, vocab_size, memory_batch, seq_len, device=dev, precision=precision)
     return Measured(
         latency_ms_b1=lat["latency_ms_b1"],
@@ -449,4 +486,6 @@ def measure(
         device=describe_device(dev),
         latency_ms_b1_spread=lat["latency_ms_b1_spread"],
         latency_ms_b32_spread=lat["latency_ms_b32_spread"],
+        latency_ms_b1_reference=lat["latency_ms_b1_reference"],
+        latency_ms_b32_reference=lat["latency_ms_b32_reference"],
     )

@@ -10,7 +10,9 @@ repeats; the latency is the fastest, the spread ``(median - min) / min``), one m
 other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same architecture
 (seeds) share one measurement.
 
-The figures replace the runs' ``latency_ms_b1``, ``latency_ms_b32`` and their ``_spread`` in the
+Each repeat is followed by one run of the fixed reference workload
+(:mod:`ablate.lightning_modules.reference_load`), as when a run times itself. The figures replace
+the runs' ``latency_ms_b1``, ``latency_ms_b32`` and their ``_spread`` and ``_reference`` in the
 report only: the runs' own metrics stay what they measured when they trained. Where, when and how
 the report measured is said under the table and in ``remeasured.csv`` beside it.
 """
@@ -34,10 +36,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ablate.sweeps import tracking
 
-#: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX) for b in LATENCY_BATCHES.
+#: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX, + REFERENCE_SUFFIX)
+#: for b in LATENCY_BATCHES.
 LATENCY_METRICS = ("latency_ms_b1", "latency_ms_b32")
 SPREAD_SUFFIX = "_spread"
-REMEASURED_METRICS = tuple(m + s for m in LATENCY_METRICS for s in ("", SPREAD_SUFFIX))
+REFERENCE_SUFFIX = "_reference"
+REMEASURED_METRICS = tuple(m + s for m in LATENCY_METRICS for s in ("", SPREAD_SUFFIX, REFERENCE_SUFFIX))
 #: Tag of a chained trial naming its pretraining stage's run (``ablate.sweeps.chain.PRETRAIN_RUN``).
 PRETRAIN_RUN = "ablate.pretrain_run"
 CSV_NAME = "remeasured.csv"
@@ -53,7 +57,7 @@ class Remeasured:
     """What ``--remeasure`` measured.
 
     Attributes:
-        frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, the four
+        frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, the six
             :data:`REMEASURED_METRICS`, and ``logged/<metric>`` (what the run logged, NaN if none).
         machine: Which machine measured (:func:`~ablate.lightning_modules.profiling.describe_machine`
             of each device used, joined by ``; ``).
@@ -149,6 +153,7 @@ class _Model:
     device: Any
     runs: list[dict[str, Any]]
     times: dict[int, list[float]] = field(default_factory=dict)  # batch -> every timed repeat, ms
+    refs: dict[int, list[float]] = field(default_factory=dict)  # batch -> the reference workload's runs, ms
 
 
 def remeasure_runs(
@@ -188,6 +193,7 @@ def remeasure_runs(
     from ablate.lightning_modules import profiling
     from ablate.lightning_modules.heads import build_pretraining_model
     from ablate.lightning_modules.quantization.apply import quantized_like
+    from ablate.lightning_modules.reference_load import reference_workload
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
@@ -222,6 +228,7 @@ def remeasure_runs(
     )
     with bar:
         task = bar.add_task("", total=rounds * len(models))
+        workloads = {str(m.device): reference_workload(m.device) for m in models.values()}
         for r in range(rounds):
             for m in models.values():
                 names = ", ".join(str(run["run_name"]) for run in m.runs)
@@ -242,8 +249,10 @@ def remeasure_runs(
                         warmup,
                         m.device,
                         "32-true" if cfg.quant.enabled else cfg.trainer.precision,
+                        workloads[str(m.device)],
                     )
                     m.times.setdefault(batch, []).extend(lat.times_ms)
+                    m.refs.setdefault(batch, []).extend(lat.reference_ms)
                 del model
                 bar.advance(task)
     rows: list[dict[str, Any]] = []
@@ -252,7 +261,8 @@ def remeasure_runs(
     for m in models.values():
         described = profiling.describe_device(m.device)
         machines.setdefault(described, profiling.describe_machine(m.device))
-        metrics = profiling.latency_metrics({b: profiling.Latency(tuple(t)) for b, t in m.times.items()})
+        timed = {b: profiling.Latency(tuple(t), tuple(m.refs.get(b, ()))) for b, t in m.times.items()}
+        metrics = profiling.latency_metrics(timed)
         for run in m.runs:
             logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
             rows.append({"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described})

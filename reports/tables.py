@@ -25,6 +25,18 @@ SPREAD_NOTE = (
     f"{SPREAD_MARK} spread over {SPREAD_LIMIT * 100:.0f} % between repeats: the machine was busy; "
     "rerun with --remeasure on a quiet machine"
 )
+#: A metric ``m`` whose runs also logged ``m_reference`` (the time of a fixed reference workload run
+#: beside its repeats; ``ablate.lightning_modules.reference_load``) gets :data:`REFERENCE_MARK` on
+#: every cell where some run's reference took over :data:`REFERENCE_LIMIT` times the median
+#: reference of the table's runs measured on the same device (param :data:`MEASURED_ON`).
+REFERENCE_SUFFIX = "_reference"
+REFERENCE_LIMIT = 1.5
+REFERENCE_MARK = "‡"
+MEASURED_ON = "measure.device"  # ablate.lightning_modules.accounting.MEASURED_ON
+REFERENCE_NOTE = (
+    f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than its "
+    "median over the table's runs: the machine was busy; rerun with --remeasure on a quiet machine"
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,9 @@ class Table:
             for every spec metric and every plot axis that is a metric (each name a plot
             with ``over`` takes), and
             ``<metric>.spread`` (the largest ``<metric>_spread`` of the row's runs) for
-            every spec metric whose runs logged one. Naturally sorted.
+            every spec metric whose runs logged one, and ``<metric>.reference`` (the largest
+            ratio of a run's ``<metric>_reference`` to the median of the included runs' on
+            the same device) for every spec metric whose runs logged one. Naturally sorted.
         run_ids: Ids of the included runs that the table averages.
         missing: Empty cells and rows, in table order.
         notes: Lines printed under the table (e.g. where ``--remeasure`` measured).
@@ -168,6 +182,10 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
         if spread in used.columns and metric.name != spread:
             values = pd.to_numeric(used[spread], errors="coerce")
             stats[f"{metric.name}.spread"] = values.groupby(used[_KEY], sort=False).max().reindex(keys).to_numpy(float)
+        reference = metric.name + REFERENCE_SUFFIX
+        if reference in used.columns and metric.name != reference:  # how slow the machine was meanwhile
+            worst = _reference_ratio(used, reference).groupby(used[_KEY], sort=False).max()
+            stats[f"{metric.name}.reference"] = worst.reindex(keys).to_numpy(float)
     for d in spec.details:  # text beside the keys: the distinct values of the included runs
         values = used[d] if d in used.columns else pd.Series(index=used.index, dtype=object)
         joined = values.groupby(used[_KEY], sort=False).agg(lambda v: " / ".join(sorted({str(x) for x in v.dropna()})))
@@ -187,6 +205,13 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
             if stats.at[i, f"{metric.name}.n"] == 0 and not metric.optional:
                 missing.append(Missing(key, metric.name, f"not recorded by its {n_runs} {wanted} run(s)"))
     return Table(spec, stats, sorted(used["run_id"]), missing)
+
+
+def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:
+    """Each run's reference time over the median of the runs' measured on the same device."""
+    values = pd.to_numeric(used[column], errors="coerce")
+    device = used[MEASURED_ON].fillna("").astype(str) if MEASURED_ON in used.columns else pd.Series("", used.index)
+    return values / values.groupby(device).transform("median")
 
 
 # ---------------------------------------------------------------- formatting
@@ -219,10 +244,26 @@ def too_spread(row: pd.Series, metric: MetricSpec) -> bool:
     return spread is not None and not math.isnan(spread) and spread > SPREAD_LIMIT and int(row[f"{metric.name}.n"]) > 0
 
 
+def too_slow(row: pd.Series, metric: MetricSpec) -> bool:
+    """Whether a row's cell for ``metric`` comes from a run whose reference workload ran over
+    :data:`REFERENCE_LIMIT` times slower than the median of the table's runs (a run without a
+    ``<metric>_reference`` never counts)."""
+    ratio = row.get(f"{metric.name}.reference")
+    return ratio is not None and not math.isnan(ratio) and ratio > REFERENCE_LIMIT and int(row[f"{metric.name}.n"]) > 0
+
+
+def marks(row: pd.Series, metric: MetricSpec) -> str:
+    """The marks after a cell: :data:`SPREAD_MARK` (:func:`too_spread`), :data:`REFERENCE_MARK` (:func:`too_slow`)."""
+    return (SPREAD_MARK if too_spread(row, metric) else "") + (REFERENCE_MARK if too_slow(row, metric) else "")
+
+
 def footnotes(table: Table) -> list[str]:
-    """Lines under the table: its ``notes``, then :data:`SPREAD_NOTE` when a cell is marked."""
-    marked = any(too_spread(row, m) for _, row in table.stats.iterrows() for m in table.spec.metrics)
-    return [*table.notes, *([SPREAD_NOTE] if marked else [])]
+    """Lines under the table: its ``notes``, then :data:`SPREAD_NOTE` and :data:`REFERENCE_NOTE`
+    when a cell has that mark."""
+    found = "".join(marks(row, m) for _, row in table.stats.iterrows() for m in table.spec.metrics)
+    return [*table.notes, *([SPREAD_NOTE] if SPREAD_MARK in found else [])] + (
+        [REFERENCE_NOTE] if REFERENCE_MARK in found else []
+    )
 
 
 def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
@@ -231,7 +272,8 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
     The best mean per metric (by ``better``) is bold, along with any mean that
     displays identically; a column whose cells all display alike has no best, so
     nothing in it is bold. A cell whose repeats disagreed (:func:`too_spread`) ends
-    in :data:`SPREAD_MARK`.
+    in :data:`SPREAD_MARK`, one measured on a busy machine (:func:`too_slow`) in
+    :data:`REFERENCE_MARK` (:func:`marks`).
     """
     spec, st = table.spec, table.stats
     headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["n"]
@@ -246,7 +288,7 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
         b = [False] * (len(key) + len(spec.details))
         for m in spec.metrics:
             mean, std, n = row[f"{m.name}.mean"], row[f"{m.name}.std"], int(row[f"{m.name}.n"])
-            t.append(format_cell(mean, std, n, m) + (SPREAD_MARK if too_spread(row, m) else ""))
+            t.append(format_cell(mean, std, n, m) + marks(row, m))
             b.append(n > 0 and best.get(m.name) == format_number(mean, m))
         t.append(str(int(row["n"])))
         b.append(False)
@@ -287,7 +329,7 @@ def latex_escape(s: str) -> str:
 
 
 def _latex_marks(s: str) -> str:
-    return s.replace(SPREAD_MARK, r"$^\dagger$")
+    return s.replace(SPREAD_MARK, r"$^\dagger$").replace(REFERENCE_MARK, r"$^\ddagger$")
 
 
 def to_latex(table: Table) -> str:
@@ -311,9 +353,9 @@ def to_latex(table: Table) -> str:
 
 def to_csv(table: Table) -> str:
     """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric (and
-    ``<metric>.spread`` where its runs logged one)."""
+    ``<metric>.spread``, ``<metric>.reference`` where its runs logged them)."""
     cols = [*table.spec.rows, *table.spec.details, "n"] + [
-        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n", "spread")
+        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n", "spread", "reference")
     ]
-    cols = [c for c in cols if not c.endswith(".spread") or c in table.stats.columns]
+    cols = [c for c in cols if not c.endswith((".spread", ".reference")) or c in table.stats.columns]
     return table.stats[cols].to_csv(index=False)
