@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from rich.progress import Progress
 
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.loop_clock import Alone, StepClock, Timing
 from ablate.benchmarks.regimes import DEFAULT_CASE, Step, clock_in, setup
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
 from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
@@ -58,137 +58,6 @@ TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
 STEPS = {"cpu": 40, "cuda": 300}
 BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after the run
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class Timing:
-    """Timed blocks of steps (seconds, steps) and the real tokens they trained on."""
-
-    blocks: list[tuple[float, int]] = field(default_factory=list)
-    tokens: float = 0.0
-
-    @property
-    def steps(self) -> int:
-        return sum(n for _, n in self.blocks)
-
-    @property
-    def seconds(self) -> float:
-        return sum(s for s, _ in self.blocks)
-
-    @property
-    def median_step_s(self) -> float:
-        """The median block's seconds per step (one block: its mean)."""
-        return statistics.median(s / n for s, n in self.blocks)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Real tokens per step over the median step time."""
-        return self.tokens / self.steps / self.median_step_s
-
-
-@dataclass
-class Alone:
-    """The isolated step on pre-built batches, run ``n`` steps at a time; what it did so far."""
-
-    step: Callable[[Batch], torch.Tensor]
-    data: list[Batch]
-    device: torch.device
-    tokens_per_batch: list[float] = field(default_factory=list)
-    timing: Timing = field(default_factory=Timing)
-    _next: int = 0
-
-    def __post_init__(self) -> None:
-        self.tokens_per_batch = [float(b["attention_mask"].sum()) for b in self.data]
-
-    def warm_up(self, n: int) -> None:
-        """``n`` untimed steps on the first batches; the timed ones then start at batch ``n + 1``,
-        the batch of the loop's first timed step (its steady state starts after step ``n + 1``)."""
-        for i in range(n):
-            loss = self.step(self.data[i % len(self.data)])
-        if n:
-            float(loss)  # wait for the warm-up
-        self._next = n + 1
-
-    def run(self, n: int) -> None:
-        """``n`` timed steps, from a synced device to the last step's loss read back."""
-        if n <= 0:
-            return
-        _sync(self.device)
-        start = time.perf_counter()
-        for _ in range(n):
-            i = self._next % len(self.data)
-            loss = self.step(self.data[i])
-            self.timing.tokens += self.tokens_per_batch[i]
-            self._next += 1
-        float(loss)  # reading the loss waits for the last step
-        self.timing.blocks.append((time.perf_counter() - start, n))
-
-
-class StepClock(pl.Callback):
-    """Wall-clock stamps of every training batch end; the loop's steady state (steps
-    ``warmup + 1`` to ``warmup + steps - 1``) timed in blocks of ``block`` steps between device
-    syncs, with its real tokens counted on the device; after each block but the last, a block of
-    as many steps of ``alone`` (when given), whose time the run's phases leave out."""
-
-    def __init__(
-        self, warmup: int, steps: int, device: torch.device, block: int | None = None, alone: Alone | None = None
-    ) -> None:
-        if steps < 2:
-            raise ValueError("the steady state needs at least 2 steps")
-        last = warmup + steps - 1
-        self.boundaries = sorted({*range(warmup, last, block or steps), last})
-        self.warmup, self.last, self.device, self.alone = warmup, last, device, alone
-        self.ends: list[float] = []
-        self.fit_start = 0.0
-        self.validation_s = 0.0
-        self.timing = Timing()  # the loop's steady state
-        self.in_run_alone_s = 0.0  # the step alone's blocks, inside the run
-        self._tokens: torch.Tensor | None = None
-        self._block_start = 0.0
-        self._previous = warmup
-        self._val_start = 0.0
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.fit_start = time.perf_counter()
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = len(self.ends)
-        if self.warmup < step <= self.last:
-            count = batch["attention_mask"].sum()
-            self._tokens = count if self._tokens is None else self._tokens + count
-        if step not in self.boundaries:
-            self.ends.append(time.perf_counter())
-            return
-        _sync(self.device)
-        now = time.perf_counter()
-        self.ends.append(now)
-        if step > self.warmup:
-            self.timing.blocks.append((now - self._block_start, step - self._previous))
-        self._previous = step
-        if step < self.last and self.alone is not None:
-            following = self.boundaries[self.boundaries.index(step) + 1] - step
-            self.alone.run(following)
-            self._block_start = time.perf_counter()
-            self.in_run_alone_s += self._block_start - now
-        else:
-            self._block_start = now
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.validation_s += time.perf_counter() - self._val_start
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._tokens is not None:
-            self.timing.tokens = float(self._tokens)
 
 
 @contextlib.contextmanager
@@ -272,6 +141,7 @@ class LoopResult:
     step: Timing
     phases: dict[str, float]
     load: tuple[float, float]  # 1-minute load average before and after
+    after: list[str] = field(default_factory=list)  # the regime's own measurement (fine-tuning: padding)
 
     @property
     def efficiency(self) -> float:
@@ -313,13 +183,18 @@ def measure(
         clock = StepClock(warmup, steps, device, block, alone)
         stamps: dict[str, float] = {}
         begin = time.perf_counter()
-        with timed_measurement(stamps), clock_in(clock):
+        # the run's own progress bar goes to stderr with the bench's status: stdout keeps the tables
+        with timed_measurement(stamps), clock_in(clock), contextlib.redirect_stdout(sys.stderr):
             s.run()
         end = time.perf_counter()
         if alone is None:
             progress(f"{regime}: the step alone")
             alone = alone_built()
             alone.run(clock.timing.steps)
+        after: list[str] = []
+        if s.after is not None:
+            progress(f"{regime}: padding to the longest row against max_length")
+            after = s.after()
     first, last = clock.ends[0], clock.ends[-1]
     measure_start, measure_end = stamps.get("measure_start", begin), stamps.get("measure_end", begin)
     phases = {
@@ -348,6 +223,7 @@ def measure(
         alone.timing,
         phases,
         (load_before, os.getloadavg()[0]),
+        after,
     )
 
 
@@ -383,6 +259,7 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     ]
     if r.block:
         lines.append(f"| (not in the run: the step alone's turns, {p['step alone in the run']:.1f} s) | |")
+    lines += r.after
     lines += [
         "",
         f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",

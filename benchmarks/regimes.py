@@ -35,6 +35,7 @@ import torch
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, batches
 from ablate.lightning_modules.config import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.finetune_config import FinetuneConfig
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.pruning.config import PruneConfig
@@ -64,6 +65,7 @@ class Setup:
         loader: how the run's loader feeds it, for the heading.
         run: runs ``ablate train`` (:func:`ablate.sweeps.runner.train`) of ``cfg``.
         step: builds the step alone (a fresh module, its optimizer) and its batches on the device.
+        after: a measurement of the regime's own, after the run (its table lines), or None.
     """
 
     cfg: ExperimentConfig
@@ -71,6 +73,7 @@ class Setup:
     loader: str
     run: Callable[[], object]
     step: Callable[[int], tuple[Step, list[Batch]]]
+    after: Callable[[], list[str]] | None = None
 
 
 @contextlib.contextmanager
@@ -124,6 +127,45 @@ def module_step(module: TrainModule, device: torch.device, grad_clip: float) -> 
     return step
 
 
+def padded(batch: Batch, length: int, pad_id: int) -> Batch:
+    """``batch`` padded on the right to ``length`` tokens, as a loader padding to ``max_length`` makes it."""
+    extra = length - batch["input_ids"].shape[1]
+    fill = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": False}
+    return {k: torch.nn.functional.pad(v, (0, extra), value=fill[k]) if k in fill else v for k, v in batch.items()}
+
+
+def padding_comparison(step: Step, data: list[Batch], length: int, pad_id: int, warmup: int = 3) -> list[str]:
+    """The fine-tuning step on the same batches padded to their longest row and to ``length``
+    (``finetune.max_length``), one of each in turn: median ms/step, real tokens/s, the speed-up."""
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {"longest": [], "max_length": []}
+    for i, batch in enumerate(data):
+        pair = {"longest": batch, "max_length": padded(batch, length, pad_id)}
+        for name in pair if i % 2 == 0 else reversed(pair):
+            start = time.perf_counter()
+            float(step(pair[name]))
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    tokens = statistics.mean(float(b["attention_mask"].sum()) for b in data[warmup:])
+    width = statistics.mean(b["input_ids"].shape[1] for b in data[warmup:])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return [
+        "",
+        f"| padding ({len(times['longest'])} batches, each both ways in turn) | T (mean) | ms/step (median) | "
+        "tokens/s |",
+        "|---|---:|---:|---:|",
+        f"| to the longest row (the loader's) | {width:.1f} | {1e3 * median['longest']:.1f} | "
+        f"{tokens / median['longest']:,.0f} |",
+        f"| to finetune.max_length | {length} | {1e3 * median['max_length']:.1f} | "
+        f"{tokens / median['max_length']:,.0f} |",
+        "",
+        f"- padding to the longest row: **{median['max_length'] / median['longest']:.2f}x** the step padded to "
+        f"max_length {length}",
+    ]
+
+
 def _save(model_cfg: object, objective: ObjectiveConfig, data: DataConfig, folder: Path, seed: int) -> str:
     """A model of ``model_cfg`` at its initialisation, exported to ``folder`` with ``data``'s tokenizer."""
     from ablate.datamodules.tokenizer import load_or_train_tokenizer
@@ -168,6 +210,99 @@ def _train(cfg: ExperimentConfig) -> Callable[[], object]:
     return run
 
 
+def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, root: Path) -> Setup:
+    """A distillation from ``case.teacher`` (written at its initialisation) to ``case.model``."""
+    if case.teacher is None:
+        raise ConfigError(f"--case: {case.name} has no teacher for --regime distill (distill-mini has one)")
+    teacher = _save(case.teacher, cfg.objective, cfg.data, root / "teacher", cfg.seed + 1)
+    run_cfg = replace(cfg, regime="distill", distill=DistillConfig(teacher=teacher))
+
+    def step(n: int) -> tuple[Step, list[Batch]]:
+        from ablate.lightning_modules.pretrain import distill_module
+        from ablate.sweeps.weights import load_source
+
+        s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
+        module = distill_module(run_cfg, s.model, s.model_cfg)  # the student: a fresh initialisation
+        return module_step(module, device, cfg.optim.grad_clip), batches(case, corpus, n, device)
+
+    t = case.teacher
+    what = (
+        f"distillation: the teacher's forward (H={t.hidden_dim}, intra {t.intra_dim}, FFN {t.ffn_dim}, "
+        f"L={t.num_layers}) and the student's step, MLM + {case.sentence.upper()} + KD + FMT + AT"
+    )
+    return Setup(run_cfg, what, f"data.num_workers {cfg.data.workers()}", _train(run_cfg), step)
+
+
+def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, root: Path) -> Setup:
+    """schuBERT's gate phase on ``case.model`` (written at its initialisation): one round, no fine-tuning."""
+    from ablate.lightning_modules.pruning.gates import check_supported
+
+    try:
+        check_supported(case.model)
+    except ConfigError as exc:
+        raise ConfigError(f"--case: {case.name} cannot be pruned ({exc}); bert-tiny can") from None
+    source = _save(case.model, cfg.objective, cfg.data, root / "source", cfg.seed)
+    steps = cfg.trainer.max_steps
+    prune = PruneConfig(source=source, method="schubert-all", target=0.75, rounds=1, gate_steps=steps, finetune_steps=0)
+    run_cfg = replace(cfg, regime="prune", prune=prune)
+
+    def step(n: int) -> tuple[Step, list[Batch]]:
+        from ablate.lightning_modules.prune import PruneModule
+        from ablate.lightning_modules.pruning.keep import VARIANTS
+        from ablate.sweeps.weights import load_source
+
+        s = load_source(source, "", root, field="prune.source")
+        module = PruneModule(replace(run_cfg, model=s.model_cfg), s.model, VARIANTS[prune.method])
+        return module_step(module, device, cfg.optim.grad_clip), batches(case, corpus, n, device)
+
+    what = "pruning: schuBERT's gate phase (schubert-all: gates on h, heads, Q/K, V, FFN), MLM + sentence + sparsity"
+    return Setup(run_cfg, what, f"data.num_workers {cfg.data.workers()}", _train(run_cfg), step)
+
+
+def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Path, sst2: Path | None) -> Setup:
+    """SST-2 fine-tuning of ``case.model`` (written at its initialisation); then the step padded both ways."""
+    data = sst2 if sst2 is not None else synthetic_sst2(root / "sst2-synthetic")
+    source = _save(case.model, cfg.objective, cfg.data, root / "source", cfg.seed)
+    steps = cfg.trainer.max_steps
+    task = FinetuneConfig(
+        source=source,
+        task="sst2",
+        train=str(data / "train.tsv"),
+        validation=str(data / "validation.tsv"),
+        max_length=case.seq_len,
+        batch_size=FINETUNE_BATCH,
+        max_steps=steps,
+        val_every=steps,
+    )
+    run_cfg = replace(cfg, regime="finetune", finetune=task)
+
+    def step(n: int) -> tuple[Step, list[Batch]]:
+        from ablate.datamodules.classification import ClassificationDataModule
+        from ablate.lightning_modules.finetune import FinetuneModule
+        from ablate.sweeps.weights import load_source
+
+        s = load_source(source, "", root, field="finetune.source")
+        module = FinetuneModule(replace(run_cfg, model=s.model_cfg), s.model)
+        assert s.tokenizer is not None
+        dm = ClassificationDataModule(task, s.tokenizer, seed=run_cfg.seed, cache_dir=cfg.data.cache_dir)
+        dm.setup("fit")
+        data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]
+        return module_step(module, device, cfg.optim.grad_clip), data
+
+    def compare() -> list[str]:
+        from tokenizers import Tokenizer
+
+        from ablate.datamodules.tokenizer import special_ids
+        from ablate.lightning_modules.hf_export import folder_tokenizer
+
+        pad = special_ids(Tokenizer.from_file(str(folder_tokenizer(source)))).pad
+        return padding_comparison(*step(min(steps, 60)), case.seq_len, pad)
+
+    origin = "synthetic sentences" if sst2 is None else str(data)
+    what = f"fine-tuning: SST-2 ({origin}), B={FINETUNE_BATCH} padded to the longest sentence, T <= {case.seq_len}"
+    return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), step, compare)
+
+
 def setup(
     regime: str,
     case: Case,
@@ -178,92 +313,19 @@ def setup(
     sst2: Path | None = None,
 ) -> Setup:
     """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
-    (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps."""
-    from ablate.lightning_modules.config import ModelConfig
-
-    d, objective, clip = cfg.data, cfg.objective, cfg.optim.grad_clip
-    loader = f"data.num_workers {d.workers()}"
-    if regime != "pretrain":  # compiled (and CUDA graphs on a GPU): pre-training's; the others run eagerly
-        cfg = replace(cfg, trainer=replace(cfg.trainer, compile=False, compile_mode="default"))
+    (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
+    ConfigError (``--case``) when the case cannot run the regime."""
     if regime == "pretrain":
         from ablate.benchmarks.loop import isolated_step
 
+        loader = f"data.num_workers {cfg.data.workers()}"
         return Setup(cfg, "pre-training", loader, _train(cfg), lambda n: isolated_step(case, cfg, corpus, device, n))
+    # compiled (and CUDA graphs on a GPU) is pre-training's setting; the other regimes run eagerly
+    cfg = replace(cfg, trainer=replace(cfg.trainer, compile=False, compile_mode="default"))
     if regime == "distill":
-        if case.teacher is None:
-            raise ValueError(f"--regime distill: the case {case.name} has no teacher (use distill-mini)")
-        teacher = _save(case.teacher, objective, d, root / "teacher", cfg.seed + 1)
-        run_cfg = replace(cfg, regime="distill", distill=DistillConfig(teacher=teacher))
-        t = case.teacher
-
-        def distill_step(n: int) -> tuple[Step, list[Batch]]:
-            from ablate.lightning_modules.pretrain import distill_module
-            from ablate.sweeps.weights import load_source
-
-            s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
-            module = distill_module(run_cfg, s.model, s.model_cfg)  # the student: a fresh initialisation
-            return module_step(module, device, clip), batches(case, corpus, n, device)
-
-        what = (
-            f"distillation: the teacher's forward (H={t.hidden_dim}, intra {t.intra_dim}, FFN {t.ffn_dim}, "
-            f"L={t.num_layers}) and the student's step, MLM + {case.sentence.upper()} + KD + FMT + AT"
-        )
-        return Setup(run_cfg, what, loader, _train(run_cfg), distill_step)
+        return _distill(case, cfg, corpus, device, root)
     if regime == "prune":
-        from ablate.lightning_modules.pruning.gates import check_supported
-
-        check_supported(case.model)
-        source = _save(case.model, objective, d, root / "source", cfg.seed)
-        steps = cfg.trainer.max_steps
-        prune = PruneConfig(
-            source=source, method="schubert-all", target=0.75, rounds=1, gate_steps=steps, finetune_steps=0
-        )
-        run_cfg = replace(cfg, regime="prune", prune=prune)
-
-        def prune_step(n: int) -> tuple[Step, list[Batch]]:
-            from ablate.lightning_modules.prune import PruneModule
-            from ablate.lightning_modules.pruning.keep import VARIANTS
-            from ablate.sweeps.weights import load_source
-
-            s = load_source(source, "", root, field="prune.source")
-            module = PruneModule(replace(run_cfg, model=s.model_cfg), s.model, VARIANTS[run_cfg.prune.method])
-            return module_step(module, device, clip), batches(case, corpus, n, device)
-
-        what = (
-            "pruning: schuBERT's gate phase (schubert-all: gates on h, heads, Q/K, V, FFN), MLM + sentence + sparsity"
-        )
-        return Setup(run_cfg, what, loader, _train(run_cfg), prune_step)
+        return _prune(case, cfg, corpus, device, root)
     if regime == "finetune":
-        data = sst2 if sst2 is not None else synthetic_sst2(root / "sst2-synthetic")
-        source = _save(case.model, objective, d, root / "source", cfg.seed)
-        steps = cfg.trainer.max_steps
-        task = FinetuneConfig(
-            source=source,
-            task="sst2",
-            train=str(data / "train.tsv"),
-            validation=str(data / "validation.tsv"),
-            max_length=case.seq_len,
-            batch_size=FINETUNE_BATCH,
-            max_steps=steps,
-            val_every=steps,
-        )
-        model: ModelConfig = case.model
-        run_cfg = replace(cfg, regime="finetune", model=model, finetune=task)
-
-        def finetune_step(n: int) -> tuple[Step, list[Batch]]:
-            from ablate.datamodules.classification import ClassificationDataModule
-            from ablate.lightning_modules.finetune import FinetuneModule
-            from ablate.sweeps.weights import load_source
-
-            s = load_source(source, "", root, field="finetune.source")
-            module = FinetuneModule(replace(run_cfg, model=s.model_cfg), s.model)
-            assert s.tokenizer is not None
-            dm = ClassificationDataModule(task, s.tokenizer, seed=run_cfg.seed, cache_dir=d.cache_dir)
-            dm.setup("fit")
-            data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]
-            return module_step(module, device, clip), data
-
-        origin = "synthetic sentences" if sst2 is None else str(data)
-        what = f"fine-tuning: SST-2 ({origin}), B={FINETUNE_BATCH} padded to the longest sentence, T <= {case.seq_len}"
-        return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), finetune_step)
+        return _finetune(case, cfg, device, root, sst2)
     raise ValueError(f"unknown regime {regime!r}; expected one of {', '.join(REGIMES)}")

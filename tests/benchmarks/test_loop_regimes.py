@@ -43,6 +43,8 @@ def test_each_regime_runs_and_prints_its_table(regime, name, wiki_validation):
     assert lines[0].startswith(f"### {case.name}: ablate train --regime {regime} (")
     assert any(line.startswith("| the loop (ablate train) |") for line in lines)
     assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}" and ok == (r.efficiency >= 0.9)
+    # fine-tuning also times its step on the same batches padded to max_length
+    assert any(line.startswith("- padding to the longest row: **") for line in lines) == (regime == "finetune")
 
 
 def test_the_loop_and_the_step_alone_see_the_same_batches(wiki_validation):

@@ -1,0 +1,147 @@
+"""The clocks of ``ablate bench loop``: the loop's steady state stamped at every training batch's
+end (:class:`StepClock`, a Lightning callback), the step alone run in turns beside it
+(:class:`Alone`), and what each timed (:class:`Timing`)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from ablate.benchmarks.train_speed import Batch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """Timed blocks of steps (seconds, steps) and the real tokens they trained on."""
+
+    blocks: list[tuple[float, int]] = field(default_factory=list)
+    tokens: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return sum(n for _, n in self.blocks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for s, _ in self.blocks)
+
+    @property
+    def median_step_s(self) -> float:
+        """The median block's seconds per step (one block: its mean)."""
+        return statistics.median(s / n for s, n in self.blocks)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real tokens per step over the median step time."""
+        return self.tokens / self.steps / self.median_step_s
+
+
+@dataclass
+class Alone:
+    """The isolated step on pre-built batches, run ``n`` steps at a time; what it did so far."""
+
+    step: Callable[[Batch], torch.Tensor]
+    data: list[Batch]
+    device: torch.device
+    tokens_per_batch: list[float] = field(default_factory=list)
+    timing: Timing = field(default_factory=Timing)
+    _next: int = 0
+
+    def __post_init__(self) -> None:
+        self.tokens_per_batch = [float(b["attention_mask"].sum()) for b in self.data]
+
+    def warm_up(self, n: int) -> None:
+        """``n`` untimed steps on the first batches; the timed ones then start at batch ``n + 1``,
+        the batch of the loop's first timed step (its steady state starts after step ``n + 1``)."""
+        for i in range(n):
+            loss = self.step(self.data[i % len(self.data)])
+        if n:
+            float(loss)  # wait for the warm-up
+        self._next = n + 1
+
+    def run(self, n: int) -> None:
+        """``n`` timed steps, from a synced device to the last step's loss read back."""
+        if n <= 0:
+            return
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(n):
+            i = self._next % len(self.data)
+            loss = self.step(self.data[i])
+            self.timing.tokens += self.tokens_per_batch[i]
+            self._next += 1
+        float(loss)  # reading the loss waits for the last step
+        self.timing.blocks.append((time.perf_counter() - start, n))
+
+
+class StepClock(pl.Callback):
+    """Wall-clock stamps of every training batch end; the loop's steady state (steps
+    ``warmup + 1`` to ``warmup + steps - 1``) timed in blocks of ``block`` steps between device
+    syncs, with its real tokens counted on the device; after each block but the last, a block of
+    as many steps of ``alone`` (when given), whose time the run's phases leave out."""
+
+    def __init__(
+        self, warmup: int, steps: int, device: torch.device, block: int | None = None, alone: Alone | None = None
+    ) -> None:
+        if steps < 2:
+            raise ValueError("the steady state needs at least 2 steps")
+        last = warmup + steps - 1
+        self.boundaries = sorted({*range(warmup, last, block or steps), last})
+        self.warmup, self.last, self.device, self.alone = warmup, last, device, alone
+        self.ends: list[float] = []
+        self.fit_start = 0.0
+        self.validation_s = 0.0
+        self.timing = Timing()  # the loop's steady state
+        self.in_run_alone_s = 0.0  # the step alone's blocks, inside the run
+        self._tokens: torch.Tensor | None = None
+        self._block_start = 0.0
+        self._previous = warmup
+        self._val_start = 0.0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.fit_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = len(self.ends)
+        if self.warmup < step <= self.last:
+            count = batch["attention_mask"].sum()
+            self._tokens = count if self._tokens is None else self._tokens + count
+        if step not in self.boundaries:
+            self.ends.append(time.perf_counter())
+            return
+        _sync(self.device)
+        now = time.perf_counter()
+        self.ends.append(now)
+        if step > self.warmup:
+            self.timing.blocks.append((now - self._block_start, step - self._previous))
+        self._previous = step
+        if step < self.last and self.alone is not None:
+            following = self.boundaries[self.boundaries.index(step) + 1] - step
+            self.alone.run(following)
+            self._block_start = time.perf_counter()
+            self.in_run_alone_s += self._block_start - now
+        else:
+            self._block_start = now
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.validation_s += time.perf_counter() - self._val_start
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._tokens is not None:
+            self.timing.tokens = float(self._tokens)
