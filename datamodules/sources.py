@@ -184,11 +184,11 @@ def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
     kinds = ".txt, .json, .jsonl(.gz) or .parquet"
     if not _looks_local(corpus):
         mapped = _catalog_files(catalog, corpus, "train", "data.corpus", _BUILDERS, kinds) if catalog else None
-        if mapped is None:
+        if mapped is None or catalog is None:
             _hub_form("data.corpus", corpus)
             path_name, config = parse_hub_name(corpus)
             return CorpusSpec(corpus, path_name, config_name=config, text_field=text_field)
-        return _local_corpus(corpus, mapped, text_field, str(catalog.file) if catalog else None)
+        return _local_corpus(corpus, mapped, text_field, str(catalog.file))
     files, problem = _expand(corpus, _BUILDERS, kinds)
     if problem:
         raise error(corpus, problem)
@@ -252,7 +252,7 @@ def resolve_task(key: str, name: str, split: str | None = None, default_split: s
     split = split or default_split
     kinds = _TASK_EXTENSIONS
     mapped = _catalog_files(catalog, name, split, key, _TASK_BUILDERS, kinds) if catalog else None
-    if mapped is None:
+    if mapped is None or catalog is None:
         _hub_form(key, name)
         hub, config = parse_hub_name(name)
         return TaskData(key, name, split, hub, config=config)
