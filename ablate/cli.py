@@ -135,7 +135,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     result = train(cfg, tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume)
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     print(f"run {result.run_id} finished: {shown}")
-    _print_ui_hint(result.tracking_uri)
+    _print_ui_hint(result.tracking_uri, run_id=result.run_id)
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -183,7 +183,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")
     except ValueError:
         pass
-    _print_ui_hint(result.tracking_uri)
+    _print_ui_hint(result.tracking_uri, study=spec.name)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -222,7 +222,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     render_console(result)
     extra = ", remeasured.csv" if result.remeasured is not None else ""
     print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
-    _print_ui_hint(uri)
+    _print_ui_hint(uri, study=study_name)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -250,13 +250,10 @@ def cmd_export(args: argparse.Namespace) -> None:
         print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
 
 
-def _print_ui_hint(uri: str) -> None:
-    mlflow = Path(sys.executable).with_name("mlflow")
-    exe = mlflow if mlflow.exists() else Path("mlflow")
-    if uri.startswith(("http://", "https://")):
-        print(f"compare runs in the MLflow UI: {uri}")
-    else:
-        print(f"compare runs in the MLflow UI: {exe} ui --backend-store-uri {uri}")
+def _print_ui_hint(uri: str, *, study: str | None = None, run_id: str | None = None) -> None:
+    from ablate.mlflow_ui import hint
+
+    print("\n".join(hint(uri, study=study, run_id=run_id)))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -155,18 +155,28 @@ def _reachable(uri: str, key: str, failed: str) -> MlflowClient:
     return client
 
 
+#: The experiment tag MLflow 3 reads for what an experiment holds, and the value for model training
+#: (``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT`` of MLflow's UI; ``genai_development`` is the other kind).
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
-    """Id of the experiment ``name``, created (with local artifacts for SQLite) if missing."""
+    """Id of the experiment ``name``, created (with local artifacts for SQLite) if missing, and tagged
+    a model-training experiment (:data:`EXPERIMENT_KIND`); one created before it was, or by hand
+    without a kind, gets the tag (a kind someone set is kept)."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_root(uri))
-    except MlflowException:  # another worker created it meanwhile
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
+    if found is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=artifact_root(uri), tags={EXPERIMENT_KIND: MODEL_TRAINING}
+            )
+        except MlflowException:  # another worker created it meanwhile
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if EXPERIMENT_KIND not in found.tags:
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+    return found.experiment_id
 
 
 def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str], parent_id: str | None = None) -> str:

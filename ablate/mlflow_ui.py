@@ -1,0 +1,66 @@
+"""Where to look at runs in the MLflow UI: the line the ``ablate`` command ends with.
+
+MLflow 3's UI opens an experiment in the workflow its sidebar switch (GenAI / Model training)
+last chose, GenAI by default: a traces page, empty for ablate's runs. The experiment's
+``mlflow.experimentKind`` tag (``ablate.sweeps.tracking.experiment_id`` sets it) does not
+change that in MLflow 3.17's UI; its ``workflowType=machine_learning`` query does. And the
+runs table folds a study's trials under its parent run unless it is sorted by something other
+than the start time. So the link goes to the experiment's runs page, in the model-training
+workflow, filtered to the study's trials and sorted by run name: every trial on its own row.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+#: Where ``mlflow ui`` (and ``mlflow server``) listens unless told otherwise.
+DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+def runs_url(base: str, experiment_id: str, study: str | None = None) -> str:
+    """The runs page of an experiment in the model-training workflow; with ``study``, only the
+    study's trial runs, sorted by name (so none is folded under the study's parent run)."""
+    query = {"workflowType": "machine_learning"}
+    if study is not None:
+        q = '"' if "'" in study else "'"  # MLflow's filter has no escapes
+        query["searchFilter"] = f"tags.`ablate.study` = {q}{study}{q} and tags.`ablate.role` = 'trial'"
+        query |= {"orderByKey": "tags.`mlflow.runName`", "orderByAsc": "true"}
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
+
+
+def run_url(base: str, experiment_id: str, run_id: str) -> str:
+    """One run's page, in the model-training workflow."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+def _locate(uri: str, study: str | None, run_id: str | None) -> tuple[str, str | None] | None:
+    """(experiment id, run id or None) of what to show; None when the store does not say."""
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        if run_id is not None:
+            return client.get_run(run_id).info.experiment_id, run_id
+        exp = client.get_experiment_by_name(study) if study else None
+        return (exp.experiment_id, None) if exp is not None else None
+    except Exception:  # noqa: BLE001 - a hint, never an error
+        return None
+
+
+def hint(uri: str, *, study: str | None = None, run_id: str | None = None) -> list[str]:
+    """The lines that say how to open the UI on ``uri`` and what to open: the study's trials
+    (``study``) or one run (``run_id``)."""
+    if uri.startswith(("http://", "https://")):
+        base, lines = uri, ["compare runs in the MLflow UI:"]
+    else:
+        mlflow = Path(sys.executable).with_name("mlflow")
+        exe = mlflow if mlflow.exists() else Path("mlflow")
+        base, lines = DEFAULT_UI, [f"compare runs in the MLflow UI: {exe} ui --backend-store-uri {uri}"]
+    found = _locate(uri, study, run_id)
+    if found is None:
+        return [lines[0] + (f" {base}" if base == uri else "")]
+    exp_id, run = found
+    url = run_url(base, exp_id, run) if run is not None else runs_url(base, exp_id, study)
+    return [f"{lines[0]} {url}"] if base == uri else [lines[0], f"  then open {url}"]
