@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -117,6 +116,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(to_yaml(cfg), end="")
         return
     from ablate.sweeps import checkpoints, tracking
+    from ablate.sweeps.context import RunContext
     from ablate.sweeps.plan import Machine, check_run, check_sqlite
     from ablate.sweeps.runner import train
 
@@ -132,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"resuming run {args.resume} from {resume}")
     uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
-    result = train(cfg, tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume)
+    result = train(cfg, RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume))
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     print(f"run {result.run_id} finished: {shown}")
     _print_ui_hint(result.tracking_uri, run_id=result.run_id)
@@ -368,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    from ablate.process import prepare
+
+    prepare()  # all that ablate changes in its process, once, here
     try:
         code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:

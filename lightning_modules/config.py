@@ -15,7 +15,6 @@ import hashlib
 import os
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from ablate.lightning_modules.model_config import Sharing as Sharing
 from ablate.lightning_modules.pruning.config import PruneConfig
 from ablate.lightning_modules.quant_config import QuantConfig, check_group_size
 from ablate.lightning_modules.run_config import OptimConfig, TrackingConfig, TrainerConfig
+from ablate.lightning_modules.yamlio import dump_yaml
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
 # a regime other than pre-training starts from a trained model, named by this field
@@ -347,7 +347,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 def to_yaml(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML, loadable by :func:`load_config`."""
-    text: str = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    text = dump_yaml(to_dict(cfg), sort_keys=False)
     return text
 
 

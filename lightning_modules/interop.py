@@ -71,6 +71,7 @@ from ablate.lightning_modules.interop_maps import (
     model_config,
     pairs,
 )
+from ablate.lightning_modules.yamlio import dump_yaml
 
 SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
 _MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
@@ -307,7 +308,7 @@ def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
             continue
         if key == "layers" and want.layer_specs() == have.layer_specs():
             continue
-        value = yaml.safe_dump(b[key], default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+        value = dump_yaml(b[key], default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
         out.append(f"model.{key}={value}")
     return out
 

@@ -58,6 +58,11 @@ class TrainerConfig:
         deterministic: Lightning's ``deterministic=True``: ``torch.use_deterministic_algorithms``
             (an op without a deterministic implementation fails the run; cuDNN benchmarking
             off); slower. The data stream is seeded whatever this says.
+        matmul_precision: fp32 matmuls (``torch.set_float32_matmul_precision``) for the whole run,
+            training and the latency measured before it: ``high`` lets a CUDA GPU use TF32 tensor
+            cores, ``highest`` keeps full fp32, ``medium`` allows bf16 passes; ``auto``: ``high`` on
+            CUDA, ``highest`` elsewhere. Set when the run starts, restored when it ends; the
+            precision used is logged as the param ``measure.matmul_precision``.
         profiler: Lightning's ``simple``, ``advanced`` (cProfile) or ``pytorch`` (torch.profiler,
             with Chrome traces) profiler, or None; its report is logged with the run under the
             artifacts ``profiler/``.
@@ -79,6 +84,7 @@ class TrainerConfig:
     accumulate_grad_batches: PosInt = 1
     num_nodes: PosInt = 1
     deterministic: bool = False
+    matmul_precision: Literal["auto", "highest", "high", "medium"] = "auto"
     profiler: Literal["simple", "advanced", "pytorch"] | None = None
 
 

@@ -37,6 +37,7 @@ from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.distill import TeacherLink
 from ablate.lightning_modules.distill_config import TRANSFER, Stage
 from ablate.lightning_modules.losses import kd_loss
+from ablate.lightning_modules.precision import resolved
 from ablate.lightning_modules.run_config import OptimConfig
 
 
@@ -278,7 +279,8 @@ class TrainModule(pl.LightningModule):
             getattr(model, name).requires_grad_(True)
 
     def on_fit_start(self) -> None:
-        use_tensor_cores(self.device)
+        if self.global_rank > 0:  # a spawned DDP rank starts at torch's default; rank 0's run set its own
+            torch.set_float32_matmul_precision(resolved(self.cfg.trainer.matmul_precision, self.device.type))
         if self.staged and isinstance(self.logger, MLFlowLogger):  # the boundaries, in the run's tags
             text = "; ".join(f"{s.name} [{s.start}, {s.end}): {'+'.join(s.losses)}" for s in self.stages)
             self.logger.experiment.set_tag(self.logger.run_id, "ablate.stages", text)

@@ -27,6 +27,7 @@ from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.configio import read_yaml
 from ablate.lightning_modules.errors import STRICT, ConfigError, FieldError, format_error
+from ablate.lightning_modules.metric_names import check_name
 
 Format = Literal["millions", "percent", "float", "int", "sci"]
 State = Literal["COMPLETE", "PRUNED", "FAIL"]
@@ -64,6 +65,15 @@ class MetricSpec:
     digits: int | None = Field(default=None, ge=0, le=12)
     better: Literal["higher", "lower"] | None = None
     optional: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        try:  # the names runs log, from ablate.lightning_modules.metric_names
+            check_name(name)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; runs log e.g. val/mlm_acc, <task>/best_accuracy, params.backbone") from None
+        return name
 
     @property
     def display(self) -> str:

@@ -15,17 +15,16 @@ metric's mean over them, plus ``<task>/best_<metric>_std`` (sample standard devi
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
-from lightning.pytorch.callbacks import Callback
-from mlflow.entities import Metric, Param
+from mlflow.entities import Param
 
 from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.metric_names import DOWNSTREAM_AVG
 from ablate.lightning_modules.techniques import stages_of
-from ablate.sweeps.checkpoints import Plan
+from ablate.sweeps.context import ActiveRun, RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import FinetuneTask
-from ablate.sweeps.tracking import RunResult, tracked_run
+from ablate.sweeps.tracking import RunResult, resolve_tracking_uri, tracked_run
 from ablate.sweeps.weights import RUNS
 
 STAGE = "ablate.stage"
@@ -35,38 +34,21 @@ PRETRAIN_RUN = "ablate.pretrain_run"
 def chained_trial(
     cfg: ExperimentConfig,
     tasks: list[FinetuneTask],
+    ctx: RunContext,
     *,
-    tracking_uri: str,
-    experiment: str,
-    parent_run_id: str,
-    tags: dict[str, str],
-    name: str,
-    callbacks: list[Callback],
-    extra_params: dict[str, str] | None = None,
-    checkpoint: Plan | None = None,
-    resume: str | bool = False,
     task_teachers: dict[int, str] | None = None,
     study_model: str | None = None,
 ) -> RunResult:
-    """Pre-train ``cfg`` (with the pruning callbacks), then fine-tune it on each task (task ``i``
-    distilled from ``task_teachers[i]`` when it distils from the study's model, augmented with
-    ``study_model``'s MLM head when it augments), as one trial run."""
+    """Pre-train ``cfg`` (with ``ctx``'s callbacks, checkpoints and resume), then fine-tune it on each
+    task (task ``i`` distilled from ``task_teachers[i]`` when it distils from the study's model,
+    augmented with ``study_model``'s MLM head when it augments), as one trial run placed as ``ctx`` says."""
 
-    def work(client: Any, trial_run: str) -> dict[str, float]:
-        pre = train(
-            cfg,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-            parent_run_id=trial_run,
-            tags={STAGE: "pretrain"},
-            name=f"{name} | {cfg.regime}",  # | pretrain, | distill, | prune, | quant
-            callbacks=callbacks,
-            checkpoint=checkpoint,
-            resume=resume,
-        )
-        client.set_tag(trial_run, PRETRAIN_RUN, pre.run_id)
+    def work(trial: ActiveRun) -> dict[str, float]:
+        stage = ctx.nested(trial.run_id, f"{ctx.name} | {cfg.regime}", {STAGE: "pretrain"}, trains=True)
+        pre = train(cfg, stage)  # | pretrain, | distill, | prune, | quant
+        trial.tag(PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
-        metrics = {**pre.metrics, **client.get_run(pre.run_id).data.metrics}
+        metrics = {**pre.metrics, **trial.client.get_run(pre.run_id).data.metrics}
         best, configs = [], []
         for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []
@@ -76,14 +58,8 @@ def chained_trial(
                 f = ft_cfg.finetune
                 configs.append(ft_cfg)
                 suffix = "" if seed is None else f" seed={seed}"
-                result = train(
-                    ft_cfg,
-                    tracking_uri=tracking_uri,
-                    experiment=experiment,
-                    parent_run_id=trial_run,
-                    tags={STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id},
-                    name=f"{name} | {f.task}{suffix}",
-                )
+                tags = {STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id}
+                result = train(ft_cfg, ctx.nested(trial.run_id, f"{ctx.name} | {f.task}{suffix}", tags))
                 runs.append({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
             metrics.update(_mean(runs))
             key = f"{f.task}/best_{f.metric}"
@@ -91,23 +67,14 @@ def chained_trial(
                 metrics[f"{key}_std"] = statistics.stdev(r[key] for r in runs)
             best.append(metrics[key])
         if best:
-            metrics["downstream/avg"] = sum(best) / len(best)
+            metrics[DOWNSTREAM_AVG] = sum(best) / len(best)
         techniques = [Param(k, v) for k, v in stages_of(cfg, configs).items()]  # the overview's columns
-        client.log_batch(trial_run, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()], params=techniques)
+        trial.client.log_batch(trial.run_id, params=techniques)
+        trial.log(metrics)
         return metrics
 
-    return tracked_run(
-        cfg,
-        tracking_uri,
-        work,
-        experiment=experiment,
-        name=name,
-        parent_run_id=parent_run_id,
-        tags={**tags, STAGE: "trial"},
-        inputs={},
-        tokenizer=None,
-        extra_params=extra_params,
-    )
+    uri = resolve_tracking_uri(ctx.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
+    return tracked_run(cfg, uri, work, ctx, tags={STAGE: "trial"}, inputs={}, tokenizer=None)
 
 
 def _mean(runs: list[dict[str, float]]) -> dict[str, float]:

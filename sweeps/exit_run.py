@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -21,6 +20,7 @@ from ablate.lightning_modules.classifier import Classifier
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
 from ablate.lightning_modules.profiling import placed
+from ablate.sweeps.context import ActiveRun
 
 TIMED = 200
 """Dev examples whose batch-1 latency is measured at each speed (the metric uses all of them)."""
@@ -95,7 +95,7 @@ def used_at(model: Classifier, cfg: ExperimentConfig, data: ClassificationDataMo
 
 
 def exit_curve(
-    model: Classifier, cfg: ExperimentConfig, data: ClassificationDataModule, client: Any, run_id: str, step: int
+    model: Classifier, cfg: ExperimentConfig, data: ClassificationDataModule, run: ActiveRun, step: int
 ) -> dict[str, float]:
     """Early exit at each ``finetune.exit_speeds`` on the dev set, on the CPU; logged, and returned
     as metrics."""
@@ -119,7 +119,6 @@ def exit_curve(
         ]
         (folder / "curve.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
         _plot(points, full_ms, f.metric, folder / "curve.png")
-        client.log_artifacts(run_id, str(folder), "fastbert")
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, value, step=step)
+        run.client.log_artifacts(run.run_id, str(folder), "fastbert")
+    run.log(metrics, step=step)
     return metrics

@@ -18,11 +18,11 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.callbacks import EarlyStopping
@@ -36,6 +36,7 @@ from ablate.lightning_modules.finetune import FinetuneModule, task_distill_modul
 from ablate.lightning_modules.quant_config import check_group_size
 from ablate.lightning_modules.quantization.apply import convert_weight_qat, prepare_qat, stored_bytes
 from ablate.sweeps import tracking
+from ablate.sweeps.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.exit_run import exit_curve, used_at
 from ablate.sweeps.quant_run import QuantPlan, plan_for, quantized_model, validate
 from ablate.sweeps.trainer import build_trainer, fit
@@ -101,122 +102,104 @@ def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> t
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
-def finetune(
-    cfg: ExperimentConfig,
-    *,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-    name: str | None = None,
-    extra_params: dict[str, str] | None = None,
-) -> tracking.RunResult:
-    """Fine-tune ``finetune.source`` on ``finetune.train`` as one MLflow run; its final dev metrics.
+def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+    """A run fine-tuning ``finetune.source`` on ``finetune.train``, prepared.
 
     The source, the teacher, the augmenting masked LM, their tokenizers and the task's data are
     checked (and the augmented set made) before the run is created.
     """
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     f = cfg.finetune
-    uri = tracking.resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     tmp = Path(tempfile.mkdtemp(prefix="ablate-finetune-"))
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    source = load_source(f.source, uri, tmp, field="finetune.source", quantized=True)
+    if source.tokenizer is None:
+        raise ConfigError(
+            f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
+            f"needs the tokenizer it was pre-trained with"
+        )
+    cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
     try:
-        source = load_source(f.source, uri, tmp, field="finetune.source", quantized=True)
-        if source.tokenizer is None:
-            raise ConfigError(
-                f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
-                f"needs the tokenizer it was pre-trained with"
-            )
-        cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
-        try:
-            check_group_size(cfg.quant, source.model_cfg)
-        except ValueError as exc:
-            raise ConfigError(f"{exc} (the model of finetune.source)") from None
-        mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
-        module, module_tags = _module(cfg, source, uri, tmp)
-        data = ClassificationDataModule(
-            f,
-            source.tokenizer,
-            seed=cfg.seed,
-            limit_train=f.train_examples,
-            mlm=mlm,
-            cache_dir=cfg.data.cache_dir,
-            mlm_id=mlm_id,
-        )
-        data.setup("fit")
-        if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
-            module.model = prepare_qat(module.model)
+        check_group_size(cfg.quant, source.model_cfg)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (the model of finetune.source)") from None
+    mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
+    module, module_tags = _module(cfg, source, uri, tmp)
+    data = ClassificationDataModule(
+        f,
+        source.tokenizer,
+        seed=cfg.seed,
+        limit_train=f.train_examples,
+        mlm=mlm,
+        cache_dir=cfg.data.cache_dir,
+        mlm_id=mlm_id,
+    )
+    data.setup("fit")
+    if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
+        module.model = prepare_qat(module.model)
+    return Prepared(
+        cfg=cfg,
+        work=lambda run: _fine_tune(run, cfg, module, data, source),
+        tokenizer=source.tokenizer,
+        tags={tracking.SOURCE: source.run_id or source.source, **module_tags},
+    )
 
-        def work(client: Any, run_id: str) -> dict[str, float]:
-            baseline = {
-                f"{f.task}/majority_accuracy": data.majority_accuracy,
-                f"{f.task}/train_examples": float(data.num_train),
-            }
-            for key, value in baseline.items():
-                client.log_metric(run_id, key, value)
-            if data.augment_sample is not None:
-                client.log_text(run_id, data.augment_sample, AUGMENT_SAMPLE)
-            logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
-            steps_per_epoch = max(1, len(data.train_dataloader()))
-            # strict=False: the dev set is not scored while an intermediate stage trains the layers
-            stop = EarlyStopping(
-                monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
-            )
-            val_every = min(f.val_every, steps_per_epoch)
-            trainer = build_trainer(cfg, logger, [stop], max_steps=f.max_steps, val_every=val_every, val_batches=1.0)
-            metrics = {**fit(trainer, module, data), **baseline}
-            # the model the run leaves: the best validation's weights (early stopping's choice) ...
-            module.restore_best()
-            best = metrics[f"{f.task}/best_{f.metric}"]
-            metrics[f"{f.task}/final_{f.metric}"] = best
-            step = trainer.global_step
-            if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
-                module.self_distillation()
-                exits = build_trainer(cfg, logger, [], max_steps=f.exit_steps, val_every=f.exit_steps, val_batches=0)
-                fit(exits, module, data)
-                step += exits.global_step
-            if f.exits:
-                metrics.update(exit_curve(module.model, cfg, data, client, run_id, step))
-            metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
-            # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
-            log_weights(client, run_id, module.model, cfg, tokenizer=source.tokenizer)
-            done = None
-            if cfg.quant.qat_steps:  # Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits
-                plan = plan_for(module.model, cfg, data, task_loss)
-                assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
-                module.quantization_aware(plan.plan)
-                qat_every = min(f.val_every, cfg.quant.qat_steps)
-                qat = build_trainer(
-                    cfg, logger, [], max_steps=cfg.quant.qat_steps, val_every=qat_every, val_batches=1.0
-                )
-                fit(qat, module, data)
-                module.restore_best()  # the best validation of the quantization-aware phase
-                step += qat.global_step
-                done = (convert_weight_qat(copy.deepcopy(module.model), plan.plan, cfg.quant), plan)
-            if cfg.quant.enabled:  # ... quantized: its dev score is scored again
-                scores, plan = quantize_classifier(module, cfg, data, best, done)
-                metrics.update(scores)
-                if plan.table is not None:
-                    client.log_text(run_id, plan.table.to_csv(index=False), "quant/plan.csv")
-            if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
-                metrics.update(used_at(module.model, cfg, data))
-            logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
-            for key in (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers"):
-                if key in metrics:
-                    client.log_metric(run_id, key, metrics[key], step=step)
-            return metrics
 
-        return tracking.tracked_run(
-            cfg,
-            uri,
-            work,
-            experiment=experiment,
-            name=name,
-            parent_run_id=parent_run_id,
-            tags={tracking.SOURCE: source.run_id or source.source, **module_tags, **(tags or {})},
-            inputs={},
-            tokenizer=source.tokenizer,
-            extra_params=extra_params,
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _fine_tune(
+    run: ActiveRun, cfg: ExperimentConfig, module: FinetuneModule, data: ClassificationDataModule, source: Source
+) -> dict[str, float]:
+    """Fine-tune inside ``run``: the task, then FastBERT's exits, Q-BERT's quantization-aware phase and
+    the quantized classifier as the config says; the run's final metrics."""
+    f = cfg.finetune
+    baseline = {
+        f"{f.task}/majority_accuracy": data.majority_accuracy,
+        f"{f.task}/train_examples": float(data.num_train),
+    }
+    run.log(baseline)
+    if data.augment_sample is not None:
+        run.text(data.augment_sample, AUGMENT_SAMPLE)
+    logger = MLFlowLogger(tracking_uri=run.uri, run_id=run.run_id, log_model=False)
+    steps_per_epoch = max(1, len(data.train_dataloader()))
+    # strict=False: the dev set is not scored while an intermediate stage trains the layers
+    stop = EarlyStopping(
+        monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
+    )
+    val_every = min(f.val_every, steps_per_epoch)
+    trainer = build_trainer(cfg, logger, [stop], max_steps=f.max_steps, val_every=val_every, val_batches=1.0)
+    metrics = {**fit(trainer, module, data), **baseline}
+    # the model the run leaves: the best validation's weights (early stopping's choice) ...
+    module.restore_best()
+    best = metrics[f"{f.task}/best_{f.metric}"]
+    metrics[f"{f.task}/final_{f.metric}"] = best
+    step = trainer.global_step
+    if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
+        module.self_distillation()
+        exits = build_trainer(cfg, logger, [], max_steps=f.exit_steps, val_every=f.exit_steps, val_batches=0)
+        fit(exits, module, data)
+        step += exits.global_step
+    if f.exits:
+        metrics.update(exit_curve(module.model, cfg, data, run, step))
+    metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
+    # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
+    log_weights(run.client, run.run_id, module.model, cfg, tokenizer=source.tokenizer)
+    done = None
+    if cfg.quant.qat_steps:  # Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits
+        plan = plan_for(module.model, cfg, data, task_loss)
+        assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
+        module.quantization_aware(plan.plan)
+        qat_every = min(f.val_every, cfg.quant.qat_steps)
+        qat = build_trainer(cfg, logger, [], max_steps=cfg.quant.qat_steps, val_every=qat_every, val_batches=1.0)
+        fit(qat, module, data)
+        module.restore_best()  # the best validation of the quantization-aware phase
+        step += qat.global_step
+        done = (convert_weight_qat(copy.deepcopy(module.model), plan.plan, cfg.quant), plan)
+    if cfg.quant.enabled:  # ... quantized: its dev score is scored again
+        scores, plan = quantize_classifier(module, cfg, data, best, done)
+        metrics.update(scores)
+        if plan.table is not None:
+            run.text(plan.table.to_csv(index=False), "quant/plan.csv")
+    if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
+        metrics.update(used_at(module.model, cfg, data))
+    logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
+    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers")
+    run.log({key: metrics[key] for key in keys if key in metrics}, step=step)
+    return metrics

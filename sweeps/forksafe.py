@@ -6,7 +6,8 @@ worker keeps using them (Optuna's heartbeat thread). A connection must never be 
 processes, so a pooled connection made by another process is refused at checkout and the pool
 opens a fresh one; the inherited socket is left to its owner, not closed. This is SQLAlchemy's
 documented recipe ("Using Connection Pools with Multiprocessing or os.fork()"), applied to
-every pool. Importing this module installs it.
+every pool. :func:`install` installs it, once: the ``ablate`` command at its start (before any pool
+exists), and a run that forks DDP ranks before forking.
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from sqlalchemy import event, exc
 from sqlalchemy.pool import Pool
 
 
-@event.listens_for(Pool, "connect")
+def install() -> None:
+    """Make every SQLAlchemy pool of this process refuse a connection another process opened
+    (idempotent). A connection opened before the first call carries no owner and is not refused."""
+    if not event.contains(Pool, "connect", _remember_pid):
+        event.listen(Pool, "connect", _remember_pid)
+        event.listen(Pool, "checkout", _refuse_inherited)
+
+
 def _remember_pid(dbapi_connection: Any, record: Any) -> None:
     record.info["pid"] = os.getpid()
 
 
-@event.listens_for(Pool, "checkout")
 def _refuse_inherited(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     if record.info.get("pid", os.getpid()) != os.getpid():
         record.dbapi_connection = proxy.dbapi_connection = None  # the parent's: not ours to close

@@ -21,7 +21,13 @@ from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.provenance import check_data, task_data
 from ablate.lightning_modules.config import MAX_SEED, ExperimentConfig
 from ablate.lightning_modules.errors import ConfigError, DataError
-from ablate.lightning_modules.metric_names import DOWNSTREAM_AVG, VAL_SENTENCE_ACC, VALIDATION, task_metrics
+from ablate.lightning_modules.metric_names import (
+    DOWNSTREAM_AVG,
+    NAMESPACES,
+    VAL_SENTENCE_ACC,
+    VALIDATION,
+    task_metrics,
+)
 from ablate.lightning_modules.paths import output_file, output_folder
 from ablate.lightning_modules.run_config import TrainerConfig
 from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, teacher_config
@@ -145,10 +151,6 @@ def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine |
     check_data(cfg)  # local files and the data catalog's copies exist; hub names are well formed (offline)
     if machine is not None:
         check_size(cfg, machine)
-
-
-NAMESPACES = ("train", "val", "intrinsic", "quant", "prune", "distill", "source", "downstream", "augment")
-"""The first part of every metric name a run logs that is not a fine-tuning task's (``<task>/...``)."""
 
 
 def trial_metrics(cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> tuple[str, ...]:

@@ -11,7 +11,6 @@ and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-lay
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
@@ -20,6 +19,7 @@ from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.accounting import metric_counts
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.pruning.schubert import dims_markdown, dims_table, prune
+from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.quant_run import quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
@@ -37,14 +37,12 @@ class _PhaseLogger(MLFlowLogger):
         pass
 
 
-def prune_train(
-    cfg: ExperimentConfig, source: Source, data: PretrainDataModule, uri: str, client: Any, run_id: str
-) -> dict[str, float]:
-    """Prune ``source`` as ``cfg.prune`` says inside run ``run_id``, log the outcome; the last metrics."""
+def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, run: ActiveRun) -> dict[str, float]:
+    """Prune ``source`` as ``cfg.prune`` says inside ``run``, log the outcome; the last metrics."""
+    client, run_id = run.client, run.run_id
     before, _ = metric_counts(source.model, source.model_cfg, cfg)  # on the training device, as the run's own
-    for key, value in before.items():
-        client.log_metric(run_id, f"source/{key}", float(value))
-    logger = _PhaseLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    run.log({f"source/{key}": float(value) for key, value in before.items()})
+    logger = _PhaseLogger(tracking_uri=run.uri, run_id=run_id, log_model=False)
 
     def train(module: pl.LightningModule, steps: int) -> dict[str, float]:
         """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
@@ -53,13 +51,12 @@ def prune_train(
         return metrics
 
     def record(params: int) -> None:
-        client.log_metric(run_id, "prune/params", params, step=logger.offset)
+        run.log({"prune/params": params}, step=logger.offset)
 
     new_cfg, model, metrics = prune(cfg, source.model_cfg, source.model, train, record)
     final = dataclasses.replace(cfg, model=new_cfg)
     after, measured_on = metric_counts(model, new_cfg, final)
-    for key, value in after.items():
-        client.log_metric(run_id, key, float(value))
+    run.log({key: float(value) for key, value in after.items()})
     for key, value in measured_on.items():
         client.log_param(run_id, key, value)
     table = dims_table(new_cfg)
@@ -70,6 +67,6 @@ def prune_train(
     # the shape found, as a param a report can show beside the metrics: "h=96 a/k/v/f per layer"
     client.log_param(run_id, "pruned.dims", f"h={new_cfg.hidden_dim} {layers}")
     if cfg.quant.enabled:  # the pruned model, quantized
-        metrics.update(quantize_and_log(model, final, data, client, run_id, logger.offset, metrics))
+        metrics.update(quantize_and_log(model, final, data, run, logger.offset, metrics))
     log_weights(client, run_id, model, final)
     return metrics

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, replace
-from typing import Any
 
 import lightning.pytorch as pl
 import pandas as pd
@@ -42,6 +41,7 @@ from ablate.lightning_modules.quantization.apply import (
     uniform_plan,
 )
 from ablate.lightning_modules.quantization.mixed import BatchLoss, average_bits, choose_plan
+from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
 
@@ -112,8 +112,7 @@ def quantize_and_log(
     model: nn.Module,
     cfg: ExperimentConfig,
     data: pl.LightningDataModule,
-    client: Any,
-    run_id: str,
+    run: ActiveRun,
     step: int,
     fp32: dict[str, float],
     done: tuple[nn.Module, QuantPlan] | None = None,
@@ -133,21 +132,20 @@ def quantize_and_log(
     if bits is not None:
         metrics["quant/avg_bits"] = bits
     if table is not None:
-        client.log_text(run_id, table.to_csv(index=False), "quant/plan.csv")
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, value, step=step)
+        run.text(table.to_csv(index=False), "quant/plan.csv")
+    run.log(metrics, step=step)
     return metrics
 
 
 def quant_train(
-    cfg: ExperimentConfig, source: Source, data: pl.LightningDataModule, uri: str, client: Any, run_id: str
+    cfg: ExperimentConfig, source: Source, data: pl.LightningDataModule, run: ActiveRun
 ) -> dict[str, float]:
-    """The ``quant`` regime in run ``run_id``: evaluate ``source``, train it with fake quantization for
+    """The ``quant`` regime in ``run``: evaluate ``source``, train it with fake quantization for
     ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it."""
     model, eval_cfg, q = source.model, on_cpu(cfg), cfg.quant
     fp32 = validate(PretrainModule(eval_cfg, model), eval_cfg, data)
     step, done = 0, None
-    logger = MLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    logger = MLFlowLogger(tracking_uri=run.uri, run_id=run.run_id, log_model=False)
     if q.method == "qat-int8":
         model = prepare_qat(model)
         fit(build_trainer(cfg, logger, [ValidateAtEnd()]), PretrainModule(cfg, model), data)
@@ -160,8 +158,8 @@ def quant_train(
         fit(build_trainer(qat_cfg, logger, [ValidateAtEnd()]), PretrainModule(qat_cfg, model), data)
         step = q.qat_steps
         done = (convert_weight_qat(copy.deepcopy(model), plan.plan, q), plan)
-    metrics = quantize_and_log(model, cfg, data, client, run_id, step, fp32, done)
-    log_weights(client, run_id, model, cfg)  # float weights (after QAT, the trained ones)
+    metrics = quantize_and_log(model, cfg, data, run, step, fp32, done)
+    log_weights(run.client, run.run_id, model, cfg)  # float weights (after QAT, the trained ones)
     return metrics
 
 

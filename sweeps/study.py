@@ -11,7 +11,6 @@ invocations while its config is unchanged).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from ablate.lightning_modules.errors import ConfigError, StorageError, require_d
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps import teacher as teachers
 from ablate.sweeps.chain import chained_trial
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import run_name, train
 from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
 from ablate.sweeps.weights import RUNS
@@ -252,28 +252,27 @@ def trial_objective(
         where = checkpoints.location(spec.checkpoints, uri, cfg.tracking.root)
         ckpt = checkpoints.trial_plan(where, cfg.tracking.root, spec.name, cfg)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
+        ctx = RunContext(
+            tracking_uri=uri,
+            experiment=spec.name,
+            parent_run_id=parent,
+            name=run_name(params),
+            tags=run_tags,
+            params={"variant": params["variant"]} if "variant" in params else {},
+            callbacks=(pruning,),
+            checkpoint=ckpt,
+            resume=True,
+        )
         try:
-            extra = {"variant": params["variant"]} if "variant" in params else None
             # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
             variant = params.get("variant")
             mine = [i for i, task in enumerate(spec.finetune) if task.runs_for(variant)]  # this trial's tasks
             teachers_of = {j: (task_teachers or {})[i] for j, i in enumerate(mine) if i in (task_teachers or {})}
-            chained = functools.partial(
-                chained_trial, tasks=[spec.finetune[i] for i in mine], task_teachers=teachers_of, study_model=teacher
-            )
-            run = chained if spec.finetune else train
-            result = run(
-                cfg,
-                tracking_uri=uri,
-                experiment=spec.name,
-                parent_run_id=parent,
-                tags=run_tags,
-                name=run_name(params),
-                callbacks=[pruning],
-                extra_params=extra,
-                checkpoint=ckpt,
-                resume=True,
-            )
+            if spec.finetune:
+                tasks = [spec.finetune[i] for i in mine]
+                result = chained_trial(cfg, tasks, ctx, task_teachers=teachers_of, study_model=teacher)
+            else:
+                result = train(cfg, ctx)
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
             raise

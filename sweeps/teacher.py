@@ -27,6 +27,7 @@ from ablate.lightning_modules.config import ExperimentConfig, config_digest, to_
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.errors import ConfigError
 from ablate.sweeps import checkpoints, tracking, workers
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config
 from ablate.sweeps.weights import RUNS
@@ -179,18 +180,17 @@ def trained_once(place: StudyPlace, cfg: ExperimentConfig, name: str, suffix: st
         steps = cfg.finetune.max_steps if cfg.regime == "finetune" else cfg.trainer.max_steps
         _CONSOLE.print(f"{name}: training {what} once for the study (run '{name}', {steps} steps)", markup=False)
         tags = {tracking.ROLE: "teacher", tracking.STUDY: study, TEACHER_CONFIG: digest}
-        result = train(
-            cfg,
+        where = checkpoints.location(place.spec.checkpoints, uri, cfg.tracking.root)
+        ctx = RunContext(
             tracking_uri=uri,
             experiment=study,
             parent_run_id=place.parent,
-            tags=tags,
             name=name,
-            checkpoint=checkpoints.trial_plan(
-                checkpoints.location(place.spec.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, study, cfg
-            ),
+            tags=tags,
+            checkpoint=checkpoints.trial_plan(where, cfg.tracking.root, study, cfg),
             resume=True,
         )
+        result = train(cfg, ctx)
         _CONSOLE.print(f"{name}: trained run {result.run_id}", markup=False)
         return 0.0
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import signal
 import socket
 import sqlite3
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from optuna import TrialPruned
 from ablate.datamodules.provenance import data_tags
 from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
 from ablate.lightning_modules.errors import AblateError, StorageError, require_driver
+from ablate.sweeps.context import ActiveRun, RunContext
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -38,13 +38,14 @@ PARENT = "mlflow.parentRunId"
 FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
 WORKER = "ablate.worker"  # on a trial run: host:pid of the process that ran it
 
-for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
 # the user's choice, read before MLflow's own set_tracking_uri (called by Lightning's logger)
 # writes the variable into this process's environment
 USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+QUIET_LOGGERS = ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent")
+"""Loggers whose INFO lines (database migrations, the tracking URI) the ablate command hides."""
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+"""An unreachable tracking server fails in seconds, not after MLflow's default minutes of retries
+(set by the ablate command unless the user set them)."""
 
 
 @contextmanager
@@ -314,31 +315,32 @@ class RunResult:
 def tracked_run(
     cfg: ExperimentConfig,
     uri: str,
-    work: Callable[[Any, str], dict[str, float]],
+    work: Callable[[ActiveRun], dict[str, float]],
+    ctx: RunContext,
     *,
-    experiment: str | None,
-    name: str | None,
-    parent_run_id: str | None,
-    tags: dict[str, str],
-    inputs: dict[str, float],
+    tags: Mapping[str, str],
+    inputs: Mapping[str, float],
     tokenizer: Path | None,
-    extra_params: dict[str, str] | None = None,
+    params: Mapping[str, str] | None = None,
 ) -> RunResult:
-    """Run ``work(client, run_id)`` inside a new MLflow run that logs ``cfg``, ``inputs`` (metrics at
-    step 0) and the tokenizer first, and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised
-    as KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
+    """Run ``work`` inside a new MLflow run placed as ``ctx`` says, which logs ``cfg``, ``inputs``
+    (metrics at step 0), ``params`` and ``ctx.params`` and the tokenizer first (``tags`` beside
+    ``ctx.tags``), and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised as
+    KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
     client = connect(uri)
-    experiment = experiment or experiment_name(cfg.tracking.experiment)
+    experiment = ctx.experiment or experiment_name(cfg.tracking.experiment)
     # the params and config.yaml name the experiment the run is in, not None
     cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, experiment=experiment))
     exp_id = experiment_id(client, experiment, uri)
-    run_id = start_run(client, exp_id, name or cfg.tracking.run_name or cfg.name, {ROLE: "run", **tags}, parent_run_id)
+    name = ctx.name or cfg.tracking.run_name or cfg.name
+    run_id = start_run(client, exp_id, name, {ROLE: "run", **tags, **ctx.tags}, ctx.parent_run_id)
+    run = ActiveRun(client, run_id, uri)
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        log_run_inputs(client, run_id, cfg, inputs, tokenizer)
-        for key, value in (extra_params or {}).items():  # e.g. a study's variant name
+        log_run_inputs(client, run_id, cfg, dict(inputs), tokenizer)
+        for key, value in {**(params or {}), **ctx.params}.items():  # measured_on, a study's variant
             client.log_param(run_id, key, value)
-        metrics = work(client, run_id)
+        metrics = work(run)
     except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
         end_killed(client, run_id, INTERRUPTED)
         raise KeyboardInterrupt from exc

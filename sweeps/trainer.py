@@ -19,7 +19,7 @@ from torch.multiprocessing import ProcessRaisedException
 
 from ablate.lightning_modules.config import ExperimentConfig, TrainerConfig
 from ablate.lightning_modules.loop import loop_callbacks
-from ablate.sweeps import tracking
+from ablate.sweeps import forksafe, tracking
 
 
 class ValidateAtEnd(Callback):
@@ -43,7 +43,10 @@ def lightning_strategy(t: TrainerConfig) -> str | Strategy:
     """
     if t.devices == 1 or t.strategy not in ("auto", "ddp"):
         return t.strategy
-    return DDPStrategy(start_method="spawn" if torch.cuda.is_initialized() else "fork")
+    if torch.cuda.is_initialized():
+        return DDPStrategy(start_method="spawn")
+    forksafe.install()  # the ranks inherit this process's database pools (the ablate command did it already)
+    return DDPStrategy(start_method="fork")
 
 
 PROFILERS: dict[str, type[Profiler]] = {

@@ -23,6 +23,7 @@ from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.profiling import measure, training_device
 from ablate.sweeps import checkpoints
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import MEASURED_ON, train
 from tests.conftest import requires_cuda
 from tests.sweeps.conftest import InterruptAt
@@ -76,7 +77,7 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # measured (on the GPU, before training): measuring must not shift the run's random streams
     measured = _config(tmp_path, wiki_validation, precision=precision, measure=True, **compiled)
-    straight = train(measured, tracking_uri=uri, experiment="straight")
+    straight = train(measured, RunContext(tracking_uri=uri, experiment="straight"))
     on = MlflowClient(uri).get_run(straight.run_id).data.params[MEASURED_ON]
     assert on == f"cuda:0 ({torch.cuda.get_device_name(0)})"
     folder = tmp_path / "ckpt"
@@ -84,16 +85,18 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
     with pytest.raises(KeyboardInterrupt):  # killed after the checkpoint at STEPS // 2
         train(
             cfg,
-            tracking_uri=uri,
-            experiment="resumed",
-            checkpoint=plan,
-            resume=True,
-            callbacks=[InterruptAt(STEPS // 2 + 5)],
+            RunContext(
+                tracking_uri=uri,
+                experiment="resumed",
+                checkpoint=plan,
+                resume=True,
+                callbacks=(InterruptAt(STEPS // 2 + 5),),
+            ),
         )
     ckpt = torch.load(folder / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == STEPS // 2
     assert len(ckpt["ablate_rng"]["cuda"]) == torch.cuda.device_count()
-    resumed = train(cfg, tracking_uri=uri, experiment="resumed", checkpoint=plan, resume=True)
+    resumed = train(cfg, RunContext(tracking_uri=uri, experiment="resumed", checkpoint=plan, resume=True))
     assert resumed.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
 
 

@@ -12,6 +12,7 @@ import torch
 from ablate.lightning_modules.config import to_dict
 from ablate.lightning_modules.configio import build_config
 from ablate.lightning_modules.loop import FiniteLoss
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 
 
@@ -51,7 +52,7 @@ def test_bf16_with_gradient_clipping_trains_with_the_fused_optimizer(tmp_path, w
     themselves where no scaler is involved (bf16), so bf16 runs keep ``optim.grad_clip``."""
     cfg = _cfg(tmp_path, wiki_validation, precision="bf16-mixed")
     assert cfg.optim.grad_clip > 0
-    result = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
     assert torch.isfinite(torch.tensor(result.metrics["val/loss"]))
 
 
@@ -59,7 +60,7 @@ def test_a_loss_that_turns_nan_fails_the_run_at_that_step(tmp_path, wiki_validat
     cfg = _cfg(tmp_path, wiki_validation, log_every=5)
     cfg = build_config({**to_dict(cfg), "optim": {"lr": 1.0e9, "warmup_steps": 1, "grad_clip": 0.0}})
     with pytest.raises(FloatingPointError, match=r"training loss became .* at step (\d+)") as err:
-        train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
     assert int(err.value.args[0].rsplit("step ", 1)[1]) < 12
 
 
@@ -90,7 +91,7 @@ def test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step(tmp
             seen.append(trainer.global_step)
 
     with pytest.raises(FloatingPointError, match=r"training loss became nan at step 7$"):
-        train(cfg, tracking_uri=uri, callbacks=[_PoisonAt(7), Steps()])
+        train(cfg, RunContext(tracking_uri=uri, callbacks=(_PoisonAt(7), Steps())))
     assert seen[-1] == 9  # trained on past the bad step until the guard's read after 10 steps
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])

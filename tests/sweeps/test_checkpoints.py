@@ -19,6 +19,7 @@ from ablate.lightning_modules.config import to_yaml
 from ablate.lightning_modules.configio import build_config
 from ablate.sweeps import checkpoints
 from ablate.sweeps.checkpoints import RngState
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import RESUMED, train
 from tests.sweeps.conftest import InterruptAt, tiny_base
 
@@ -85,11 +86,13 @@ def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
     tmp_path: Path, wiki_validation: Path, capsys
 ) -> None:
     cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
-    straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}")
+    straight = train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}"))
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"  # a store other workers see: checkpoints go to MLflow
     plan = checkpoints.run_plan(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tracking_uri=uri, checkpoint=plan, callbacks=[InterruptAt(6)])  # after the step-4 checkpoint
+        train(
+            cfg, RunContext(tracking_uri=uri, checkpoint=plan, callbacks=(InterruptAt(6),))
+        )  # after the step-4 checkpoint
     client = MlflowClient(uri)
     (killed,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
     assert killed.info.status == "KILLED" and killed.data.tags[checkpoints.WHERE] == checkpoints.MLFLOW

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 
 from ablate.lightning_modules.configio import build_config
 from ablate.sweeps import tracking
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.weights import load_source
 from tests.sweeps.conftest import tiny_base, write_study
@@ -52,7 +53,7 @@ class RecordBatches(pl.Callback):
 def test_train_on_two_processes(tmp_path, wiki_validation):
     base = tiny_base(tmp_path, wiki_validation, **DDP)
     cfg = build_config(base)
-    result = train(cfg, callbacks=[RecordBatches(tmp_path)])
+    result = train(cfg, RunContext(callbacks=(RecordBatches(tmp_path),)))
 
     client = MlflowClient(result.tracking_uri)
     (exp,) = [e for e in client.search_experiments() if e.name == tracking.experiment_name(cfg.tracking.experiment)]

@@ -19,6 +19,7 @@ import yaml
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.configio import replace
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import load_study, trial_config
 from tests.sweeps.conftest import write_study
@@ -116,7 +117,7 @@ def test_sigkill_mid_trial_then_another_machine_resumes_and_counts_once(tmp_path
     spec, base = load_study(study)
     params = {"model.sharing": resumed.data.params["model.sharing"], "seed": 0}
     cfg = replace(trial_config(base, spec, params, None), {"tracking.root": str(tmp_path / "straight")})
-    straight = train(cfg, tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}", experiment="straight")
+    straight = train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}", experiment="straight"))
     assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
 
 

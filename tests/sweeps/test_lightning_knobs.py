@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from ablate.cli import main
 from ablate.lightning_modules.configio import build_config, load_config
 from ablate.sweeps import tracking
+from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import corner_configs, load_study
 from ablate.sweeps.trainer import build_trainer
@@ -30,6 +31,10 @@ class Batches(pl.Callback):
     def __init__(self) -> None:
         self.batches = 0
         self.scheduler_steps = -1
+        self.matmul_precision = ""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.matmul_precision = torch.get_float32_matmul_precision()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.batches += 1
@@ -43,14 +48,20 @@ def knob_run(tmp_path_factory, wiki_validation):
     """One tiny run with 2 batches per step, a deterministic Trainer and the simple profiler, its
     experiment named only by MLFLOW_EXPERIMENT_NAME."""
     tmp = tmp_path_factory.mktemp("knobs")
-    knobs = {"accumulate_grad_batches": 2, "deterministic": True, "profiler": "simple", "measure": False}
+    knobs = {
+        "accumulate_grad_batches": 2,
+        "deterministic": True,
+        "profiler": "simple",
+        "measure": False,
+        "matmul_precision": "medium",
+    }
     cfg = build_config(tiny_base(tmp, wiki_validation, **{**knobs, "max_steps": 4, "val_every": 2}))
     counter = Batches()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_EXPERIMENT_NAME", "from-the-environment")
         mp.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # Lightning's deterministic=True sets it
         try:
-            result = train(cfg, callbacks=[counter])
+            result = train(cfg, RunContext(callbacks=(counter,)))
             deterministic = torch.are_deterministic_algorithms_enabled()
         finally:
             torch.use_deterministic_algorithms(False)
@@ -78,6 +89,14 @@ def test_the_profiler_report_is_a_run_artifact(knob_run):
     assert files == ["profiler/fit-profile.txt"]
     local = client.download_artifacts(result.run_id, "profiler/fit-profile.txt")
     assert "run_training_batch" in Path(local).read_text()
+
+
+def test_the_matmul_precision_holds_for_the_run_is_logged_and_is_given_back(knob_run):
+    result, counter, _ = knob_run
+    assert counter.matmul_precision == "medium"  # while training
+    assert torch.get_float32_matmul_precision() == "highest"  # torch's default, as before the run
+    params = MlflowClient(result.tracking_uri).get_run(result.run_id).data.params
+    assert params["trainer.matmul_precision"] == params["measure.matmul_precision"] == "medium"
 
 
 def test_mlflow_experiment_name_picks_the_experiment(knob_run):

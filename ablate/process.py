@@ -1,0 +1,30 @@
+"""Everything the ``ablate`` command changes in its own process, in one place, done once at its
+start (:func:`prepare`). Importing an ablate module changes nothing process-wide; a library user
+who wants the same calls :func:`prepare` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+from ablate.sweeps import forksafe, tracking
+
+
+def prepare() -> None:
+    """Set up this process for ablate's commands:
+
+    * database pools refuse connections another process opened (DDP ranks are forked with the
+      worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.forksafe`);
+    * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast);
+    * INFO lines of database migrations and MLflow's tracking-URI notices hidden;
+    * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters.
+    """
+    forksafe.install()
+    for key, value in tracking.HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    for name in tracking.QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)

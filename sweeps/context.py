@@ -1,0 +1,120 @@
+"""What a run is given and what it works in: one frozen value each, not a bundle of keywords.
+
+:class:`RunContext` is fixed by whoever starts a run (``ablate train``, a study trial, a chained
+trial's stages, a study's teacher): where the run is recorded (store, experiment, parent, name,
+tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume).
+
+:class:`ActiveRun` is the MLflow run a regime's work writes into once it exists: the one channel
+for metrics logged outside Lightning's loop (inside it, ``LightningModule.log``), each name checked
+against the registry of :mod:`ablate.lightning_modules.metric_names`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from ablate.lightning_modules.config import ExperimentConfig
+from ablate.lightning_modules.metric_names import check_name
+
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback
+
+    from ablate.sweeps.checkpoints import Plan
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a run is recorded and how it trains.
+
+    Attributes:
+        tracking_uri: the MLflow store; None: the config's ``tracking`` section.
+        experiment: the MLflow experiment; None: the config's.
+        parent_run_id: the run this one is nested under (a study's parent, a trial).
+        name: the run's name; None: ``tracking.run_name`` or the config's name.
+        tags: tags set when the run is created.
+        params: params logged beside the config's (a study's ``variant``).
+        callbacks: Lightning callbacks of its fit (a sweep's pruning callback).
+        checkpoint: where its last and best checkpoints go; None: none kept.
+        resume: a ``last.ckpt`` to start from, or True: what an earlier attempt at the config left.
+    """
+
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    parent_run_id: str | None = None
+    name: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+    callbacks: tuple[Callback, ...] = ()
+    checkpoint: Plan | None = None
+    resume: str | bool = False
+
+    def nested(self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False) -> RunContext:
+        """A stage run under ``parent_run_id`` in the same store and experiment; with ``trains`` it keeps
+        this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none."""
+        keep = {} if trains else {"callbacks": (), "checkpoint": None, "resume": False}
+        return dataclasses.replace(self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, **keep)
+
+
+@dataclass(frozen=True)
+class ActiveRun:
+    """An MLflow run that exists: its client, id and store."""
+
+    client: MlflowClient
+    run_id: str
+    uri: str
+
+    def log(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Log ``metrics`` at ``step`` in one request; every name must be one the registry knows."""
+        for name in metrics:
+            check_name(name)
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 1000):  # MLflow's limit per request
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def tag(self, key: str, value: str) -> None:
+        """Set tag ``key`` on the run."""
+        self.client.set_tag(self.run_id, key, value)
+
+    def text(self, text: str, artifact: str) -> None:
+        """Store ``text`` as the run's artifact ``artifact`` (a path inside its artifacts)."""
+        self.client.log_text(self.run_id, text, artifact)
+
+
+Work = Callable[[ActiveRun], dict[str, float]]
+"""What a regime does inside its run once the run exists; its final metrics."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run made ready before it exists: everything checked and loaded, nothing recorded yet.
+
+    Attributes:
+        cfg: the config the run logs (a source's architecture, a teacher's resolved settings).
+        work: what it does inside the run.
+        tokenizer: the tokenizer file logged with it.
+        tags: tags its regime adds (the teacher's or source's run).
+        inputs: metrics logged at step 0 (parameter counts, FLOPs, latency).
+        params: params its regime adds (where latency was measured).
+    """
+
+    cfg: ExperimentConfig
+    work: Work
+    tokenizer: Path | None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+
+
+Prepare = Callable[[ExperimentConfig, RunContext, str, ExitStack], Prepared]
+"""A regime's preparation: its config, context, the resolved store and a stack for what must
+outlive the preparation (temporary folders), closed when the run has ended."""
