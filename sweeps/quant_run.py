@@ -8,6 +8,9 @@ What a quantized run logs, beside what every run logs:
   the float model it came from as ``quant/fp32_*``, with ``quant/mlm_acc_drop`` (float - quantized);
 - ``model_bytes`` and the CPU latency of the quantized model (``quant/fp32_model_bytes`` the float
   one's), ``quant/avg_bits`` (bits per quantized weight);
+- ``quant/layers``: how many layers of the model evaluated hold quantized weights (the encoder's
+  Linears, and the embedding tables ``quant.embeddings`` quantizes); a model with none is an error
+  (:class:`~ablate.lightning_modules.quantization.apply.QuantizationNotApplied`), never scored;
 - for ``weight-mixed``, the layers' sensitivities, ranks and bits as the artifact ``quant/plan.csv``.
 
 The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config:
@@ -33,10 +36,12 @@ from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.quant_config import WEIGHT_BITS
 from ablate.lightning_modules.quantization.apply import (
     Plan,
+    QuantizationNotApplied,
     convert_weight_qat,
     prepare_qat,
     prepare_weight_qat,
     quantize,
+    quantized_layers,
     stored_bytes,
     uniform_plan,
 )
@@ -122,6 +127,12 @@ def quantize_and_log(
     ``done``: the model already quantized (after quantization-aware training) and its plan."""
     eval_cfg = on_cpu(cfg)
     quantized, plan = quantized_model(model, cfg, data, mlm_loss) if done is None else done
+    layers = quantized_layers(quantized)  # quantize() checked its layers; this is what is scored
+    if not layers:
+        raise QuantizationNotApplied(
+            f"quant.method: {cfg.quant.method}: the model to evaluate holds no quantized layer; it would be "
+            "scored as the float model"
+        )
     table, bits = plan.table, plan.bits
     metrics = validate(PretrainModule(eval_cfg, quantized), eval_cfg, data)
     metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
@@ -129,6 +140,7 @@ def quantize_and_log(
         metrics["quant/mlm_acc_drop"] = fp32["val/mlm_acc"] - metrics["val/mlm_acc"]
     metrics["quant/fp32_model_bytes"] = float(stored_bytes(model))
     metrics.update(quantized_counts(quantized, eval_cfg))
+    metrics["quant/layers"] = float(len(layers))
     if bits is not None:
         metrics["quant/avg_bits"] = bits
     if table is not None:

@@ -14,6 +14,13 @@ bottleneck and the embedding's E -> H or trigram projection), and the embedding 
 pooler and the heads stay in floating point. ``quant.qat_steps`` trains the weight-only methods
 fake-quantized first (:func:`prepare_weight_qat`, :func:`convert_weight_qat`: torchao's ``QATConfig``
 around the same ``IntxWeightOnlyConfig``). Quantized models run on the CPU.
+
+Each of these checks what it returns: every layer it was to quantize must hold integer weights
+(:func:`is_quantized`), else :class:`QuantizationNotApplied` names the layers left in floating
+point. A library that skips a layer without raising (torchao returns some weights unchanged when a
+kernel, dtype or shape does not fit, and logs it at a level :func:`_torchao` hides; torch.ao's
+``quantize_dynamic`` skips a name it does not find) would otherwise have the float model scored,
+sized and timed as the quantized one.
 """
 
 from __future__ import annotations
@@ -42,6 +49,74 @@ def _quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
         warnings.filterwarnings("ignore", message=r".*quantize_per_tensor, torch\.quantize_per_channel.*")
         yield
+
+
+class QuantizationNotApplied(RuntimeError):
+    """A quantization left layers it was to quantize in floating point (one line, naming them)."""
+
+
+def _holds_integers(t: torch.Tensor) -> bool:
+    """Whether ``t`` stores its values as integers: a torch.ao quantized tensor, or a tensor subclass
+    (torchao's quantized weights) with an integer inner tensor. A float tensor, a parameter of one
+    (a fake-quantized QAT weight) or a subclass of float tensors only is not."""
+    if t.is_quantized:
+        return True
+    if type(t) in (torch.Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return False
+    names, _ = t.__tensor_flatten__()
+    inner = [getattr(t, name) for name in names]
+    return any(
+        isinstance(x, torch.Tensor) and (not (x.is_floating_point() or x.is_complex()) or _holds_integers(x))
+        for x in inner
+    )
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """Whether ``module``'s weight is stored quantized: torch.ao's packed int8 (a dynamic quantized
+    Linear, whose ``weight`` is a method) or integer data in a torchao tensor."""
+    weight = getattr(module, "weight", None)
+    if callable(weight) and getattr(module, "_packed_params", None) is not None:
+        weight = weight()
+    return isinstance(weight, torch.Tensor) and _holds_integers(weight)
+
+
+def quantized_layers(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules whose weights are stored quantized (:func:`is_quantized`)."""
+    return [name for name, m in model.named_modules() if name and is_quantized(m)]
+
+
+def _backends() -> str:
+    """The libraries and engine a quantization ran on, for an error message."""
+    try:
+        from importlib.metadata import version
+
+        torchao = version("torchao")
+    except Exception:  # noqa: BLE001 - only a detail of a message
+        torchao = "unknown"
+    engine = torch.backends.quantized.engine
+    return f"torch {torch.__version__}, torchao {torchao}, torch.backends.quantized.engine {engine}"
+
+
+def check_quantized(model: nn.Module, names: list[str], method: str) -> nn.Module:
+    """``model``, once every layer of ``names`` holds integer weights (:func:`is_quantized`).
+
+    Raises:
+        QuantizationNotApplied: ``names`` is empty, or some of its layers are still floating point; the
+            message names them, the method and the libraries that ran it.
+    """
+    if not names:
+        raise QuantizationNotApplied(
+            f"quant.method: {method}: the model has no layer to quantize, so a quantized evaluation would score "
+            "the float model"
+        )
+    left = [name for name in names if not is_quantized(model.get_submodule(name))]
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        raise QuantizationNotApplied(
+            f"quant.method: {method}: {len(left)} of the {len(names)} layers it quantizes were left in floating "
+            f"point ({shown}) on {_backends()}; the quantized model would be scored, sized and timed as the float one"
+        )
+    return model
 
 
 def _torchao() -> ModuleType:
@@ -149,9 +224,9 @@ def prepare_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Modul
 def convert_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Module:
     """A :func:`prepare_weight_qat` model quantized as it trained (in place, eval mode, on the CPU)."""
     model = model.cpu().eval()
-    return _apply(
-        model, [*_weight_groups(model, plan, q.group_size), *_embedding_group(model, q.embeddings)], "convert"
-    )
+    groups = [*_weight_groups(model, plan, q.group_size), *_embedding_group(model, q.embeddings)]
+    names = sorted({name for group, _ in groups for name in group})
+    return check_quantized(_apply(model, groups, "convert"), names, f"{q.method} (quantization-aware)")
 
 
 def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
@@ -180,22 +255,47 @@ def prepare_qat(model: nn.Module) -> nn.Module:
     return model
 
 
-def convert_qat(model: nn.Module) -> nn.Module:
-    """Turn a :func:`prepare_qat` model's fake-quantized layers into int8 ones (in place)."""
+def fake_quantized(model: nn.Module) -> list[str]:
+    """The names of a :func:`prepare_qat` model's fake-quantized layers (none in a float model)."""
     from torchao.quantization.qat.linear import FakeQuantizedLinear
 
-    names = {name for name, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
+    return [name for name, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)]
+
+
+def convert_qat(model: nn.Module) -> nn.Module:
+    """Turn a :func:`prepare_qat` model's fake-quantized layers into int8 ones (in place)."""
+    names = set(fake_quantized(model))
     _torchao().quantize_(model, _qat_config("convert"), filter_fn=lambda m, fqn: fqn in names)
     return model
+
+
+def _to_quantize(model: nn.Module, q: QuantConfig, plan: Plan | None) -> list[str]:
+    """The names of the layers :func:`quantize` quantizes in ``model`` as ``q`` says."""
+    if q.method == "qat-int8":
+        names = fake_quantized(model)
+    elif q.method == "weight-mixed":
+        names = list(plan or {})
+    elif q.method in WEIGHT_BITS or q.method == "dynamic-int8":
+        names = list(targets(model))
+    else:
+        names = []
+    return names + (list(embedding_tables(model)) if q.embeddings in EMBEDDING_BITS else [])
 
 
 def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.Module:
     """``model`` (float, or prepared for QAT) quantized as ``q`` says, in eval mode on the CPU.
 
     ``plan`` is ``weight-mixed``'s bits per layer (:func:`ablate.lightning_modules.quantization.mixed.mixed_plan`).
-    The model is changed in place except by ``dynamic-int8``, which returns a new one.
+    The model is changed in place except by ``dynamic-int8``, which returns a new one. A float model
+    under ``qat-int8`` is prepared first: the int8 layers its training would end with, untrained.
+
+    Raises:
+        QuantizationNotApplied: a layer it was to quantize is still floating point (:func:`check_quantized`).
     """
     model = model.cpu().eval()
+    if q.method == "qat-int8" and not fake_quantized(model):
+        model = prepare_qat(model)
+    names = _to_quantize(model, q, plan)
     if q.method == "dynamic-int8":
         model = quantize_dynamic_int8(model)
     elif q.method == "qat-int8":
@@ -206,7 +306,8 @@ def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.M
         model = quantize_weights(model, plan, q.group_size)
     elif q.method in WEIGHT_BITS:
         model = quantize_weights(model, uniform_plan(model, WEIGHT_BITS[q.method]), q.group_size)
-    return quantize_embeddings(model, q.embeddings)  # last: dynamic-int8 copies the model
+    model = quantize_embeddings(model, q.embeddings)  # last: dynamic-int8 copies the model
+    return check_quantized(model, names, q.method)
 
 
 def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
@@ -215,9 +316,7 @@ def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
     same kernels as its plan (torchao keeps every width unpacked in int8 and dequantizes it)."""
     if q.method == "weight-mixed":
         return quantize(model, q, uniform_plan(model, q.low_bits))
-    if q.method == "qat-int8":
-        return quantize(prepare_qat(model), q)
-    return quantize(model, q)
+    return quantize(model, q)  # qat-int8: prepared, then converted
 
 
 def _tensor_bytes(t: torch.Tensor) -> float:
