@@ -38,9 +38,9 @@ def cmd_params(args: argparse.Namespace) -> None:
     from rich.table import Table
 
     cfg = _config(args.target, args.overrides)  # config errors answer before torch is imported
-    from ablate.lightning_modules.accounting import report_for
+    from ablate.lightning_modules.quantization.apply import quantized_report
 
-    report = report_for(cfg.model, cfg.objective, cfg.data.max_length, cfg.quant)
+    report = quantized_report(cfg.model, cfg.objective, cfg.data.max_length, cfg.quant)
     measured = _measure(cfg) if args.measure else None
     if args.json:
         print(json.dumps({**report.as_dict(), **(measured.as_dict() if measured else {})}))

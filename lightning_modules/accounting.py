@@ -13,24 +13,22 @@ Counting rule:
   as an unshared one, since it still runs L times. Element-wise work is not counted.
 - ``model_bytes``: what the whole model's weights (backbone and heads) take stored, each
   tensor at its dtype, tied tensors once; a quantized model's at its quantized size
-  (:func:`~ablate.lightning_modules.quantization.apply.stored_bytes`).
+  (:func:`stored_bytes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import cast
+from dataclasses import asdict, dataclass
+from typing import Any, cast
 
+import torch
 from torch import nn
 
 from ablate.lightning_modules.components.attention import MultiHeadAttention
 from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.encoder import Encoder, Residual
-from ablate.lightning_modules.errors import ConfigError
 from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.profiling import measure, measure_latencies, training_device
-from ablate.lightning_modules.quant_config import QuantConfig
-from ablate.lightning_modules.quantization.apply import quantize, stored_bytes
 
 
 def count(module: nn.Module | None) -> int:
@@ -98,29 +96,14 @@ def param_report(model: PretrainingModel, cfg: ModelConfig, seq_len: int = 128) 
     )
 
 
-def report_for(
-    cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128, quant: QuantConfig | None = None
-) -> ParamReport:
-    """Build the model on the meta device (no memory, instant even for xxlarge) and count it; with a
-    ``quant`` method, build it for real and give the quantized model's ``model_bytes``.
-
-    Raises:
-        ConfigError: ``weight-mixed``, whose bits per layer follow from a trained model's sensitivity.
-    """
+def report_for(cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128) -> ParamReport:
+    """Build the model on the meta device (no memory, instant even for xxlarge) and count it (a
+    quantized model's size: :func:`ablate.lightning_modules.quantization.apply.quantized_report`)."""
     import torch
 
-    if quant is None or not quant.enabled:
-        with torch.device("meta"):
-            model = build_pretraining_model(cfg, objective or ObjectiveConfig())
-        return param_report(model, cfg, seq_len)
-    if quant.method == "weight-mixed":
-        raise ConfigError(
-            "quant.method: weight-mixed gives bits by each layer's measured sensitivity, so its size is known "
-            "only after a run (ablate train); ablate params sizes uniform methods"
-        )
-    model = build_pretraining_model(cfg, objective or ObjectiveConfig())
-    report = param_report(model, cfg, seq_len)
-    return replace(report, model_bytes=stored_bytes(quantize(model, quant)))
+    with torch.device("meta"):
+        model = build_pretraining_model(cfg, objective or ObjectiveConfig())
+    return param_report(model, cfg, seq_len)
 
 
 def quantized_counts(quantized: PretrainingModel, cfg: ExperimentConfig) -> dict[str, float]:
@@ -175,3 +158,67 @@ def metric_counts(
     )
     out.update({k: cast(float, v) for k, v in measured.as_dict().items() if k != "device"})  # the rest are floats
     return out, {MEASURED_ON: measured.device}
+
+
+def holds_integers(t: torch.Tensor) -> bool:
+    """Whether ``t`` stores its values as integers: a torch.ao quantized tensor, or a tensor subclass
+    (torchao's quantized weights) with an integer inner tensor. A float tensor, a parameter of one
+    (a fake-quantized QAT weight) or a subclass of float tensors only is not."""
+    if t.is_quantized:
+        return True
+    if type(t) in (torch.Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return False
+    names, _ = t.__tensor_flatten__()
+    inner = [getattr(t, name) for name in names]
+    return any(
+        isinstance(x, torch.Tensor) and (not (x.is_floating_point() or x.is_complex()) or holds_integers(x))
+        for x in inner
+    )
+
+
+def _tensor_bytes(t: torch.Tensor) -> float:
+    """Bytes of a tensor as stored: each inner tensor of a torchao tensor at its own dtype, a
+    quantized weight's values at their bit width (int4 values: half a byte), torch.ao's qint8 with
+    its per-channel scales and zero points."""
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, nn.Parameter):
+        names, meta = t.__tensor_flatten__()
+        bits = getattr(meta, "get", lambda *_: None)("target_dtype") if isinstance(meta, dict) else None
+        total = 0.0
+        for name in names:
+            inner = getattr(t, name)
+            if name == "qdata" and isinstance(bits, torch.dtype) and bits.itemsize <= 1:
+                total += inner.numel() * _bits(bits) / 8
+            else:
+                total += _tensor_bytes(inner)
+        return total
+    if t.is_quantized:
+        extra = 0.0
+        if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            extra = t.q_per_channel_scales().nelement() * 8 + t.q_per_channel_zero_points().nelement() * 8
+        return t.numel() * t.element_size() + extra
+    return float(t.numel() * t.element_size())
+
+
+def _bits(dtype: torch.dtype) -> int:
+    name = str(dtype).removeprefix("torch.")
+    digits = "".join(c for c in name if c.isdigit())
+    return int(digits) if name.startswith(("int", "uint")) and digits else dtype.itemsize * 8
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """The bytes ``model``'s weights take, each tensor at its dtype (tied tensors once)."""
+    seen: set[int] = set()
+    kept: list[torch.Tensor] = []  # alive until the end: an id is unique only among live objects
+    total = 0.0
+    for module in model.modules():
+        tensors: list[torch.Tensor] = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        packed: Any = module  # torch.ao's quantized Linear keeps weight and bias packed, behind methods
+        if getattr(packed, "_packed_params", None) is not None and callable(getattr(packed, "weight", None)):
+            bias = packed.bias()
+            tensors += [packed.weight(), *([] if bias is None else [bias])]
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                kept.append(t)
+                total += _tensor_bytes(t)
+    return round(total)

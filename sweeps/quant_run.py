@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
-from ablate.lightning_modules.accounting import quantized_counts
+from ablate.lightning_modules.accounting import quantized_counts, stored_bytes
 from ablate.lightning_modules.config import ExperimentConfig
 from ablate.lightning_modules.pretrain import PretrainModule
 from ablate.lightning_modules.quant_config import WEIGHT_BITS
@@ -42,7 +42,6 @@ from ablate.lightning_modules.quantization.apply import (
     prepare_weight_qat,
     quantize,
     quantized_layers,
-    stored_bytes,
     uniform_plan,
 )
 from ablate.lightning_modules.quantization.mixed import BatchLoss, average_bits, choose_plan

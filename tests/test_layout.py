@@ -80,6 +80,7 @@ CONFIG = {
         "config",
         "run_config",
         "configio",
+        "yamlio",
         "presets",
         "distill_config",
         "finetune_config",

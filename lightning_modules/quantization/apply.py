@@ -28,12 +28,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from types import ModuleType
 from typing import Any, cast
 
 import torch
 from torch import nn
 
+from ablate.lightning_modules.accounting import ParamReport, holds_integers, param_report, report_for, stored_bytes
+from ablate.lightning_modules.config import ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.heads import build_pretraining_model
 from ablate.lightning_modules.quant_config import EMBEDDING_BITS, WEIGHT_BITS, QuantConfig
 
 Plan = dict[str, int]
@@ -55,29 +60,13 @@ class QuantizationNotApplied(RuntimeError):
     """A quantization left layers it was to quantize in floating point (one line, naming them)."""
 
 
-def _holds_integers(t: torch.Tensor) -> bool:
-    """Whether ``t`` stores its values as integers: a torch.ao quantized tensor, or a tensor subclass
-    (torchao's quantized weights) with an integer inner tensor. A float tensor, a parameter of one
-    (a fake-quantized QAT weight) or a subclass of float tensors only is not."""
-    if t.is_quantized:
-        return True
-    if type(t) in (torch.Tensor, nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
-        return False
-    names, _ = t.__tensor_flatten__()
-    inner = [getattr(t, name) for name in names]
-    return any(
-        isinstance(x, torch.Tensor) and (not (x.is_floating_point() or x.is_complex()) or _holds_integers(x))
-        for x in inner
-    )
-
-
 def is_quantized(module: nn.Module) -> bool:
     """Whether ``module``'s weight is stored quantized: torch.ao's packed int8 (a dynamic quantized
     Linear, whose ``weight`` is a method) or integer data in a torchao tensor."""
     weight = getattr(module, "weight", None)
     if callable(weight) and getattr(module, "_packed_params", None) is not None:
         weight = weight()
-    return isinstance(weight, torch.Tensor) and _holds_integers(weight)
+    return isinstance(weight, torch.Tensor) and holds_integers(weight)
 
 
 def quantized_layers(model: nn.Module) -> list[str]:
@@ -319,49 +308,22 @@ def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
     return quantize(model, q)  # qat-int8: prepared, then converted
 
 
-def _tensor_bytes(t: torch.Tensor) -> float:
-    """Bytes of a tensor as stored: each inner tensor of a torchao tensor at its own dtype, a
-    quantized weight's values at their bit width (int4 values: half a byte), torch.ao's qint8 with
-    its per-channel scales and zero points."""
-    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, nn.Parameter):
-        names, meta = t.__tensor_flatten__()
-        bits = getattr(meta, "get", lambda *_: None)("target_dtype") if isinstance(meta, dict) else None
-        total = 0.0
-        for name in names:
-            inner = getattr(t, name)
-            if name == "qdata" and isinstance(bits, torch.dtype) and bits.itemsize <= 1:
-                total += inner.numel() * _bits(bits) / 8
-            else:
-                total += _tensor_bytes(inner)
-        return total
-    if t.is_quantized:
-        extra = 0.0
-        if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            extra = t.q_per_channel_scales().nelement() * 8 + t.q_per_channel_zero_points().nelement() * 8
-        return t.numel() * t.element_size() + extra
-    return float(t.numel() * t.element_size())
+def quantized_report(
+    cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128, quant: QuantConfig | None = None
+) -> ParamReport:
+    """:func:`~ablate.lightning_modules.accounting.report_for`, with a ``quant`` method built for real
+    and quantized: the quantized model's ``model_bytes``.
 
-
-def _bits(dtype: torch.dtype) -> int:
-    name = str(dtype).removeprefix("torch.")
-    digits = "".join(c for c in name if c.isdigit())
-    return int(digits) if name.startswith(("int", "uint")) and digits else dtype.itemsize * 8
-
-
-def stored_bytes(model: nn.Module) -> int:
-    """The bytes ``model``'s weights take, each tensor at its dtype (tied tensors once)."""
-    seen: set[int] = set()
-    kept: list[torch.Tensor] = []  # alive until the end: an id is unique only among live objects
-    total = 0.0
-    for module in model.modules():
-        tensors: list[torch.Tensor] = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        packed: Any = module  # torch.ao's quantized Linear keeps weight and bias packed, behind methods
-        if getattr(packed, "_packed_params", None) is not None and callable(getattr(packed, "weight", None)):
-            bias = packed.bias()
-            tensors += [packed.weight(), *([] if bias is None else [bias])]
-        for t in tensors:
-            if id(t) not in seen:
-                seen.add(id(t))
-                kept.append(t)
-                total += _tensor_bytes(t)
-    return round(total)
+    Raises:
+        ConfigError: ``weight-mixed``, whose bits per layer follow from a trained model's sensitivity.
+    """
+    if quant is None or not quant.enabled:
+        return report_for(cfg, objective, seq_len)
+    if quant.method == "weight-mixed":
+        raise ConfigError(
+            "quant.method: weight-mixed gives bits by each layer's measured sensitivity, so its size is known "
+            "only after a run (ablate train); ablate params sizes uniform methods"
+        )
+    model = build_pretraining_model(cfg, objective or ObjectiveConfig())
+    report = param_report(model, cfg, seq_len)
+    return replace(report, model_bytes=stored_bytes(quantize(model, quant)))

@@ -24,6 +24,7 @@ from ablate.lightning_modules.quantization.apply import (
     prepare_weight_qat,
     quantize,
     quantized_like,
+    quantized_report,
     stored_bytes,
     targets,
     uniform_plan,
@@ -137,14 +138,14 @@ def test_int8_logits_stay_close_to_the_float_models(method):
 
 def test_dynamic_int8_shrinks_bert_base_to_at_most_60_percent():
     base = get_preset("bert-base")
-    quantized = report_for(base, quant=QuantConfig(method="dynamic-int8")).model_bytes
+    quantized = quantized_report(base, quant=QuantConfig(method="dynamic-int8")).model_bytes
     float_bytes = report_for(base).model_bytes
     assert quantized <= 0.6 * float_bytes, quantized / float_bytes
 
 
 def test_params_report_refuses_weight_mixed():
     with pytest.raises(ConfigError) as err:
-        report_for(get_preset("bert-tiny"), quant=QuantConfig(method="weight-mixed"))
+        quantized_report(get_preset("bert-tiny"), quant=QuantConfig(method="weight-mixed"))
     assert str(err.value).startswith("quant.method:") and "weight-mixed" in str(err.value)
 
 
@@ -341,7 +342,7 @@ def test_bert_base_with_4_bit_groups_and_int8_embeddings_is_a_fifth_of_fp32():
 
     base = get_preset("bert-base")
     fp32 = report_for(base).model_bytes
-    q = report_for(base, quant=QuantConfig(method="weight-int4", group_size=32, embeddings="int8")).model_bytes
+    q = quantized_report(base, quant=QuantConfig(method="weight-int4", group_size=32, embeddings="int8")).model_bytes
     assert q / fp32 <= 0.2, q / fp32
 
 
