@@ -16,15 +16,15 @@ from collections import Counter
 from pathlib import Path
 
 from ablate.benchmarks.cli import positive_int
-from ablate.lightning_modules.errors import AblateError, ConfigError
+from ablate.lightning_modules.config.errors import AblateError, ConfigError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _config(target: str, overrides: list[str]):
     """A config from a preset name or a YAML path, with overrides."""
-    from ablate.lightning_modules.configio import build_config, load_config, parse_override
-    from ablate.lightning_modules.presets import PRESETS
+    from ablate.lightning_modules.config.load import build_config, load_config, parse_override
+    from ablate.lightning_modules.config.presets import PRESETS
 
     if target in PRESETS:
         return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
@@ -38,7 +38,7 @@ def cmd_params(args: argparse.Namespace) -> None:
     from rich.table import Table
 
     cfg = _config(args.target, args.overrides)  # config errors answer before torch is imported
-    from ablate.lightning_modules.quantization.apply import quantized_report
+    from ablate.lightning_modules.methods.quantization.apply import quantized_report
 
     report = quantized_report(cfg.model, cfg.objective, cfg.data.max_length, cfg.quant)
     measured = _measure(cfg) if args.measure else None
@@ -89,14 +89,14 @@ def _measure(cfg):
     """Build the real model on cuda (if available) or cpu and measure latency and activation memory."""
     import torch
 
-    from ablate.lightning_modules.heads import build_pretraining_model
-    from ablate.lightning_modules.profiling import measure
+    from ablate.lightning_modules.model.heads import build_pretraining_model
+    from ablate.lightning_modules.model.profiling import measure
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
     if cfg.quant.enabled:  # a quantized model runs on the CPU and does not train: its latency only
-        from ablate.lightning_modules.profiling import Measured, describe_device, measure_latencies
-        from ablate.lightning_modules.quantization.apply import quantize
+        from ablate.lightning_modules.methods.quantization.apply import quantize
+        from ablate.lightning_modules.model.profiling import Measured, describe_device, measure_latencies
 
         cpu = torch.device("cpu")
         lat = measure_latencies(quantize(model, cfg.quant), cfg.model.vocab_size, cfg.data.max_length, cpu)
@@ -109,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if cfg is None and not args.resume:
         raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
     if args.print_config:  # the resolved config (loadable by load_config), before torch is imported
-        from ablate.lightning_modules.config import to_yaml
+        from ablate.lightning_modules.config.experiment import to_yaml
 
         if cfg is None:
             raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
@@ -159,7 +159,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}{here}")
         return
     if args.print_config:  # the config of the first grid point (a placeholder for a study teacher's run)
-        from ablate.lightning_modules.config import to_yaml
+        from ablate.lightning_modules.config.experiment import to_yaml
         from ablate.sweeps.spec import corner_configs
 
         print(to_yaml(corner_configs(spec, base)[0]), end="")
@@ -187,7 +187,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.configio import read_yaml
+    from ablate.lightning_modules.config.load import read_yaml
     from ablate.reports import catalog
     from ablate.reports.build import build_report, render_console
     from ablate.reports.spec import ReportSpec
@@ -215,7 +215,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         raise ConfigError(f"{target}: study: required in a report spec (or give --study)")
     uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
     out = Path(args.out) if args.out else Path(root) / "reports" / study_name
-    from ablate.lightning_modules.paths import output_folder
+    from ablate.lightning_modules.config.paths import output_folder
 
     output_folder(out, "--out")  # before the store is read
     result = build_report(report, study_name, uri, out, remeasure=args.remeasure)
@@ -226,7 +226,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.paths import output_folder
+    from ablate.lightning_modules.config.paths import output_folder
     from ablate.sweeps import tracking
     from ablate.sweeps.weights import RUNS, export_run
 
@@ -235,7 +235,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         raise ConfigError("--private: only with --push-to-hub REPO")
     api = None
     if args.push_to_hub:
-        from ablate.lightning_modules.hf_export import hub_api
+        from ablate.lightning_modules.interop.export import hub_api
 
         api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
     run_id = args.run.removeprefix(RUNS).strip("/")
@@ -245,7 +245,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
     print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
     if api is not None:
-        from ablate.lightning_modules.hf_export import push_to_hub
+        from ablate.lightning_modules.interop.export import push_to_hub
 
         print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
 

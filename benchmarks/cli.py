@@ -16,8 +16,8 @@ from rich.console import Console
 
 from ablate.benchmarks.cases import CASES
 from ablate.benchmarks.status import progress_for
-from ablate.lightning_modules import paths
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config import paths
+from ablate.lightning_modules.config.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
     import torch

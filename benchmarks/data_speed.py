@@ -25,7 +25,7 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import load_or_train_tokenizer
-from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
 TARGET_TOKENS_S, TARGET_WAIT, TARGET_RSS = 100_000, 0.05, 0.10
 BATCHES = 200
@@ -58,7 +58,7 @@ def loader_wait(steps: int = 200) -> tuple[float, float]:
     from lightning.pytorch.profilers import SimpleProfiler
 
     from ablate.datamodules.pretrain import PretrainDataModule
-    from ablate.lightning_modules.pretrain import PretrainModule
+    from ablate.lightning_modules.methods.pretrain import PretrainModule
     from ablate.sweeps.spec import load_study, trial_config
 
     study = Path(__file__).resolve().parents[1] / "sweeps" / "studies" / "quickstart.yaml"

@@ -26,12 +26,12 @@ import torch
 
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, Side, _autocast, _optim
-from ablate.lightning_modules.config import DistillConfig, ExperimentConfig, ObjectiveConfig, TrainerConfig
-from ablate.lightning_modules.heads import IGNORE, build_pretraining_model
-from ablate.lightning_modules.interop import to_transformers
-from ablate.lightning_modules.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
-from ablate.lightning_modules.pretrain import PretrainModule, distill_module
-from ablate.lightning_modules.train_module import adamw, param_groups, warmup_linear_decay
+from ablate.lightning_modules.config.experiment import DistillConfig, ExperimentConfig, ObjectiveConfig, TrainerConfig
+from ablate.lightning_modules.interop.pretrained import to_transformers
+from ablate.lightning_modules.methods.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
+from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
+from ablate.lightning_modules.methods.train_module import adamw, param_groups, warmup_linear_decay
+from ablate.lightning_modules.model.heads import IGNORE, build_pretraining_model
 
 BENCH_TEACHER = "benchmark"  # distill.teacher: a name only (the bench builds the teacher itself)
 

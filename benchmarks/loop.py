@@ -51,8 +51,14 @@ from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing
 from ablate.benchmarks.regimes import DEFAULT_CASE, Step, clock_in, setup
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
-from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, TrackingConfig, TrainerConfig
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config.experiment import (
+    DataConfig,
+    ExperimentConfig,
+    ObjectiveConfig,
+    TrackingConfig,
+    TrainerConfig,
+)
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
@@ -63,7 +69,7 @@ BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after t
 @contextlib.contextmanager
 def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
     """Stamp the start and end of the run's parameter, latency and memory measurement
-    (:func:`ablate.lightning_modules.accounting.metric_counts`, called by name from
+    (:func:`ablate.lightning_modules.model.accounting.metric_counts`, called by name from
     :func:`ablate.sweeps.runner.train`)."""
     from ablate.sweeps import runner
 

@@ -34,12 +34,12 @@ import torch
 
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, batches
-from ablate.lightning_modules.config import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.pruning.config import PruneConfig
-from ablate.lightning_modules.train_module import TrainModule
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.prune import PruneConfig
+from ablate.lightning_modules.methods.train_module import TrainModule
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 REGIMES = ("pretrain", "distill", "prune", "finetune")
 DEFAULT_CASE = {
@@ -169,7 +169,7 @@ def padding_comparison(step: Step, data: list[Batch], length: int, pad_id: int, 
 def _save(model_cfg: object, objective: ObjectiveConfig, data: DataConfig, folder: Path, seed: int) -> str:
     """A model of ``model_cfg`` at its initialisation, exported to ``folder`` with ``data``'s tokenizer."""
     from ablate.datamodules.tokenizer import load_or_train_tokenizer
-    from ablate.lightning_modules.interop import export
+    from ablate.lightning_modules.interop.pretrained import export
 
     cfg = ExperimentConfig(model=model_cfg, objective=objective, data=data, seed=seed)  # type: ignore[arg-type]
     _, tokenizer = load_or_train_tokenizer(data, cfg.model.vocab_size)
@@ -218,7 +218,7 @@ def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.devic
     run_cfg = replace(cfg, regime="distill", distill=DistillConfig(teacher=teacher))
 
     def step(n: int) -> tuple[Step, list[Batch]]:
-        from ablate.lightning_modules.pretrain import distill_module
+        from ablate.lightning_modules.methods.pretrain import distill_module
         from ablate.sweeps.weights import load_source
 
         s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
@@ -235,7 +235,7 @@ def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.devic
 
 def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, root: Path) -> Setup:
     """schuBERT's gate phase on ``case.model`` (written at its initialisation): one round, no fine-tuning."""
-    from ablate.lightning_modules.pruning.gates import check_supported
+    from ablate.lightning_modules.methods.pruning.gates import check_supported
 
     try:
         check_supported(case.model)
@@ -247,8 +247,8 @@ def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device,
     run_cfg = replace(cfg, regime="prune", prune=prune)
 
     def step(n: int) -> tuple[Step, list[Batch]]:
-        from ablate.lightning_modules.prune import PruneModule
-        from ablate.lightning_modules.pruning.keep import VARIANTS
+        from ablate.lightning_modules.methods.prune import PruneModule
+        from ablate.lightning_modules.methods.pruning.keep import VARIANTS
         from ablate.sweeps.weights import load_source
 
         s = load_source(source, "", root, field="prune.source")
@@ -278,7 +278,7 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
 
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.datamodules.classification import ClassificationDataModule
-        from ablate.lightning_modules.finetune import FinetuneModule
+        from ablate.lightning_modules.methods.finetune import FinetuneModule
         from ablate.sweeps.weights import load_source
 
         s = load_source(source, "", root, field="finetune.source")
@@ -293,7 +293,7 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
         from tokenizers import Tokenizer
 
         from ablate.datamodules.tokenizer import special_ids
-        from ablate.lightning_modules.hf_export import folder_tokenizer
+        from ablate.lightning_modules.interop.export import folder_tokenizer
 
         pad = special_ids(Tokenizer.from_file(str(folder_tokenizer(source)))).pad
         return padding_comparison(*step(min(steps, 60)), case.seq_len, pad)

@@ -36,13 +36,19 @@ import torch
 from ablate.benchmarks.cases import Case
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import load_or_train_tokenizer
-from ablate.lightning_modules.config import DataConfig, ExperimentConfig, ObjectiveConfig, OptimConfig, TrainerConfig
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.interop import to_transformers
-from ablate.lightning_modules.interop_maps import family
-from ablate.lightning_modules.pretrain import PretrainModule
-from ablate.lightning_modules.profiling import saved_activation_bytes
-from ablate.lightning_modules.train_module import adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.config.experiment import (
+    DataConfig,
+    ExperimentConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    TrainerConfig,
+)
+from ablate.lightning_modules.interop.maps import family
+from ablate.lightning_modules.interop.pretrained import to_transformers
+from ablate.lightning_modules.methods.pretrain import PretrainModule
+from ablate.lightning_modules.methods.train_module import adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.profiling import saved_activation_bytes
 
 HF_SENTENCE_LABEL = {
     "albert": "sentence_order_label",

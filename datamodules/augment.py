@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tqdm.auto import tqdm
 
 from ablate.datamodules.tokenizer import SpecialIds, special_ids
-from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.model.heads import PretrainingModel
 
 ALGORITHM_VERSION = 1
 """Bumped whenever the output for the same inputs changes, so stale cached augmentations miss."""

@@ -30,8 +30,8 @@ from typing import Annotated
 from pydantic import BeforeValidator, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from ablate.lightning_modules.configio import read_yaml
-from ablate.lightning_modules.errors import STRICT, ConfigError, DataError, format_error
+from ablate.lightning_modules.config.errors import STRICT, ConfigError, DataError, format_error
+from ablate.lightning_modules.config.load import read_yaml
 
 ENV = "ABLATE_DATA_CATALOG"
 """The environment variable naming the catalog file."""

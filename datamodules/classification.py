@@ -33,10 +33,10 @@ from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.tokenizer import cache_root, special_ids
 from ablate.datamodules.transfer import packed, unpack
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import ConfigError, DataError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
-from ablate.lightning_modules.heads import PretrainingModel
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.experiment import DataConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.model.heads import PretrainingModel
 
 _READ_BATCH = 8192  # rows per batch pulled from `datasets`, and texts per encode_batch call
 

@@ -30,8 +30,8 @@ from datasets.distributed import split_dataset_by_node
 
 from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import CorpusSpec, error, resolve_corpus
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import DataError
+from ablate.lightning_modules.config.errors import DataError
+from ablate.lightning_modules.config.experiment import DataConfig
 
 __all__ = [
     "CorpusSpec",

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from ablate.lightning_modules.config import prediction_slots
+from ablate.lightning_modules.config.experiment import prediction_slots
 
 Strategy = Literal["token", "whole_word", "ngram"]
 IGNORE_INDEX = -100

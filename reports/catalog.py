@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.spec import ReportSpec
 
 if TYPE_CHECKING:

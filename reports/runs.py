@@ -14,7 +14,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Run, ViewType
 
-from ablate.lightning_modules.errors import StorageError
+from ablate.lightning_modules.config.errors import StorageError
 from ablate.sweeps.tracking import check_database
 
 #: Columns every runs frame has, before the params and metrics.

@@ -25,9 +25,9 @@ from typing import Any, Literal
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.configio import read_yaml
-from ablate.lightning_modules.errors import STRICT, ConfigError, FieldError, format_error
-from ablate.lightning_modules.metric_names import check_name
+from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
+from ablate.lightning_modules.config.load import read_yaml
+from ablate.lightning_modules.config.metric_names import check_name
 
 Format = Literal["millions", "percent", "float", "int", "sci"]
 State = Literal["COMPLETE", "PRUNED", "FAIL"]
@@ -69,7 +69,7 @@ class MetricSpec:
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        try:  # the names runs log, from ablate.lightning_modules.metric_names
+        try:  # the names runs log, from ablate.lightning_modules.config.metric_names
             check_name(name)
         except ValueError as exc:
             raise ValueError(f"{exc}; runs log e.g. val/mlm_acc, <task>/best_accuracy, params.backbone") from None

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.spec import MetricSpec, ReportSpec
 
 MISSING = "–"
@@ -26,13 +26,13 @@ SPREAD_NOTE = (
     "rerun with --remeasure on a quiet machine"
 )
 #: A metric ``m`` whose runs also logged ``m_reference`` (the time of a fixed reference workload run
-#: beside its repeats; ``ablate.lightning_modules.reference_load``) gets :data:`REFERENCE_MARK` on
+#: beside its repeats; ``ablate.lightning_modules.model.reference_load``) gets :data:`REFERENCE_MARK` on
 #: every cell where some run's reference took over :data:`REFERENCE_LIMIT` times the median
 #: reference of the table's runs measured on the same device (param :data:`MEASURED_ON`).
 REFERENCE_SUFFIX = "_reference"
 REFERENCE_LIMIT = 1.5
 REFERENCE_MARK = "‡"
-MEASURED_ON = "measure.device"  # ablate.lightning_modules.accounting.MEASURED_ON
+MEASURED_ON = "measure.device"  # ablate.lightning_modules.model.accounting.MEASURED_ON
 REFERENCE_NOTE = (
     f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than its "
     "median over the table's runs: the machine was busy; rerun with --remeasure on a quiet machine"

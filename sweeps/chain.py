@@ -5,7 +5,7 @@ under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked
 ``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
 ``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
 study's objective and reports can use any of them, and the params ``technique.<name>``: the
-compression techniques its stages apply, read from their configs (:mod:`~ablate.lightning_modules.techniques`).
+compression techniques its stages apply, read from their configs (:mod:`~ablate.lightning_modules.methods.techniques`).
 
 A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then
 fine-tuned once per seed (one stage run each) and the trial carries each ``<task>/...``
@@ -18,9 +18,9 @@ import statistics
 
 from mlflow.entities import Param
 
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.metric_names import DOWNSTREAM_AVG
-from ablate.lightning_modules.techniques import stages_of
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
+from ablate.lightning_modules.methods.techniques import stages_of
 from ablate.sweeps.context import ActiveRun, RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import FinetuneTask

@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from mlflow.exceptions import MlflowException
 
-from ablate.lightning_modules.config import ExperimentConfig, config_digest
+from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest
 
 LAST = "last.ckpt"
 MLFLOW = "mlflow"
@@ -216,9 +216,9 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
     Raises:
         ConfigError: no such run, it kept no checkpoint, or ``cfg`` differs from its config.
     """
-    from ablate.lightning_modules.config import flatten
-    from ablate.lightning_modules.configio import build_config
-    from ablate.lightning_modules.errors import ConfigError
+    from ablate.lightning_modules.config.errors import ConfigError
+    from ablate.lightning_modules.config.experiment import flatten
+    from ablate.lightning_modules.config.load import build_config
     from ablate.sweeps import tracking
 
     client = tracking.existing(uri, f"--resume {run_id}")

@@ -6,7 +6,7 @@ tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume)
 
 :class:`ActiveRun` is the MLflow run a regime's work writes into once it exists: the one channel
 for metrics logged outside Lightning's loop (inside it, ``LightningModule.log``), each name checked
-against the registry of :mod:`ablate.lightning_modules.metric_names`.
+against the registry of :mod:`ablate.lightning_modules.config.metric_names`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.metric_names import check_name
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.metric_names import check_name
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback

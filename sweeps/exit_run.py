@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from ablate.datamodules.classification import ClassificationDataModule, collate
-from ablate.lightning_modules.classifier import Classifier
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
-from ablate.lightning_modules.profiling import placed
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
+from ablate.lightning_modules.model.profiling import placed
 from ablate.sweeps.context import ActiveRun
 
 TIMED = 200

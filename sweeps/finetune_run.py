@@ -30,12 +30,12 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from ablate.datamodules.classification import ClassificationDataModule
-from ablate.lightning_modules.accounting import stored_bytes
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.finetune import FinetuneModule, task_distill_module
-from ablate.lightning_modules.quant_config import check_group_size
-from ablate.lightning_modules.quantization.apply import convert_weight_qat, prepare_qat
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.quant import check_group_size
+from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
+from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
+from ablate.lightning_modules.model.accounting import stored_bytes
 from ablate.sweeps import tracking
 from ablate.sweeps.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.exit_run import exit_curve, used_at

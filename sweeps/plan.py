@@ -19,17 +19,17 @@ from typing import Any
 
 from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.provenance import check_data, task_data
-from ablate.lightning_modules.config import MAX_SEED, ExperimentConfig
-from ablate.lightning_modules.errors import ConfigError, DataError
-from ablate.lightning_modules.metric_names import (
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.experiment import MAX_SEED, ExperimentConfig
+from ablate.lightning_modules.config.metric_names import (
     DOWNSTREAM_AVG,
     NAMESPACES,
     VAL_SENTENCE_ACC,
     VALIDATION,
     task_metrics,
 )
-from ablate.lightning_modules.paths import output_file, output_folder
-from ablate.lightning_modules.run_config import TrainerConfig
+from ablate.lightning_modules.config.paths import output_file, output_folder
+from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, teacher_config
 
 MLFLOW_NAME = 250
@@ -98,7 +98,7 @@ def check_size(cfg: ExperimentConfig, machine: Machine) -> None:
     """A model this machine can hold while training it (weights, gradients, AdamW's moments)."""
     if cfg.regime not in ("pretrain", "distill"):  # the model is a trained source's: it exists
         return
-    from ablate.lightning_modules.accounting import report_for
+    from ablate.lightning_modules.model.accounting import report_for
 
     report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
     params = report.backbone + report.heads

@@ -1,5 +1,5 @@
 """One pruning run (``prune.source`` set) as one MLflow run: the algorithm is
-:func:`ablate.lightning_modules.pruning.schubert.prune`; this module trains its phases in one
+:func:`ablate.lightning_modules.methods.pruning.schubert.prune`; this module trains its phases in one
 MLflow run and logs the outcome.
 
 The run logs the parameter count after each round (``prune/params``), latency and FLOPs
@@ -16,9 +16,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.accounting import metric_counts
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.pruning.schubert import dims_markdown, dims_table, prune
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.methods.pruning.schubert import dims_markdown, dims_table, prune
+from ablate.lightning_modules.model.accounting import metric_counts
 from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.quant_run import quantize_and_log
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit

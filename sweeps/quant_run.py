@@ -10,7 +10,7 @@ What a quantized run logs, beside what every run logs:
   one's), ``quant/avg_bits`` (bits per quantized weight);
 - ``quant/layers``: how many layers of the model evaluated hold quantized weights (the encoder's
   Linears, and the embedding tables ``quant.embeddings`` quantizes); a model with none is an error
-  (:class:`~ablate.lightning_modules.quantization.apply.QuantizationNotApplied`), never scored;
+  (:class:`~ablate.lightning_modules.methods.quantization.apply.QuantizationNotApplied`), never scored;
 - for ``weight-mixed``, the layers' sensitivities, ranks and bits as the artifact ``quant/plan.csv``.
 
 The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config:
@@ -30,11 +30,10 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
-from ablate.lightning_modules.accounting import quantized_counts, stored_bytes
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.pretrain import PretrainModule
-from ablate.lightning_modules.quant_config import WEIGHT_BITS
-from ablate.lightning_modules.quantization.apply import (
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.quant import WEIGHT_BITS
+from ablate.lightning_modules.methods.pretrain import PretrainModule
+from ablate.lightning_modules.methods.quantization.apply import (
     Plan,
     QuantizationNotApplied,
     convert_weight_qat,
@@ -44,7 +43,8 @@ from ablate.lightning_modules.quantization.apply import (
     quantized_layers,
     uniform_plan,
 )
-from ablate.lightning_modules.quantization.mixed import BatchLoss, average_bits, choose_plan
+from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
+from ablate.lightning_modules.model.accounting import quantized_counts, stored_bytes
 from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights

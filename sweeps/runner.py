@@ -13,17 +13,17 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
-from ablate.lightning_modules.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
-from ablate.lightning_modules.config import ExperimentConfig, Regime
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.interop import initial_model
-from ablate.lightning_modules.precision import matmul_precision, resolved
-from ablate.lightning_modules.pretrain import PretrainModule, distill_module
-from ablate.lightning_modules.probe import intrinsic_eval
-from ablate.lightning_modules.profiling import placed, training_device
-from ablate.lightning_modules.pruning.gates import check_supported
-from ablate.lightning_modules.quant_config import check_group_size
-from ablate.lightning_modules.quantization.apply import prepare_qat
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
+from ablate.lightning_modules.config.quant import check_group_size
+from ablate.lightning_modules.interop.pretrained import initial_model
+from ablate.lightning_modules.methods.precision import matmul_precision, resolved
+from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
+from ablate.lightning_modules.methods.probe import intrinsic_eval
+from ablate.lightning_modules.methods.pruning.gates import check_supported
+from ablate.lightning_modules.methods.quantization.apply import prepare_qat
+from ablate.lightning_modules.model.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
+from ablate.lightning_modules.model.profiling import placed, training_device
 from ablate.sweeps import checkpoints, tracking
 from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext
 from ablate.sweeps.finetune_run import prepare_finetune

@@ -46,10 +46,10 @@ import optuna
 from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, field_names, flatten
-from ablate.lightning_modules.configio import build_config, read_yaml
-from ablate.lightning_modules.errors import STRICT, ConfigError, FieldError, format_error
-from ablate.lightning_modules.paths import input_file
+from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
+from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
+from ablate.lightning_modules.config.load import build_config, read_yaml
+from ablate.lightning_modules.config.paths import input_file
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     REFERENCE_FIELDS,
     FinetuneTask,

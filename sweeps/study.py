@@ -23,7 +23,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.errors import ConfigError, StorageError, require_driver
+from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps import teacher as teachers
 from ablate.sweeps.chain import chained_trial

@@ -12,10 +12,10 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StrictInt, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config import REGIME_SOURCE, ExperimentConfig, to_dict
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import STRICT, FieldError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.config.errors import STRICT, FieldError
+from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, to_dict
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.load import build_config
 
 
 @dataclass(frozen=True, config=STRICT)

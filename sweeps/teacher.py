@@ -23,9 +23,9 @@ from mlflow.exceptions import MlflowException
 from optuna.trial import TrialState
 from rich.console import Console
 
-from ablate.lightning_modules.config import ExperimentConfig, config_digest, to_dict
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest, to_dict
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps import checkpoints, tracking, workers
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train

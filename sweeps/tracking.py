@@ -27,8 +27,8 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from optuna import TrialPruned
 
 from ablate.datamodules.provenance import data_tags
-from ablate.lightning_modules.config import ExperimentConfig, run_params, to_yaml
-from ablate.lightning_modules.errors import AblateError, StorageError, require_driver
+from ablate.lightning_modules.config.errors import AblateError, StorageError, require_driver
+from ablate.lightning_modules.config.experiment import ExperimentConfig, run_params, to_yaml
 from ablate.sweeps.context import ActiveRun, RunContext
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"

@@ -17,8 +17,8 @@ from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfi
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.multiprocessing import ProcessRaisedException
 
-from ablate.lightning_modules.config import ExperimentConfig, TrainerConfig
-from ablate.lightning_modules.loop import loop_callbacks
+from ablate.lightning_modules.config.experiment import ExperimentConfig, TrainerConfig
+from ablate.lightning_modules.methods.loop import loop_callbacks
 from ablate.sweeps import forksafe, tracking
 
 

@@ -23,15 +23,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from ablate.lightning_modules.classifier import Classifier
-from ablate.lightning_modules.config import ExperimentConfig, ModelConfig, to_yaml
-from ablate.lightning_modules.configio import load_config
-from ablate.lightning_modules.encoder import build_encoder
-from ablate.lightning_modules.errors import AblateError, ConfigError, StorageError
-from ablate.lightning_modules.heads import PretrainingModel
-from ablate.lightning_modules.hf_export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
-from ablate.lightning_modules.interop import WEIGHTS, export, load_classifier, load_pretrained, state_dict
-from ablate.lightning_modules.vocab_bridge import VocabMap, own_vocabulary
+from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
+from ablate.lightning_modules.config.load import load_config
+from ablate.lightning_modules.interop.export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
+from ablate.lightning_modules.interop.pretrained import WEIGHTS, export, load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.encoder import build_encoder
+from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 from ablate.sweeps import tracking
 
 ARTIFACT = "model"

@@ -19,9 +19,9 @@ from mlflow import MlflowClient
 
 from ablate.benchmarks.cases import bert_small
 from ablate.benchmarks.train_speed import batches, build_sides, race
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.profiling import measure, training_device
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.profiling import measure, training_device
 from ablate.sweeps import checkpoints
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import MEASURED_ON, train

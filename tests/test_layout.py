@@ -1,4 +1,5 @@
-"""The package's shape: one namespace, imports that point one way, a CLI that answers without torch."""
+"""The package's shape: one namespace, imports that point one way (between the packages and between the
+layers inside ``lightning_modules``), a CLI that answers without torch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# the layers, lowest first: a module may import only from its own layer or the ones below
-LAYERS: dict[str, str] = {
+PACKAGES: dict[str, str] = {
     "lightning_modules": "ablate.lightning_modules",
     "datamodules": "ablate.datamodules",
     "sweeps": "ablate.sweeps",
@@ -19,12 +19,27 @@ LAYERS: dict[str, str] = {
     "benchmarks": "ablate.benchmarks",
     "ablate": "ablate",
 }
-ORDER = list(LAYERS.values())
+"""Folder -> the package it installs as."""
+ORDER = [
+    "ablate.lightning_modules",
+    "ablate.lightning_modules.config",
+    "ablate.lightning_modules.model",
+    "ablate.lightning_modules.methods",
+    "ablate.lightning_modules.interop",
+    "ablate.datamodules",
+    "ablate.sweeps",
+    "ablate.reports",
+    "ablate.benchmarks",
+    "ablate",
+]
+"""The layers, lowest first: a module may import only from its own layer or the ones below it. Inside
+``lightning_modules``: config (validated dataclasses, YAML) -> model (blocks, encoder, heads,
+accounting) -> methods (training modules, losses, pruning, quantization) -> interop (transformers)."""
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for folder, package in LAYERS.items():
+    for folder, package in PACKAGES.items():
         for path in (ROOT / folder).rglob("*.py"):
             parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
             out[".".join([package, *parts])] = path
@@ -72,27 +87,12 @@ def test_imports_point_one_way() -> None:
     assert upward == []
 
 
-CONFIG = {
-    f"ablate.lightning_modules.{m}"
-    for m in (
-        "errors",
-        "fields",
-        "config",
-        "run_config",
-        "configio",
-        "yamlio",
-        "presets",
-        "distill_config",
-        "finetune_config",
-        "pruning.config",
-        "quant_config",
-        "model_config",
-    )
-}
+CONFIG = {m for m in _modules() if m.startswith("ablate.lightning_modules.config")}
 
 
 def test_the_config_layer_imports_no_model_code() -> None:
-    """Reading and validating a config needs nothing above it (and so no torch)."""
+    """Reading and validating a config needs nothing above it (and so no torch): the config layer
+    imports only itself."""
     assert {m: sorted(GRAPH[m] - CONFIG) for m in CONFIG if GRAPH[m] - CONFIG} == {}
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate.lightning_modules.errors import AblateError, require, require_driver
+from ablate.lightning_modules.config.errors import AblateError, require, require_driver
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
@@ -220,9 +220,9 @@ def test_require_is_one_line_naming_the_extra(hide, tmp_path):
         require("transformers.utils.logging", "hf")
     assert str(exc.value) == line
     # through the sites: the transformers model map, and loading a transformers checkpoint folder
-    from ablate.lightning_modules.interop import load_pretrained
-    from ablate.lightning_modules.interop_maps import hf_config
-    from ablate.lightning_modules.presets import get_preset
+    from ablate.lightning_modules.config.presets import get_preset
+    from ablate.lightning_modules.interop.maps import hf_config
+    from ablate.lightning_modules.interop.pretrained import load_pretrained
 
     with pytest.raises(AblateError) as exc:
         hf_config(get_preset("bert-tiny"), "bert")

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from ablate.datamodules.stream import tokenize_documents
 from ablate.datamodules.tokenizer import load_or_train_tokenizer
-from ablate.lightning_modules.config import DataConfig
+from ablate.lightning_modules.config.experiment import DataConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 WIKI_VALIDATION = SHARED_DATA / "wiki-en" / "validation-00-of-01.jsonl.gz"

@@ -14,10 +14,10 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from ablate.datamodules.augment import augment_rows, cached_augmentation, sample_table
 from ablate.datamodules.classification import ClassificationDataModule
 from ablate.datamodules.tokenizer import special_ids
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
-from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from tests.conftest import SHARED_DATA
 
 SST2 = SHARED_DATA / "sst2"

@@ -16,10 +16,10 @@ from ablate.datamodules.corpus import iter_documents, resolve_corpus
 from ablate.datamodules.provenance import CATALOG_TAG, CORPUS_TAG, data_tags
 from ablate.datamodules.sources import resolve_task
 from ablate.datamodules.tokenizer import fingerprint, train_tokenizer
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError, DataError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.experiment import DataConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.load import build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"Article {i} is about topic {i}.\nIt has a second paragraph, number {i}." for i in range(40)]

@@ -12,8 +12,8 @@ import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
 from ablate.datamodules.corpus import find_bad_record, iter_documents, resolve_corpus
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import DataError, worker_message
+from ablate.lightning_modules.config.errors import DataError, worker_message
+from ablate.lightning_modules.config.experiment import DataConfig
 
 GOOD = [f'{{"text": "Document {i}. It has two sentences."}}\n'.encode() for i in range(60)]
 
@@ -82,7 +82,7 @@ def test_worker_message_leaves_other_text_alone():
     wrapped = (
         "Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
         '  File "x.py", line 1, in f\n    raise DataError(...)\n'
-        "ablate.lightning_modules.errors.DataError: data.corpus: x: bad\n"
+        "ablate.lightning_modules.config.errors.DataError: data.corpus: x: bad\n"
     )
     assert worker_message(wrapped, DataError) == "data.corpus: x: bad"
     assert str(DataError(wrapped)) == "data.corpus: x: bad"

@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 
 from ablate.datamodules.classification import ClassificationDataModule, _trim
 from ablate.datamodules.tokenizer import train_tokenizer
-from ablate.lightning_modules.errors import ConfigError, DataError
-from ablate.lightning_modules.finetune_config import FinetuneConfig
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from tests.conftest import SHARED_DATA
 
 SST2 = SHARED_DATA / "sst2"

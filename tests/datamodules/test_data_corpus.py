@@ -22,8 +22,8 @@ from ablate.datamodules.corpus import (
     resolve_corpus,
 )
 from ablate.datamodules.stream import DocumentStream
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import DataError
+from ablate.lightning_modules.config.errors import DataError
+from ablate.lightning_modules.config.experiment import DataConfig
 
 
 def _cfg(corpus: str | Path, **kw) -> DataConfig:  # type: ignore[no-untyped-def]

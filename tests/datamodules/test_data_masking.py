@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ablate.datamodules.masking import cap_selection, mask_tokens, ngram_probs, ngram_start_rate
-from ablate.lightning_modules.config import prediction_slots
+from ablate.lightning_modules.config.experiment import prediction_slots
 
 VOCAB, MASK, PAD, CLS, SEP = 1000, 4, 0, 2, 3
 

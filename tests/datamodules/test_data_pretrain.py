@@ -11,8 +11,8 @@ import torch
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.datamodules.transfer import PackedBatch, unpack
-from ablate.lightning_modules.config import DataConfig, ObjectiveConfig
-from ablate.lightning_modules.errors import DataError
+from ablate.lightning_modules.config.errors import DataError
+from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
 VOCAB = 2000
 

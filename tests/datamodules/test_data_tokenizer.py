@@ -9,8 +9,8 @@ import pytest
 
 import ablate.datamodules.tokenizer as tokmod
 from ablate.datamodules.tokenizer import SPECIAL_TOKENS, cache_root, load_or_train_tokenizer, special_ids
-from ablate.lightning_modules.config import DataConfig
-from ablate.lightning_modules.errors import ConfigError, DataError
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.experiment import DataConfig
 
 
 def _no_training(*args: object, **kwargs: object) -> None:

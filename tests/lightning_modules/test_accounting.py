@@ -9,10 +9,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.lightning_modules.accounting import flops_per_token, report_for
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.encoder import build_encoder
-from ablate.lightning_modules.presets import get_preset
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.presets import get_preset
+from ablate.lightning_modules.model.accounting import flops_per_token, report_for
+from ablate.lightning_modules.model.encoder import build_encoder
 
 M = 1e6
 TOL = 1.1 * M

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ablate.lightning_modules.accounting import report_for
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.encoder import build_encoder
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.accounting import report_for
+from ablate.lightning_modules.model.encoder import build_encoder
 
 
 def _model(**fields):

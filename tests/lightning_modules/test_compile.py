@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ablate.lightning_modules.config import LayerSpec
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.profiling import random_batch
+from ablate.lightning_modules.config.experiment import LayerSpec
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.profiling import random_batch
 
 T, B = 32, 4
 FAMILIES = {
@@ -88,8 +88,8 @@ def _step_graphs(module, batch: dict[str, torch.Tensor]) -> None:
 def test_every_distillation_stage_is_one_graph(vocabulary: str):
     """With its own vocabulary (Zhao et al.), the student's stages add the teacher's mixed input
     (a draw, a gather, a where) and its prediction over the student vocabulary, still one graph."""
-    from ablate.lightning_modules.pretrain import distill_module
-    from ablate.lightning_modules.vocab_bridge import VocabMap
+    from ablate.lightning_modules.methods.pretrain import distill_module
+    from ablate.lightning_modules.model.vocab_bridge import VocabMap
 
     own = vocabulary == "its own"
     model = {"preset": "bert-tiny", "num_layers": 2, "hidden_dim": 64, "embed_dim": 64, "num_heads": 2}
@@ -108,8 +108,8 @@ def test_every_distillation_stage_is_one_graph(vocabulary: str):
 
 
 def test_every_fine_tuning_stage_is_one_graph():
-    from ablate.lightning_modules.classifier import build_classifier
-    from ablate.lightning_modules.finetune import FinetuneModule, task_distill_module
+    from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
+    from ablate.lightning_modules.model.classifier import build_classifier
 
     ft = {"source": "runs:/s", "task": "t", "train": "a.tsv", "validation": "b.tsv", "max_steps": 10}
     plain = build_config({"model": {"preset": "bert-tiny"}, "finetune": {**ft, "exits": True, "exit_steps": 4}})

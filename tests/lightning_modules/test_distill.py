@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.encoder import Trace
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.losses import feature_map_loss
-from ablate.lightning_modules.pretrain import distill_module
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.methods.losses import feature_map_loss
+from ablate.lightning_modules.methods.pretrain import distill_module
+from ablate.lightning_modules.model.encoder import Trace
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 V = 300
 STUDENT = {"preset": "mobilebert-mini", "vocab_size": V, "max_position": 64}

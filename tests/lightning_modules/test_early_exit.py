@@ -7,10 +7,10 @@ import functools
 import pytest
 import torch
 
-from ablate.lightning_modules.accounting import flops_per_token, linear_flops
-from ablate.lightning_modules.classifier import Classifier, build_classifier, hidden_width
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.early_exit import (
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.accounting import flops_per_token, linear_flops
+from ablate.lightning_modules.model.classifier import Classifier, build_classifier, hidden_width
+from ablate.lightning_modules.model.early_exit import (
     build_exits,
     exit_counts,
     exit_logits,
@@ -20,7 +20,7 @@ from ablate.lightning_modules.early_exit import (
     self_distillation_loss,
     speed_curve,
 )
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 PRESETS = ["bert-tiny", "mobilebert-mini", "albert-tiny"]
 C = 3
@@ -197,7 +197,7 @@ def test_latency_ratio_times_both_on_the_same_examples() -> None:
 
 
 def test_row_entropy_is_normalized_entropy_on_the_host() -> None:
-    from ablate.lightning_modules.early_exit import row_entropy
+    from ablate.lightning_modules.model.early_exit import row_entropy
 
     torch.manual_seed(0)
     for logits in (torch.randn(1, 2), 5 * torch.randn(1, 3), torch.zeros(1, 4), torch.tensor([[30.0, -30.0]])):

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.lightning_modules.config import prediction_slots
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.encoder import Trace, build_encoder, layer_plan
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config.experiment import prediction_slots
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.encoder import Trace, build_encoder, layer_plan
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 
 def _cfg(**model):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.finetune import FinetuneModule
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.methods.finetune import FinetuneModule
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 
 def _cfg(sentence: str = "sop", **finetune):
@@ -66,8 +66,8 @@ def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():
 
     import lightning.pytorch as pl
 
-    from ablate.lightning_modules.quant_config import QuantConfig
-    from ablate.lightning_modules.quantization.apply import quantize
+    from ablate.lightning_modules.config.quant import QuantConfig
+    from ablate.lightning_modules.methods.quantization.apply import quantize
 
     cfg = _cfg(num_labels=2, max_steps=4, val_every=2)
     module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))

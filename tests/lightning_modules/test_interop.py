@@ -7,16 +7,16 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ablate.lightning_modules.config import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
-from ablate.lightning_modules.errors import ConfigError  # noqa: E402
-from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model  # noqa: E402
-from ablate.lightning_modules.interop import (  # noqa: E402
+from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.config.experiment import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
+from ablate.lightning_modules.interop.pretrained import (  # noqa: E402
     export,
     from_transformers,
     initial_model,
     load_pretrained,  # noqa: E402
     to_transformers,
 )
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model  # noqa: E402
 
 V = 1000
 TOL = 1e-4
@@ -369,7 +369,7 @@ def test_export_is_a_transformers_model(name, wordpiece, tmp_path):
     assert len(filled) == 5 and all(r["token_str"] for r in filled)
 
     card = (out / "README.md").read_text()
-    from ablate.lightning_modules.accounting import param_report
+    from ablate.lightning_modules.model.accounting import param_report
 
     report = param_report(model, cfg.model, cfg.data.max_length)
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n")
@@ -385,7 +385,7 @@ def test_exported_tokenizer_encodes_as_the_runs(wordpiece, tmp_path):
     from tokenizers import Tokenizer
 
     from ablate.datamodules.tokenizer import new_tokenizer, train_tokenizer
-    from ablate.lightning_modules.hf_export import hf_tokenizer, save_tokenizer
+    from ablate.lightning_modules.interop.export import hf_tokenizer, save_tokenizer
 
     tok_path, docs = wordpiece
     raw = Tokenizer.from_file(str(tok_path))
@@ -450,8 +450,8 @@ def test_initial_model_refuses_a_checkpoint_with_another_tokenizer(wordpiece, tm
 def test_without_transformers_the_tokenizer_file_is_copied(wordpiece, tmp_path, monkeypatch):
     """A run's model/ artifacts keep its tokenizer where the hf extra is not installed; an export that
     needs transformers says how to install it."""
-    from ablate.lightning_modules import hf_export
-    from ablate.lightning_modules.errors import AblateError
+    from ablate.lightning_modules.config.errors import AblateError
+    from ablate.lightning_modules.interop import export as hf_export
 
     def missing(module, extra):
         raise AblateError(f"{module} is not installed: run pip install -e '.[{extra}]' in the ablate checkout")

@@ -10,16 +10,16 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ablate.lightning_modules.classifier import Classifier, build_classifier  # noqa: E402
-from ablate.lightning_modules.config import ExperimentConfig  # noqa: E402
-from ablate.lightning_modules.configio import build_config  # noqa: E402
-from ablate.lightning_modules.errors import ConfigError  # noqa: E402
-from ablate.lightning_modules.heads import build_pretraining_model  # noqa: E402
-from ablate.lightning_modules.interop import export, load_classifier, load_pretrained  # noqa: E402
-from ablate.lightning_modules.interop_classifier import (  # noqa: E402
+from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.config.experiment import ExperimentConfig  # noqa: E402
+from ablate.lightning_modules.config.load import build_config  # noqa: E402
+from ablate.lightning_modules.interop.classifier import (  # noqa: E402
     from_transformers_classifier,
     to_transformers_classifier,
 )
+from ablate.lightning_modules.interop.pretrained import export, load_classifier, load_pretrained  # noqa: E402
+from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
+from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -169,9 +169,9 @@ def test_a_runs_saved_classifier_comes_back_with_its_exits(tmp_path, batch):
     """A fine-tuning run's ``model/`` artifacts (our state dict + config.yaml) keep FastBERT's exits."""
     from safetensors.torch import save_file
 
-    from ablate.lightning_modules.classifier import new_head
-    from ablate.lightning_modules.config import to_yaml
-    from ablate.lightning_modules.interop import state_dict
+    from ablate.lightning_modules.config.experiment import to_yaml
+    from ablate.lightning_modules.interop.pretrained import state_dict
+    from ablate.lightning_modules.model.classifier import new_head
 
     cfg = _config("bert-tiny", num_labels=2)
     model = _classifier(cfg)

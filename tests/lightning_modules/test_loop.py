@@ -9,9 +9,9 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ablate.lightning_modules.config import to_dict
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.loop import FiniteLoss
+from ablate.lightning_modules.config.experiment import to_dict
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.methods.loop import FiniteLoss
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.lightning_modules.losses import (
+from ablate.lightning_modules.methods.losses import (
     attention_loss,
     attention_mse_loss,
     cosine_loss,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.lightning_modules import names
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model import names
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 FAMILIES = {
     "bert": {"preset": "bert-tiny"},

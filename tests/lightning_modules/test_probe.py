@@ -9,10 +9,16 @@ import pytest
 import torch
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
-from ablate.lightning_modules import probe
-from ablate.lightning_modules.config import DataConfig, ModelConfig, ObjectiveConfig
-from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.probe import IntrinsicScores, cls_features, intrinsic_eval, linear_probe, mlm_accuracy
+from ablate.lightning_modules.config.experiment import DataConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.methods import probe
+from ablate.lightning_modules.methods.probe import (
+    IntrinsicScores,
+    cls_features,
+    intrinsic_eval,
+    linear_probe,
+    mlm_accuracy,
+)
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
 VOCAB = 1000
 

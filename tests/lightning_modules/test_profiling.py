@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.profiling import (
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model.profiling import (
     Latency,
     Measured,
     autocast_for,

@@ -10,15 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from ablate.lightning_modules.accounting import count, report_for
-from ablate.lightning_modules.config import ObjectiveConfig, run_params
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.presets import get_preset
-from ablate.lightning_modules.profiling import random_batch
-from ablate.lightning_modules.quant_config import QuantConfig
-from ablate.lightning_modules.quantization.apply import (
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ObjectiveConfig, run_params
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.presets import get_preset
+from ablate.lightning_modules.config.quant import QuantConfig
+from ablate.lightning_modules.methods.quantization.apply import (
     convert_weight_qat,
     prepare_qat,
     prepare_weight_qat,
@@ -29,7 +26,10 @@ from ablate.lightning_modules.quantization.apply import (
     targets,
     uniform_plan,
 )
-from ablate.lightning_modules.quantization.mixed import average_bits, choose_plan, mixed_plan
+from ablate.lightning_modules.methods.quantization.mixed import average_bits, choose_plan, mixed_plan
+from ablate.lightning_modules.model.accounting import count, report_for
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.profiling import random_batch
 
 V = 1000
 SMALL = {
@@ -338,7 +338,7 @@ def test_embedding_tables_quantize_per_row_and_count_in_model_bytes(kind, bits):
 
 def test_bert_base_with_4_bit_groups_and_int8_embeddings_is_a_fifth_of_fp32():
     """Q-BERT's size: ``ablate params bert-base quant.method=weight-int4 quant.embeddings=int8``."""
-    from ablate.lightning_modules.accounting import report_for
+    from ablate.lightning_modules.model.accounting import report_for
 
     base = get_preset("bert-base")
     fp32 = report_for(base).model_bytes

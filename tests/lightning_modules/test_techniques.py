@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.techniques import TECHNIQUES, applied, stages_of
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.methods.techniques import TECHNIQUES, applied, stages_of
 
 TINY = {"model": {"preset": "bert-tiny", "vocab_size": 1000}}
 FT = {"finetune.source": "runs:/s", "finetune.train": "t.tsv", "finetune.validation": "v.tsv"}

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ablate.datamodules.tokenizer import continuation_mask, train_tokenizer, vocabulary_map
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.pretrain import distill_module
-from ablate.lightning_modules.vocab_bridge import VocabBridge, VocabMap
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.methods.pretrain import distill_module
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.vocab_bridge import VocabBridge, VocabMap
 from ablate.sweeps.weights import Source, student_vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,12 +18,12 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from ablate.lightning_modules import profiling
-from ablate.lightning_modules.accounting import param_report
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.reference_load import REFERENCE_SUFFIX, reference_workload
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model import profiling
+from ablate.lightning_modules.model.accounting import param_report
+from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, reference_workload
 from ablate.reports import build_report
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec

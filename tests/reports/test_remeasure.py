@@ -15,11 +15,11 @@ from mlflow import MlflowClient
 from rich.console import Console
 
 from ablate import cli
-from ablate.lightning_modules import profiling
-from ablate.lightning_modules.accounting import metric_counts
-from ablate.lightning_modules.config import ExperimentConfig
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.heads import build_pretraining_model
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.model import profiling
+from ablate.lightning_modules.model.accounting import metric_counts
+from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report, render_console
 from ablate.reports.remeasure import REMEASURED_METRICS, remeasure_runs
 from ablate.reports.runs import load_runs

@@ -5,7 +5,7 @@ from matplotlib.image import imread
 from rich.console import Console
 
 import ablate.reports.build as build_mod
-from ablate.lightning_modules.errors import ConfigError, StorageError
+from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.reports import build_report, render_console
 from tests.reports.report_fixtures import STUDY
 

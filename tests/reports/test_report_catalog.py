@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports import catalog
 from ablate.reports.catalog import study_report
 from ablate.reports.spec import ReportSpec

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ablate.lightning_modules.errors import StorageError
+from ablate.lightning_modules.config.errors import StorageError
 from ablate.reports.runs import BASE_COLUMNS, load_runs, parse_param
 from tests.reports.report_fixtures import STUDY, TRIALS
 

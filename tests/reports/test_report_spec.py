@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.spec import MetricSpec, ReportSpec
 
 GOOD = {

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import MetricSpec, ReportSpec
 from ablate.reports.tables import aggregate, aggregated_metrics, format_cell, natural_key, to_csv, to_latex, to_markdown

@@ -74,7 +74,7 @@ def study_file(tmp_path, wiki_validation) -> Path:
 def trained_run(tmp_path: Path, corpus: Path, model: dict | None = None) -> tuple[dict, object]:
     """A tiny model trained on real text (no measurement): the base tree and its RunResult, for runs
     that start from a trained model (distillation teachers, pruning and fine-tuning sources)."""
-    from ablate.lightning_modules.configio import build_config
+    from ablate.lightning_modules.config.load import build_config
     from ablate.sweeps.runner import train
 
     base = tiny_base(tmp_path, corpus)

@@ -15,8 +15,8 @@ import torch
 from mlflow import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.config import to_yaml
-from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.config.experiment import to_yaml
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps import checkpoints
 from ablate.sweeps.checkpoints import RngState
 from ablate.sweeps.context import RunContext

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from mlflow import MlflowClient
 
-from ablate.lightning_modules.metric_names import check_name
-from ablate.lightning_modules.precision import matmul_precision, resolved
+from ablate.lightning_modules.config.metric_names import check_name
+from ablate.lightning_modules.methods.precision import matmul_precision, resolved
 from ablate.sweeps.context import ActiveRun, RunContext
 
 

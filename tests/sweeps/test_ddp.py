@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps import tracking
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train

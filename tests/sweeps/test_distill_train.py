@@ -8,8 +8,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 

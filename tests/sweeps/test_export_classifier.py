@@ -14,10 +14,10 @@ import yaml
 transformers = pytest.importorskip("transformers")
 
 from ablate.cli import main  # noqa: E402
-from ablate.lightning_modules.classifier import Classifier, build_classifier  # noqa: E402
-from ablate.lightning_modules.configio import build_config  # noqa: E402
-from ablate.lightning_modules.errors import ConfigError  # noqa: E402
-from ablate.lightning_modules.interop import load_classifier  # noqa: E402
+from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.config.load import build_config  # noqa: E402
+from ablate.lightning_modules.interop.pretrained import load_classifier  # noqa: E402
+from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
 from ablate.sweeps import tracking  # noqa: E402
 from ablate.sweeps.weights import (  # noqa: E402
     export_run,

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from ablate.lightning_modules.configio import replace
+from ablate.lightning_modules.config.load import replace
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import load_study, trial_config

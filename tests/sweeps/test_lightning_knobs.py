@@ -16,7 +16,7 @@ from lightning.pytorch.profilers import SimpleProfiler
 from mlflow import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.configio import build_config, load_config
+from ablate.lightning_modules.config.load import build_config, load_config
 from ablate.sweeps import tracking
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import train

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.runner import train
 
 

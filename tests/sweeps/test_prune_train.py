@@ -7,8 +7,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.configio import build_config, load_config
-from ablate.lightning_modules.pruning.budget import backbone_params, unit_costs
+from ablate.lightning_modules.config.load import build_config, load_config
+from ablate.lightning_modules.methods.pruning.budget import backbone_params, unit_costs
 from ablate.sweeps.runner import train
 from tests.sweeps.conftest import trained_run
 

@@ -13,14 +13,14 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.lightning_modules.config import ObjectiveConfig
-from ablate.lightning_modules.configio import build_config
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.interop import export
-from ablate.lightning_modules.pretrain import PretrainModule
-from ablate.lightning_modules.quant_config import QuantConfig
-from ablate.lightning_modules.quantization.apply import QuantizationNotApplied, quantize, targets
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
+from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.quant import QuantConfig
+from ablate.lightning_modules.interop.pretrained import export
+from ablate.lightning_modules.methods.pretrain import PretrainModule
+from ablate.lightning_modules.methods.quantization.apply import QuantizationNotApplied, quantize, targets
+from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.sweeps import weights
 from ablate.sweeps.quant_run import mlm_loss, on_cpu, quantized_model, validate
 from ablate.sweeps.runner import train

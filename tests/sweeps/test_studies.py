@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.lightning_modules.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.catalog import study_report
 from ablate.sweeps.spec import corner_configs, load_study
 
@@ -37,8 +37,8 @@ def test_variants_expand_and_name_bad_keys(tmp_path):
 
 def test_the_distilbert_recipe_is_the_papers(capsys):
     from ablate.cli import main
-    from ablate.lightning_modules.accounting import report_for
-    from ablate.lightning_modules.configio import load_config
+    from ablate.lightning_modules.config.load import load_config
+    from ablate.lightning_modules.model.accounting import report_for
 
     recipe = Path(__file__).resolve().parents[2] / "sweeps" / "recipes" / "distilbert.yaml"
     cfg = load_config(recipe, ["distill.teacher=runs:/teacher"])

@@ -10,7 +10,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.config import to_yaml
+from ablate.lightning_modules.config.experiment import to_yaml
 from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_configs, load_study, teacher_config, trial_config
 from tests.sweeps.conftest import tiny_base, write_study
 

@@ -13,7 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.config.load import build_config
 from ablate.reports.build import build_report
 from ablate.reports.spec import ReportSpec
 from ablate.sweeps.runner import train

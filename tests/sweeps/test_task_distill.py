@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
-from ablate.lightning_modules.configio import build_config
+from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.runner import train
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import trained_run

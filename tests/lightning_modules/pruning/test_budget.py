@@ -7,13 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from ablate.lightning_modules.accounting import count
-from ablate.lightning_modules.config import LayerSpec, ModelConfig, ObjectiveConfig
-from ablate.lightning_modules.encoder import build_encoder
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import build_pretraining_model
-from ablate.lightning_modules.presets import get_preset
-from ablate.lightning_modules.pruning.budget import (
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.presets import get_preset
+from ablate.lightning_modules.methods.pruning.budget import (
     backbone_params,
     beta,
     choose,
@@ -22,7 +19,10 @@ from ablate.lightning_modules.pruning.budget import (
     uniform,
     unit_costs,
 )
-from ablate.lightning_modules.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
+from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
+from ablate.lightning_modules.model.accounting import count
+from ablate.lightning_modules.model.encoder import build_encoder
+from ablate.lightning_modules.model.heads import build_pretraining_model
 
 SMALL = ModelConfig(
     vocab_size=50, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=4, ffn_dim=40, max_position=16, dropout=0.0

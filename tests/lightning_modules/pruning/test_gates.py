@@ -9,11 +9,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ablate.lightning_modules.config import LayerSpec, ModelConfig, ObjectiveConfig
-from ablate.lightning_modules.errors import ConfigError
-from ablate.lightning_modules.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.pruning.gates import Gates, attach, attached, detach, masked_layer_norm
-from ablate.lightning_modules.pruning.keep import DIMS, VARIANTS
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.methods.pruning.gates import Gates, attach, attached, detach, masked_layer_norm
+from ablate.lightning_modules.methods.pruning.keep import DIMS, VARIANTS
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
 BASE = ModelConfig(
     vocab_size=100, embed_dim=24, hidden_dim=24, num_layers=2, num_heads=3, ffn_dim=40, max_position=32, dropout=0.0

@@ -1,0 +1,351 @@
+"""Interop with Hugging Face ``transformers``: convert, export, load, start from a checkpoint.
+
+- :func:`to_transformers` / :func:`from_transformers`: our :class:`PretrainingModel` <->
+  ``BertForPreTraining`` / ``AlbertForPreTraining`` / ``MobileBertForPreTraining``, when the
+  config is expressible (see :mod:`lightning_modules.interop_maps`). Encoder and sentence head
+  are exact for all three; so is the MLM head, for MobileBERT with ``model.mlm_head: mobilebert``
+  (HF's H -> H transform, LayerNorm over H, decoder ``[word_embedding (V x E) ; dense (V x (H - E))]``;
+  HF -> ours always builds that head).
+- A MobileBERT with our ``factorized`` head (H -> E, norm at E, tied V x E decoder) exports
+  approximately: our transform fills HF's first E rows (zeros elsewhere, ``dense`` = 0), so only
+  the norm statistics differ.
+- :func:`export` writes a transformers checkpoint (``save_pretrained``, safetensors) when
+  expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml``, the run's tokenizer
+  as a transformers tokenizer and a model card (``README.md``, :mod:`lightning_modules.hf_export`)
+  either way.
+- :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
+  ``init_from`` starts from (refusing a checkpoint whose tokenizer is not the run's).
+- A fine-tuned :class:`Classifier` exports the same way (:func:`export` takes one) as a
+  ``*ForSequenceClassification`` (:mod:`lightning_modules.interop_classifier`), without its
+  FastBERT exits; :func:`load_classifier` reads such folders and transformers classifier checkpoints.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+
+from ablate.lightning_modules.config.errors import ConfigError, require
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
+from ablate.lightning_modules.config.yamlio import dump_yaml
+from ablate.lightning_modules.interop.classifier import (
+    EXPORT_YAML,
+    WEIGHTS,
+    ablate_checkpoint,
+    checkpoint_folder,
+    hf_checkpoint,
+    load_weights,
+    to_transformers_classifier,
+    without_exits,
+    write_labels,
+)
+from ablate.lightning_modules.interop.classifier import (
+    load_classifier as load_classifier,  # re-exported: the loaders side by side
+)
+from ablate.lightning_modules.interop.export import (
+    CARD,
+    folder_tokenizer,
+    model_card,
+    redact,
+    same_vocabulary,
+    save_tokenizer,
+)
+from ablate.lightning_modules.interop.maps import (
+    CLASSES,
+    CLASSIFIER_CLASSES,
+    albert_identity_in,
+    check_albert_identity_in,
+    check_covered,
+    copy_pairs,
+    family,
+    hf_class,
+    hf_config,
+    model_config,
+    pairs,
+)
+from ablate.lightning_modules.model import names
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+
+SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
+_MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
+
+
+def state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU, contiguous state dict of our model (``torch.compile`` wrappers removed)."""
+    return {k.replace("_orig_mod.", ""): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
+    """The equivalent transformers ``*ForPreTraining`` model, weights copied (ConfigError if not expressible).
+
+    Without our sentence head, HF's pooler and NSP/SOP classifier keep HF's initialisation.
+    """
+    name = family(cfg)
+    hf = hf_class(name)(hf_config(cfg, name))
+    hf.train(model.training)
+    ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
+    ours = {k.replace("_orig_mod.", ""): v for k, v in ours.items()}
+    mapping = pairs(name, cfg, model.sentence_head is not None)
+    written = copy_pairs(ours, theirs, mapping, to_hf=True)
+    read = {p[1] for p in mapping}
+    with torch.no_grad():
+        if name == "albert":  # our "no projection" (E == H) is HF's identity mapping
+            written |= albert_identity_in(hf, cfg)
+        if name == "mobilebert":
+            E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
+            exact = cfg.mlm_head == "mobilebert"  # same head: every tensor maps; else ours fills HF's first E rows
+            if not exact:
+                for param in (
+                    t.dense.weight,
+                    t.dense.bias,
+                    t.LayerNorm.weight,
+                    t.LayerNorm.bias,
+                    hf.cls.predictions.dense.weight,
+                ):
+                    param.zero_()
+            rows = slice(None) if exact else slice(0, E)
+            for param, value in (
+                (t.dense.weight, head.transform.weight),
+                (t.dense.bias, head.transform.bias),
+                (t.LayerNorm.weight, head.norm.weight),
+                (t.LayerNorm.bias, head.norm.bias),
+            ):
+                param[rows].copy_(value)
+            if exact:
+                hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
+            written |= {n for n in theirs if n.startswith(_MLM)}
+            read |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
+    untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
+    check_covered("transformers", untouched, written)
+    check_covered("ablate", set(ours), read)
+    return hf
+
+
+def _is_sentence(hf_name: str) -> bool:
+    return hf_name.startswith(
+        ("bert.pooler", "cls.seq_relationship", "albert.pooler", "sop_classifier", "mobilebert.pooler")
+    )
+
+
+def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
+    """Our config and model for a transformers ``Bert|Albert|MobileBert ForPreTraining`` model.
+
+    The sentence head is always built (``nsp`` for BERT and MobileBERT, ``sop`` for ALBERT).
+    """
+    name, cfg = model_config(hf.config)
+    if not isinstance(hf, hf_class(name)):
+        raise ConfigError(f"{type(hf).__name__}: expected a {CLASSES[name]} (load it with that class)")
+    theirs = dict(hf.named_parameters())
+    if name == "albert":
+        check_albert_identity_in(hf, cfg)
+    model = build_pretraining_model(cfg, ObjectiveConfig(sentence=SENTENCE[name]))
+    model.train(hf.training)
+    ours = dict(model.named_parameters())
+    mapping = pairs(name, cfg, True)
+    written = copy_pairs(theirs, ours, mapping, to_hf=False)
+    if name == "mobilebert":
+        head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
+        with torch.no_grad():
+            for param, value in (
+                (head.transform.weight, t.dense.weight),
+                (head.transform.bias, t.dense.bias),
+                (head.norm.weight, t.LayerNorm.weight),
+                (head.norm.bias, t.LayerNorm.bias),
+            ):
+                param.copy_(value)
+            head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
+        written |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
+    check_covered("ablate", set(ours), written)
+    return cfg, model
+
+
+def expressible(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` has a transformers equivalent."""
+    try:
+        family(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def export(
+    model: PretrainingModel | Classifier,
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    format: Literal["auto", "transformers", "ablate"] = "auto",  # noqa: A002 - the CLI's word
+    *,
+    tokenizer: str | Path | None = None,
+    metrics: Mapping[str, float] | None = None,
+    source: str | None = None,
+    repo: str | None = None,
+    labels: Sequence[str] | None = None,
+) -> str:
+    """Write ``model`` to a new folder ``out_dir``; return the format written.
+
+    ``transformers``: ``save_pretrained`` (config.json + model.safetensors), loadable with the
+    ``*ForPreTraining`` class and the ``Auto*`` classes; ``ablate``: ``model.safetensors`` of our
+    state dict. Both add ``ablate.yaml`` (the resolved config), ``README.md`` (a model card with
+    the parameter and FLOP counts and ``metrics``, the run's final values) and, given the run's
+    ``tokenizer`` (its JSON file), that tokenizer as a transformers tokenizer (``save_pretrained``:
+    ``tokenizer.json`` + ``tokenizer_config.json``). ``auto`` picks transformers when expressible.
+    ``source`` (``runs:/RUN_ID``) and ``repo`` (the Hub repository it is meant for) go in the card.
+    A fine-tuned :class:`Classifier` (``cfg``: its fine-tuning run's config, whose ``model`` is its
+    encoder's) becomes a ``*ForSequenceClassification`` (``id2label``: ``labels``, else ``LABEL_i``)
+    or our state dict, without FastBERT's exits either way; its card names the task and dev metric.
+    Written to a temporary sibling and renamed, so a failure leaves nothing behind.
+    """
+    out, classifier = Path(out_dir), isinstance(model, Classifier)
+    if cfg.quant.enabled:  # its model/ artifacts hold the float weights: never hand those out as the model
+        where = f"its source {cfg.quant.source}" if cfg.quant.source else "the same run without quant.method"
+        raise ConfigError(
+            f"quant.method: {cfg.quant.method}: a quantized model has no transformers (or ablate) export, and "
+            f"writing its float weights would not be this model; export {where} instead"
+        )
+    if classifier and cfg.regime != "finetune":
+        raise ConfigError(f"regime: {cfg.regime!r}; a classifier is exported with its fine-tuning run's config")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: already exists and is not an empty folder")
+    if format not in ("auto", "transformers", "ablate"):
+        raise ConfigError(f"--format: {format!r} is not one of auto, transformers, ablate")
+    why_not = None
+    try:
+        name = family(cfg.model)
+    except ConfigError as exc:
+        name, why_not = None, str(exc)
+    if format == "auto":
+        format = "transformers" if name is not None else "ablate"  # noqa: A001
+    hf = None  # ConfigError says why not expressible
+    if format == "transformers":
+        hf = to_transformers_classifier(model, cfg.model, labels) if classifier else to_transformers(model, cfg.model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tokens = None
+        if tokenizer is not None:  # without transformers, an ablate export copies the tokenizer file
+            tokens = save_tokenizer(tokenizer, tmp, cfg.data.lowercase, cfg.model.max_position, required=hf is not None)
+            if tokens > cfg.model.vocab_size:
+                raise ConfigError(
+                    f"{tokenizer}: {tokens} tokens, more than model.vocab_size={cfg.model.vocab_size} "
+                    "(not the tokenizer this model was trained with)"
+                )
+        if hf is not None:
+            require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Writing model shards" bar
+            hf.save_pretrained(tmp)
+            if classifier:
+                write_labels(tmp)
+        else:
+            from safetensors.torch import save_file
+
+            state = without_exits(state_dict(model)) if classifier else state_dict(model)
+            save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
+        classes = CLASSIFIER_CLASSES if classifier else CLASSES
+        card = model_card(
+            model,
+            cfg,
+            hf_class=classes[name] if hf is not None and name is not None else None,
+            why_not=why_not,
+            tokens=tokens,
+            metrics=metrics,
+            source=source,
+            repo=repo,
+        )
+        (tmp / CARD).write_text(card, encoding="utf-8")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return format
+
+
+def _saved_regime(folder: Path) -> object:
+    """The ``regime`` an ablate folder's config names (None when it has none or it is unreadable)."""
+    for name in (EXPORT_YAML, "config.yaml"):
+        try:
+            tree = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        return tree.get("regime") if isinstance(tree, dict) else None
+    return None
+
+
+def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
+    """Our config and model (in eval mode) from a transformers checkpoint folder (``config.json``,
+    read locally with the matching ``*ForPreTraining``) or an ablate folder (``model.safetensors``
+    + ``ablate.yaml``, or ``config.yaml`` as in a run's ``model/`` artifacts); ConfigError for an
+    ablate folder of a fine-tuned classifier (:func:`load_classifier` reads those)."""
+    folder = checkpoint_folder(path)
+    if _saved_regime(folder) == "finetune":
+        raise ConfigError(f"{folder}: a fine-tuned classifier, not a pre-trained model (load_classifier reads it)")
+    if (folder / "config.json").is_file():
+        cfg, model = from_transformers(hf_checkpoint(folder, CLASSES)[0])
+        return cfg, model.eval()
+    yaml_path, exp = ablate_checkpoint(folder)
+    model = build_pretraining_model(exp.model, exp.objective)
+    load_weights(model, folder, yaml_path)
+    return exp.model, model.eval()
+
+
+# fields that may differ between a run's config and its init_from checkpoint
+_FREE = {"dropout", "init_std"}
+
+
+def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
+    """``model.key=value`` (the checkpoint's value) for every architecture field that differs."""
+    a, b = to_dict(want), to_dict(have)
+    out = []
+    for key in a:
+        if key in _FREE or a[key] == b[key] or (key == "norm_eps" and want.norm == have.norm == "no_norm"):
+            continue
+        if key == "layers" and want.layer_specs() == have.layer_specs():
+            continue
+        value = dump_yaml(b[key], default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+        out.append(f"model.{key}={value}")
+    return out
+
+
+def initial_model(cfg: ExperimentConfig, tokenizer: str | Path | None = None) -> PretrainingModel | None:
+    """The model a run starts from: None without ``init_from``, else ``cfg``'s model with the
+    checkpoint's weights.
+
+    ``model`` must describe the checkpoint's architecture (``dropout`` and ``init_std`` may
+    differ): otherwise ConfigError listing the ``model.key=value`` overrides that match it.
+    Given the run's ``tokenizer`` (its JSON file) and a checkpoint with a ``tokenizer.json`` (an
+    ``ablate export`` folder has one), both must have the same vocabulary: the embedding rows
+    mean the checkpoint's tokens. The sentence head is dropped when ``objective.sentence`` is
+    none and freshly initialised when the checkpoint has none.
+    """
+    if cfg.init_from is None:
+        return None
+    try:
+        have, ckpt = load_pretrained(cfg.init_from)
+    except ConfigError as exc:
+        raise ConfigError(f"init_from: {exc}") from None
+    differences = _arch_differences(cfg.model, have)
+    if differences:
+        raise ConfigError(
+            f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
+        )
+    theirs = folder_tokenizer(cfg.init_from)
+    if tokenizer is not None and theirs is not None and not same_vocabulary(theirs, tokenizer):
+        raise ConfigError(
+            f"init_from: {theirs} is a different tokenizer than this run's (data.corpus, data.lowercase, "
+            "data.tokenizer_docs and model.vocab_size must match those the checkpoint was trained with)"
+        )
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    state = state_dict(ckpt)
+    if model.sentence_head is None:
+        state = {k: v for k, v in state.items() if not k.startswith(names.sentence_head() + ".")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith(names.sentence_head() + ".") for k in missing):
+        raise ConfigError(f"init_from: {cfg.init_from}: weights do not fit ({(unexpected or missing)[:3]})")
+    return model

@@ -1,0 +1,160 @@
+"""``PretrainModule``: the pre-training task (MLM + SOP/NSP) of any encoder the config describes,
+trained by the one step of :class:`~lightning_modules.train_module.TrainModule`: alone, or
+distilled from a teacher (``distill.teacher``: MobileBERT, DistilBERT, TinyBERT's general
+distillation; Zhao et al.'s student with its own vocabulary) when given a
+:class:`~lightning_modules.distill.TeacherLink`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import Perplexity
+
+from ablate.lightning_modules.config import metric_names as names
+from ablate.lightning_modules.config.distill import Stage, schedule, with_vocabularies
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.methods.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
+from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
+from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
+
+
+def pretrain_weights(cfg: ExperimentConfig) -> dict[str, float]:
+    """The pre-training terms' weights: MLM and KD as ``distill`` says (1 and unused without a
+    teacher), the sentence loss ``objective.sentence_weight``, the intermediate terms their own,
+    ``dual`` (a student with its own vocabulary) ``distill.dual_weight`` (0 when unset)."""
+    d = cfg.distill
+    return {
+        "mlm": d.mlm_weight,
+        "sentence": cfg.objective.sentence_weight,
+        "kd": d.kd_weight,
+        "dual": d.dual_weight or 0.0,
+        **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
+    }
+
+
+class PretrainModule(TrainModule):
+    """Pre-training: the architecture and loss combination come from the config.
+
+    Args:
+        cfg: the resolved experiment config.
+        model: an already built model to train (built from ``cfg`` when None).
+        link: the frozen teacher a distillation learns from (None: plain pre-training).
+    """
+
+    def __init__(
+        self, cfg: ExperimentConfig, model: PretrainingModel | None = None, link: TeacherLink | None = None
+    ) -> None:
+        model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+        steps = cfg.trainer.max_steps
+        stages = (
+            schedule(cfg.distill, cfg.model.num_layers, steps)
+            if link is not None
+            else [Stage("train", 0, steps, ("pd",))]
+        )
+        o = cfg.optim
+        plan = OptimPlan(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
+        super().__init__(cfg, model, link, stages, pretrain_weights(cfg), plan)
+        if link is not None:
+            link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
+        if cfg.trainer.compile:  # the whole forward and loss: one graph (tests/lightning_modules/test_compile.py)
+            self.model.compile(mode=cfg.trainer.compile_mode)
+        V = cfg.model.vocab_size
+        self.val_loss = MeanMetric()
+        self.val_mlm_loss = MeanMetric()
+        self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro", ignore_index=IGNORE)
+        self.val_mlm_ppl = Perplexity(ignore_index=IGNORE)
+        self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        return self.model(batch)
+
+    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+        """MLM (+ sentence) losses; the MLM logits at the prediction slots for KD."""
+        out = model(batch, trace)
+        losses = {"mlm": out.mlm_loss}
+        if out.sentence_loss is not None:
+            losses["sentence"] = out.sentence_loss
+        return TaskOutput(out.mlm_logits, out.mlm_valid, losses)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.new_step()
+        out = self.model(batch)
+        self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
+        self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_valid.sum().float())
+        self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)  # padding slots (-100) are ignored
+        self.val_mlm_ppl.update(out.mlm_logits.float()[None], out.mlm_targets[None])  # (1, K, V)
+        if out.sentence_logits is not None:
+            self.val_sentence_acc.update(out.sentence_logits, batch["sentence_label"])
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = {
+            names.VAL_LOSS: self.val_loss,
+            names.VAL_MLM_LOSS: self.val_mlm_loss,
+            names.VAL_MLM_ACC: self.val_mlm_acc,
+            names.VAL_MLM_PPL: self.val_mlm_ppl,
+        }
+        if self.model.sentence_head is not None:
+            metrics[names.VAL_SENTENCE_ACC] = self.val_sentence_acc
+        for name, metric in metrics.items():
+            if metric.update_count:
+                self.log(name, metric.compute(), prog_bar=name in (names.VAL_LOSS, names.VAL_MLM_ACC), sync_dist=True)
+            metric.reset()
+
+
+def distill_module(
+    cfg: ExperimentConfig,
+    teacher: PretrainingModel,
+    teacher_cfg: ModelConfig,
+    model: PretrainingModel | None = None,
+    vocab: VocabMap | None = None,
+) -> PretrainModule:
+    """Pre-training distilled from ``teacher`` as ``cfg.distill`` says: the student starts from the
+    teacher's embeddings and layers where asked (``init_embeddings``, ``init_layers``). A student
+    whose ``model.vocab_size`` is smaller than the teacher's has its own vocabulary and learns by
+    Zhao et al.'s dual training through ``vocab`` (its ids mapped to the teacher's). The module's
+    ``cfg`` has ``distill.mix_prob`` and ``distill.dual_weight`` resolved (what the run logs).
+
+    ConfigError (naming the field) when the teacher cannot teach this student: a larger vocabulary,
+    a smaller one without its map or with the word embedding copied, ``mix_prob`` or ``dual_weight``
+    set for the teacher's vocabulary, fewer positions than ``data.max_length``, a layer or head map
+    that does not fit, shapes that cannot be copied."""
+    student_cfg = cfg.model
+    own = own_vocabulary(student_cfg, teacher_cfg)
+    try:
+        d = with_vocabularies(cfg.distill, own)
+    except ValueError as exc:
+        raise ConfigError(f"distill.{exc}") from None
+    cfg = replace(cfg, distill=d)
+    if own and d.init_embeddings != "none":
+        raise ConfigError(
+            f"distill.init_embeddings: {d.init_embeddings!r} copies the teacher's word embedding, but the "
+            f"student's vocabulary ({student_cfg.vocab_size} tokens) is not the teacher's ({teacher_cfg.vocab_size})"
+        )
+    if own and vocab is None:
+        raise ConfigError(
+            f"distill.teacher: the student has its own vocabulary (model.vocab_size {student_cfg.vocab_size}, the "
+            f"teacher's {teacher_cfg.vocab_size}), mapped to the teacher's by token text: the teacher must come with "
+            f"its tokenizer (a runs:/ teacher, or a folder with its tokenizer.json)"
+        )
+    if teacher_cfg.position == "learned" and teacher_cfg.max_position < cfg.data.max_length:
+        raise ConfigError(
+            f"distill.teacher: the teacher has {teacher_cfg.max_position} positions (its model.max_position), "
+            f"fewer than data.max_length {cfg.data.max_length}"
+        )
+    model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0, vocab=vocab if own else None)
+    module = PretrainModule(cfg, model, link)
+    chosen = init_layer_map(d.init_layers, student_cfg.num_layers, teacher_cfg.num_layers, link.layer_map)
+    module.copied = [
+        *copy_embeddings(model.encoder.embeddings, teacher.encoder.embeddings, d.init_embeddings),
+        *copy_layers(model.encoder, teacher.encoder, chosen),
+    ]
+    return module

@@ -1,0 +1,66 @@
+"""``PruneModule``: schuBERT's gate phase on a trained encoder.
+
+The encoder's weights are frozen; gates alpha (initialised to 1) multiply into them (see
+:mod:`lightning_modules.pruning.gates`) and are trained with
+
+    loss = MLM + sentence loss + gamma * sum_dim beta_dim * ||alpha_dim||_1
+
+where beta_dim is proportional to the parameters one unit of that dimension removes
+(:func:`lightning_modules.pruning.budget.beta`). Removal and fine-tuning happen between
+gate phases (:func:`ablate.lightning_modules.methods.pruning.schubert.prune`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ablate.lightning_modules.config.distill import Stage
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.methods.pretrain import PretrainModule
+from ablate.lightning_modules.methods.pruning.budget import beta
+from ablate.lightning_modules.methods.pruning.gates import Gates, attach, detach
+from ablate.lightning_modules.model.heads import PretrainingModel
+
+
+class PruneModule(PretrainModule):
+    """Gate training on a frozen encoder.
+
+    Args:
+        cfg: the run's config; ``cfg.model`` is the current (possibly already pruned) shape.
+        model: the trained model to gate (its weights stay frozen and unchanged).
+        dims: the dimensions that get gates (``VARIANTS[prune.method]``).
+    """
+
+    loss_name = "gate loss"
+
+    def __init__(self, cfg: ExperimentConfig, model: PretrainingModel, dims: tuple[str, ...]) -> None:
+        super().__init__(cfg, model)
+        model.requires_grad_(False)
+        self.gates = Gates(cfg.model, dims)
+        self.beta = beta(cfg.model)
+        attach(model, self.gates)
+        self.weights["sparsity"] = cfg.prune.gamma
+
+    def release(self) -> PretrainingModel:
+        """Take the gates out of the model again (its weights as they were)."""
+        detach(self.model)
+        return self.model
+
+    def trainable_modules(self) -> torch.nn.Module:
+        return self.gates
+
+    def sparsity(self) -> torch.Tensor:
+        """sum_dim beta_dim * ||alpha_dim||_1 over the gated dimensions."""
+        return sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
+
+    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
+        """The gates' weighted L1 (``sparsity``, weighted by ``prune.gamma``) beside MLM and the sentence loss."""
+        return {"sparsity": self.sparsity()}
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude
+            for p in self.gates.parameters():
+                p.clamp_(min=0.0)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.gates.parameters(), lr=self.cfg.prune.gate_lr)

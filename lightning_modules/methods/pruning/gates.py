@@ -1,0 +1,295 @@
+"""schuBERT's gates: learned multipliers alpha (initialised at 1) on a trained encoder's weights.
+
+A gate of zero must mean exactly "this unit is removed": :func:`attach` places the gates so
+that the gated model with some gates at zero computes what
+:func:`lightning_modules.pruning.surgery.shrink` computes after deleting those units' rows
+and columns (and folding the surviving gate values into the copied weights).
+
+Which tensors carry which gate (layer i; ``j`` runs over the F feed-forward sub-layers):
+
+- ``qk`` (k_i, one vector of length k shared by the heads): the **Q rows** of every head in
+  ``attentions.i.inner.qkv`` (weight rows and bias). ``q_d = 0`` in every head is deleting
+  dim d from Q and K; the 1/sqrt(k) score scale is kept by :func:`shrink`, which folds
+  sqrt(k'/k) into the copied Q rows.
+- ``heads`` (a_i) and ``v`` (v_i, shared by the heads): the **V rows** of head h, dim d in
+  the same ``qkv`` are multiplied by ``a_h * v_d``. A zero head gate zeroes the head's
+  output, which is deleting its Q, K, V rows and its columns of the output projection P
+  (P's bias stays); a zero v gate deletes dim d of every head's V and P's matching columns.
+- ``ffn`` (f_i): the **up-projection** rows and bias of ``ffn_stacks.i.j.inner.up`` (every
+  sub-layer j of the layer shares the vector); ``activation(0) = 0`` for relu and gelu, so a
+  zero gate deletes the row and the down-projection's column.
+- ``h`` (g, one vector of length H for the whole model): every module that **writes** the
+  residual stream (or an H-wide vector read through tied weights) has its output dims
+  multiplied by g, so that the residual stream is zero at a removed dim and every Linear
+  reading it ignores its column:
+
+  * the post-norm of every attention and feed-forward sub-layer (weight and bias);
+  * the embedding output: with E != H the E -> H ``projection`` (rows and bias); with E = H
+    the embedding ``norm`` (weight and bias), or without an embedding norm the ``word``,
+    ``position`` and ``token_type`` columns (the MLM decoder is tied to the word embedding,
+    so it then reads ``g * W``, and :func:`shrink` folds g into the copied columns);
+  * with E = H, the MLM head's ``norm`` (its output is decoded by the word embedding, whose
+    columns are h dims);
+  * the sentence head's ``pooler`` (rows and bias; tanh(0) = 0 and the classifier's column
+    goes).
+
+  A sub-layer's output projection still writes all H dims before its norm, so every
+  LayerNorm over H (the sub-layer norms, and with E = H the embedding and MLM-head norms)
+  gets **masked statistics**: mean and variance over the dims whose gate is nonzero,
+  ``mean = sum(x m) / sum(m)``, ``var = sum(((x - mean) m)^2) / sum(m)`` with ``m = (g != 0)``.
+  This is what ``nn.LayerNorm`` over the kept dims computes. NoNorm needs nothing more
+  (element-wise). The masked statistics are a forward hook that replaces the norm's output;
+  every other gate is a ``torch.nn.utils.parametrize`` parametrization (the gate multiplies
+  into the weight), so the encoder's code paths are untouched and :func:`detach` restores
+  the original ``Parameter`` objects.
+
+Only exact zeros remove a unit (and switch a norm to the masked statistics): set the gates of
+the units to prune to exactly zero (:meth:`Gates.zero_except`) before
+:func:`~lightning_modules.pruning.surgery.keep_from_gates`. The masked statistics make the
+gated model's output jump when an h gate becomes exactly zero (the dim leaves the norms'
+mean and variance); a gate that is merely small still counts in them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.utils.hooks import RemovableHandle
+
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
+from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, Keep
+from ablate.lightning_modules.model import names
+
+# per-layer dimension -> its size in a layer
+LAYER_SIZE: dict[str, Callable[[LayerSpec], int]] = {
+    "heads": lambda s: s.num_heads,
+    "qk": lambda s: s.qk_dim,
+    "v": lambda s: s.v_dim,
+    "ffn": lambda s: s.ffn_dim,
+}
+# model field -> (the value schuBERT pruning needs, why)
+SUPPORTED: dict[str, tuple[object, str]] = {
+    "sharing": ("none", "schuBERT pruning needs per-layer modules (sharing: none)"),
+    "intra_dim": (None, "schuBERT pruning needs an encoder without bottlenecks"),
+    "embedding": ("plain", "schuBERT pruning needs a plain embedding, not a trigram one"),
+    "mlm_head": ("factorized", "schuBERT pruning needs the factorized MLM head"),
+}
+
+
+def check_supported(cfg: ModelConfig) -> None:
+    """Raise ConfigError naming the first model field schuBERT pruning cannot handle."""
+    for name, (needed, why) in SUPPORTED.items():
+        if getattr(cfg, name) != needed:
+            raise ConfigError(f"model.{name}: {why}, got {getattr(cfg, name)!r}")
+
+
+class Gates(nn.Module):
+    """The gates of the chosen dimensions, all ones at first.
+
+    Args:
+        cfg: the model to gate (must pass :func:`check_supported`).
+        dims: the gated dimensions, a subset of ``DIMS`` (e.g. ``VARIANTS["schubert-f"]``).
+
+    Attributes:
+        h: Parameter (H,) when ``h`` is gated.
+        heads, qk, v, ffn: ParameterList of one (size_i,) vector per layer, when gated.
+    """
+
+    def __init__(self, cfg: ModelConfig, dims: Iterable[str]) -> None:
+        super().__init__()
+        check_supported(cfg)
+        dims = tuple(dims)
+        unknown = sorted(set(dims) - set(DIMS))
+        if unknown:
+            raise ConfigError(f"gates: unknown dimensions {unknown}, expected some of {list(DIMS)}")
+        self.cfg = cfg
+        self.dims = tuple(d for d in DIMS if d in dims)
+        if "h" in self.dims:
+            self.h = nn.Parameter(torch.ones(cfg.hidden_dim))
+        for dim in LAYER_DIMS:
+            if dim in self.dims:
+                setattr(self, dim, nn.ParameterList(torch.ones(LAYER_SIZE[dim](s)) for s in cfg.layer_specs()))
+
+    def vectors(self) -> dict[str, list[torch.Tensor]]:
+        """Gated dimension -> its vectors (one for ``h``, one per layer for the others)."""
+        return {d: [self.h] if d == "h" else list(getattr(self, d)) for d in self.dims}
+
+    def layer(self, dim: str, i: int) -> torch.Tensor | None:
+        """Layer i's vector of a per-layer dimension, or None when it has no gates."""
+        return getattr(self, dim)[i] if dim in self.dims else None
+
+    def l1(self, dim: str) -> torch.Tensor:
+        """Sum of |alpha| of one dimension over the model (the sparsity penalty)."""
+        return torch.stack([v.abs().sum() for v in self.vectors()[dim]]).sum()
+
+    @torch.no_grad()
+    def zero_except(self, keep: Keep) -> None:
+        """Set to zero every gate whose unit is not in ``keep`` (e.g. after thresholding)."""
+        for dim, vectors in self.vectors().items():
+            kept = (keep.h,) if dim == "h" else getattr(keep, dim)
+            for vector, idx in zip(vectors, kept, strict=False):
+                mask = torch.zeros_like(vector, dtype=torch.bool)
+                mask[idx.to(vector.device)] = True
+                vector.masked_fill_(~mask, 0.0)
+
+    def _ones(self, n: int) -> torch.Tensor:
+        ref = next(self.parameters())
+        return torch.ones(n, device=ref.device, dtype=ref.dtype)
+
+    def qkv_rows(self, i: int) -> torch.Tensor:
+        """Layer i's multiplier of the fused Q|K|V rows: ``[tile(q_gate) | 1 | a_h * v_d]``, (A*(2k+v),)."""
+        s = self.cfg.layer_specs()[i]
+        qk, heads, v = (self.layer(d, i) for d in ("qk", "heads", "v"))
+        q = (qk if qk is not None else self._ones(s.qk_dim)).repeat(s.num_heads)  # (A*k,) head-major
+        a = heads if heads is not None else self._ones(s.num_heads)  # (A,)
+        v = v if v is not None else self._ones(s.v_dim)  # (v,)
+        return torch.cat([q, self._ones(s.num_heads * s.qk_dim), (a[:, None] * v[None, :]).reshape(-1)])
+
+
+@dataclass(frozen=True)
+class Site:
+    """One gated tensor: ``model.<path>.<name>`` is multiplied by ``gate()`` along ``axis``."""
+
+    path: str
+    name: str
+    axis: int
+    gate: Callable[[], torch.Tensor]
+
+    @property
+    def key(self) -> str:
+        """The tensor's state-dict key."""
+        return f"{self.path}.{self.name}"
+
+
+def sites(model: nn.Module, gates: Gates) -> tuple[list[Site], list[str]]:
+    """Where the gates go: the gated tensors, and the LayerNorms needing masked statistics."""
+    cfg, tied = gates.cfg, gates.cfg.embed_dim == gates.cfg.hidden_dim
+    out: list[Site] = []
+
+    def add(
+        path: str, gate: Callable[[], torch.Tensor], names: tuple[str, ...] = ("weight", "bias"), axis: int = 0
+    ) -> None:
+        out.extend(Site(path, name, axis, gate) for name in names)
+
+    norms: list[str] = []  # h writers that are norms over H
+    for i in range(cfg.num_layers):
+        if {"heads", "qk", "v"} & set(gates.dims):
+            add(names.attention(i, "inner.qkv"), lambda i=i: gates.qkv_rows(i))
+        norms.append(names.attention(i, "norm"))
+        for j in range(cfg.num_ffn):
+            if "ffn" in gates.dims:
+                add(names.ffn(i, j, "inner.up"), lambda i=i: gates.ffn[i])
+            norms.append(names.ffn(i, j, "norm"))
+    if "h" not in gates.dims:
+        return out, []
+    emb = model.encoder.embeddings
+    if not tied:
+        add(names.embeddings("projection"), lambda: gates.h)
+    elif cfg.embed_norm:
+        norms.append(names.embeddings("norm"))
+    else:
+        for name in names.TOKEN_EMBEDDINGS:
+            if getattr(emb, name) is not None:
+                add(names.embeddings(name), lambda: gates.h, ("weight",), axis=1)
+    if tied:
+        norms.append(names.mlm_head("norm"))
+    if model.sentence_head is not None:
+        add(names.sentence_head("pooler"), lambda: gates.h)
+    for path in norms:
+        add(path, lambda: gates.h)
+    layer_norms = [p for p in norms if isinstance(model.get_submodule(p), nn.LayerNorm)]
+    return out, layer_norms
+
+
+class _Scale(nn.Module):
+    """Parametrization ``w * gate()`` along one axis; the gates stay out of the model's parameters."""
+
+    def __init__(self, gate: Callable[[], torch.Tensor], axis: int) -> None:
+        super().__init__()
+        self.gate, self.axis = gate, axis
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        shape = [1] * w.dim()
+        shape[self.axis] = -1
+        return w * self.gate().view(shape).to(w.dtype)
+
+
+def masked_layer_norm(
+    x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm of x (..., H) with statistics over the dims where ``keep`` (H,) is True only.
+
+    Equals ``nn.LayerNorm`` over ``x[..., keep]`` at the kept dims; the others come out as
+    ``bias`` there (zero when the weight and bias carry the zero gates)."""
+    m = keep.to(torch.float32)  # (H,)
+    xf = x.float()
+    n = m.sum()
+    mean = (xf * m).sum(-1, keepdim=True) / n  # (..., 1)
+    xc = (xf - mean) * m  # (..., H), zero at removed dims
+    var = (xc * xc).sum(-1, keepdim=True) / n  # (..., 1)
+    return (xc * torch.rsqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
+
+
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, list[tuple[nn.Module, str | RemovableHandle]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def attached(model: nn.Module) -> bool:
+    """Whether :func:`attach` has gated ``model`` (and :func:`detach` has not undone it)."""
+    return model in _ATTACHED
+
+
+def attach(model: nn.Module, gates: Gates) -> None:
+    """Make ``model``'s normal forward use gated weights (see the module docstring).
+
+    The gates are not registered in the model: optimise ``gates.parameters()`` next to the
+    model's. While attached, ``model.state_dict()`` holds ``parametrizations.*.original``
+    keys; :func:`detach` before saving or :func:`~lightning_modules.pruning.surgery.shrink`.
+
+    Args:
+        model: a PretrainingModel built from ``gates.cfg`` (same device as the gates).
+        gates: the gates.
+    """
+    if attached(model):
+        raise ValueError("attach: the model already has gates; detach them first")
+    _check_model(model, gates.cfg)
+    done: list[tuple[nn.Module, str | RemovableHandle]] = []
+    site_list, layer_norms = sites(model, gates)
+    for site in site_list:
+        module = model.get_submodule(site.path)
+        parametrize.register_parametrization(module, site.name, _Scale(site.gate, site.axis))
+        done.append((module, site.name))
+
+    def hook(module: nn.LayerNorm, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+        x = args[0].to(output.dtype)  # autocast runs LayerNorm in float32
+        return masked_layer_norm(x, gates.h != 0, module.weight, module.bias, module.eps)  # replaces the output
+
+    for path in layer_norms:
+        module = model.get_submodule(path)
+        done.append((module, module.register_forward_hook(hook)))
+    _ATTACHED[model] = done
+
+
+def detach(model: nn.Module) -> None:
+    """Undo :func:`attach`: the original Parameter objects and forward are back."""
+    for module, item in reversed(_ATTACHED.pop(model, [])):
+        if isinstance(item, str):
+            parametrize.remove_parametrizations(module, item, leave_parametrized=False)
+        else:
+            item.remove()
+
+
+def _check_model(model: nn.Module, cfg: ModelConfig) -> None:
+    """The model has the per-layer, fused-QKV shape of ``cfg``."""
+    attns = model.encoder.attentions
+    specs = cfg.layer_specs()
+    shapes = [(a.inner.num_heads, a.inner.qk_dim, a.inner.v_dim, a.inner.v is None) for a in attns]
+    if shapes != [(s.num_heads, s.qk_dim, s.v_dim, True) for s in specs]:
+        raise ValueError("attach: the model does not match the gates' config (per-layer fused attention)")

@@ -1,0 +1,320 @@
+"""``TrainModule``: the one way ablate trains a model, whatever the method.
+
+A method is a configuration of this step, not a subclass of its own:
+
+- a **model** (a ``PretrainingModel`` or a ``Classifier``),
+- an optional frozen **teacher**, joined to the student by a :class:`~lightning_modules.distill.TeacherLink`
+  (layer and head maps, learned projections),
+- **loss terms**, each weighted: the data's own (``mlm``, ``sentence``, ``label``), the
+  prediction layer's KD (``kd``), the intermediate ones (``fmt``, ``at``, ``embed``, ``cos``),
+  the teacher's MLM over a student's own vocabulary (``dual``: Zhao et al.'s dual training) and
+  a method's own (``exit``: FastBERT's self-distillation; ``sparsity``: schuBERT's gates),
+- a schedule of **stages** (:class:`~lightning_modules.distill_config.Stage`): which terms count and
+  what trains, step by step (MobileBERT's strategies, TinyBERT's intermediate-then-prediction).
+
+A subclass says only what its task is (:meth:`TrainModule.task_output`: the logits, the rows they
+are valid at, the data's own losses) and how it validates: pre-training
+(:class:`~lightning_modules.pretrain.PretrainModule`) and classification
+(:class:`~lightning_modules.finetune.FinetuneModule`). The step itself is written once, here.
+
+The step stays fast: without a teacher in the stage, the model runs its own fast forward (the
+last layer on the prediction rows only); nothing is read on the host except on log steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import MLFlowLogger
+from torch import nn
+
+from ablate.lightning_modules.config.distill import TRANSFER, Stage
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.run import OptimConfig
+from ablate.lightning_modules.methods.distill import TeacherLink
+from ablate.lightning_modules.methods.losses import kd_loss
+from ablate.lightning_modules.methods.precision import resolved
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay matrices, not biases, norms or embeddings' 1-d parameters."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(groups: list[dict], lr: float, eps: float = 1e-8, precision: str = "32-true") -> torch.optim.AdamW:
+    """AdamW over ``groups``, fused (one kernel for every parameter) where PyTorch has the fused
+    kernel for their device (CUDA, CPU), else the multi-tensor implementation. Not fused under
+    ``16-mixed``: its gradient scaler must unscale before clipping (see :func:`clip_gradients`)."""
+    params = [p for group in groups for p in group["params"]]
+    fused = (
+        precision != "16-mixed"
+        and bool(params)
+        and all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params)
+    )
+    return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
+
+
+def clip_gradients(
+    module: pl.LightningModule, optimizer: torch.optim.Optimizer, value: float | None, algorithm: str | None
+) -> None:
+    """Gradient clipping by norm, done here rather than by Lightning's mixed-precision plugin,
+    which refuses a fused optimizer even in bf16, where there is no scaler to unscale first."""
+    if not value:
+        return
+    if module.trainer.precision == "16-mixed":  # the scaler unscales first: Lightning's own path
+        pl.LightningModule.configure_gradient_clipping(module, optimizer, value, algorithm)
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, value, foreach=True)
+
+
+def use_tensor_cores(device: torch.device) -> None:
+    """fp32 matmuls on TF32 tensor cores on a CUDA device (Ampere and later; bf16 autocast is
+    unaffected); nothing elsewhere."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
+def warmup_linear_decay(optim: OptimConfig, max_steps: int):
+    """LR multiplier: linear warmup to 1, then linear decay to 0 at ``max_steps``."""
+    warmup = max(optim.warmup_steps, 0)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup))
+
+    return factor
+
+
+@dataclass(frozen=True)
+class OptimPlan:
+    """What the optimizer of one fit does: AdamW at ``lr``, warmup then linear decay over ``max_steps``."""
+
+    lr: float
+    max_steps: int
+    warmup_steps: int
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+
+
+class TaskOutput(NamedTuple):
+    """What a task's forward gives the step: the logits the KD term compares, the rows where they
+    are valid (None = every row), and the data's own losses by term name."""
+
+    logits: torch.Tensor
+    valid: torch.Tensor | None
+    losses: dict[str, torch.Tensor]
+
+
+class TrainModule(pl.LightningModule):
+    """One training step for every method: model, optional teacher, weighted terms, stages.
+
+    Args:
+        cfg: the run's resolved config.
+        model: the model that trains.
+        link: the frozen teacher and its maps to the student (None: no teacher).
+        stages: the schedule (at least one stage; the last runs to the end of training).
+        weights: each loss term's weight, by name.
+        optim: the optimizer's plan.
+    """
+
+    loss_name = "training loss"
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        model: nn.Module,
+        link: TeacherLink | None,
+        stages: list[Stage],
+        weights: Mapping[str, float],
+        optim: OptimPlan,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.link = cfg, link
+        self.model: Any = model  # a PretrainingModel or a Classifier (both: .encoder, __call__(batch, trace))
+        self.stages, self.weights, self.optim = list(stages), dict(weights), optim
+        self._stage: Stage | None = None
+
+    # -- what a task says ----------------------------------------------------------------
+    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+        """The task's forward of ``model`` (the student or the teacher) on ``batch``."""
+        raise NotImplementedError
+
+    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
+        """A method's own terms in ``stage`` (none by default)."""
+        return {}
+
+    # -- the step --------------------------------------------------------------------------
+    def new_step(self) -> None:
+        """Compiled with CUDA graphs, a step's graph outputs are overwritten by the next replay:
+        say where a step begins (nothing from an earlier step is read after this)."""
+        if self.cfg.trainer.compile and self.cfg.trainer.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def logs_this_step(self) -> bool:
+        """Whether the logger writes this step's training metrics (every ``trainer.log_every``
+        steps, and the last step, whose values are the run's final ones): only then are they
+        handed to Lightning, whose bookkeeping costs host time."""
+        trainer: Any = self._trainer
+        if trainer is None:
+            return True
+        step = trainer.global_step + 1
+        return step % trainer.log_every_n_steps == 0 or 0 < trainer.max_steps <= step
+
+    def losses(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
+        """Every term ``stage`` turns on, unweighted, by name."""
+        link, pd = self.link, "pd" in stage.losses
+        transfer = tuple(k for k in stage.losses if k in TRANSFER)
+        kd = pd and self.weights.get("kd", 0.0) > 0
+        dual = pd and link is not None and link.vocab is not None and self.weights.get("dual", 0.0) > 0
+        out: dict[str, torch.Tensor] = {}
+        if link is None or not (transfer or kd or dual):  # the model alone: its own fast forward
+            if pd:
+                out.update(self.task_output(self.model, batch, None).losses)
+            return {**out, **self.extra_terms(batch, stage)}
+        layers = stage.layers if stage.layers is not None else tuple(range(len(link.layer_map)))
+        s_trace, t_trace = link.traces(layers, "at" in transfer, full=pd) if transfer else (None, None)
+        inputs = (batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
+        teacher = self.teacher_output(batch, t_trace, pd, dual)
+        student = self.task_output(self.model, batch, s_trace) if pd else self.model.encoder(*inputs, trace=s_trace)
+        if transfer:
+            assert s_trace is not None and t_trace is not None
+            out.update(link.transfer_losses(transfer, layers, s_trace, t_trace, batch["attention_mask"]))
+        if pd:
+            assert teacher is not None
+            out.update(student.losses)
+            if dual:
+                out["dual"] = teacher.losses["dual"]
+            if kd:
+                out["kd"] = kd_loss(student.logits, teacher.logits.detach(), link.temperature, student.valid)
+        return {**out, **self.extra_terms(batch, stage)}
+
+    def teacher_output(
+        self, batch: dict[str, torch.Tensor], trace: Any, pd: bool, dual: bool = False
+    ) -> TaskOutput | None:
+        """The frozen teacher on ``batch``, recording ``trace``: its task output when ``pd`` (else
+        only its encoder runs). A student with its own vocabulary (``link.vocab``) has the teacher
+        read Zhao et al.'s mixed sequence and predict over the student's vocabulary (the losses:
+        ``dual``); with ``dual`` that term trains, its gradient flowing through the teacher into
+        the student's word table and the bridge. Otherwise nothing here builds a graph."""
+        link = self.link
+        assert link is not None
+        if link.vocab is not None:
+            with contextlib.nullcontext() if dual else torch.no_grad():
+                word = self.model.encoder.embeddings.word.weight  # (V_s, E_s)
+                mixed = link.vocab.teach(link.teacher, word, batch, trace, predict=pd, dual=dual)
+            return None if mixed is None else TaskOutput(mixed.logits, mixed.valid, {"dual": mixed.loss})
+        with torch.no_grad():
+            if pd:
+                return self.task_output(link.teacher, batch, trace)
+            link.teacher.encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], trace=trace)
+        return None
+
+    def weighted(self, losses: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The total loss: each term times its weight."""
+        total: torch.Tensor = sum(self.weights[k] * v for k, v in losses.items())  # type: ignore[assignment]
+        return total
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """One step's loss; on log steps only, the total and each term are logged (one host read)."""
+        self.new_step()
+        stage = self._stage or self.stage_at(self.global_step)
+        losses = self.losses(batch, stage)
+        loss = self.weighted(losses)
+        if self.logs_this_step():
+            bs = batch["input_ids"].shape[0]
+            self.log("train/loss", loss.detach().clone(), batch_size=bs)
+            self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
+            if self.logger is not None and losses:
+                # straight to the logger: a term that is off in this stage must not repeat its last value
+                values = torch.stack([v.detach().float() for v in losses.values()]).tolist()
+                names = [f"train/{k}_loss" for k in losses]
+                self.logger.log_metrics(dict(zip(names, values, strict=True)), step=self.global_step)
+        return loss
+
+    # -- stages ----------------------------------------------------------------------------
+    def set_stages(self, stages: list[Stage], optim: OptimPlan | None = None) -> None:
+        """A new schedule (and optimizer plan) for the next fit (FastBERT's self-distillation)."""
+        self.stages, self._stage = list(stages), None
+        self.optim = optim or self.optim
+        self._enter(self.stages[0])
+
+    def describe_step(self, step: int) -> str:
+        """What the NaN guard adds to its message: the stage at ``step`` (nothing for a plain one-stage run)."""
+        return f"stage {self.stage_at(step).name}" if self.staged else ""
+
+    @property
+    def staged(self) -> bool:
+        """Whether the run's stages are worth telling (a teacher, or more than one stage): tagged
+        ``ablate.stages``, each boundary a ``distill/stage`` metric step."""
+        return self.link is not None or len(self.stages) > 1
+
+    def stage_at(self, step: int) -> Stage:
+        """The stage that covers optimizer step ``step``."""
+        return next((s for s in self.stages if s.start <= step < s.end), self.stages[-1])
+
+    def _enter(self, stage: Stage) -> None:
+        """Freeze everything of the model that ``stage`` does not train (a one-stage schedule that
+        trains the whole model leaves what trains as the module set it: pruning's gates)."""
+        self._stage = stage
+        if self.staged and isinstance(self.logger, MLFlowLogger):  # the boundary, at its exact step
+            self.logger.log_metrics({"distill/stage": float(self.stages.index(stage))}, step=self.global_step)
+        if len(self.stages) == 1 and stage.trainable is None and not stage.extra:
+            return
+        model = self.model
+        model.requires_grad_(stage.trainable is None and not stage.extra)
+        for i in stage.trainable or ():
+            for module in model.encoder.layer_modules(i):
+                module.requires_grad_(True)
+        model.encoder.embeddings.requires_grad_(stage.embeddings and not stage.extra)
+        for name in stage.extra:
+            getattr(model, name).requires_grad_(True)
+
+    def on_fit_start(self) -> None:
+        if self.global_rank > 0:  # a spawned DDP rank starts at torch's default; rank 0's run set its own
+            torch.set_float32_matmul_precision(resolved(self.cfg.trainer.matmul_precision, self.device.type))
+        if self.staged and isinstance(self.logger, MLFlowLogger):  # the boundaries, in the run's tags
+            text = "; ".join(f"{s.name} [{s.start}, {s.end}): {'+'.join(s.losses)}" for s in self.stages)
+            self.logger.experiment.set_tag(self.logger.run_id, "ablate.stages", text)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        stage = self.stage_at(self.global_step)
+        if stage is not self._stage:
+            self._enter(stage)
+
+    # -- the teacher stays frozen ------------------------------------------------------
+    def train(self, mode: bool = True) -> TrainModule:
+        super().train(mode)
+        if self.link is not None:  # Lightning puts the whole module in train mode; the teacher's dropout stays off
+            self.link.teacher.eval()
+        return self
+
+    # -- the optimizer -------------------------------------------------------------------
+    def trainable_modules(self) -> nn.Module:
+        """What the optimizer trains: the model, and what a teacher link learns (projections, the
+        vocabulary bridge)."""
+        learned = self.link.learned() if self.link is not None else []
+        return self.model if not learned else nn.ModuleList([self.model, *learned])
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def configure_optimizers(self):
+        o = self.optim
+        optimizer = adamw(
+            param_groups(self.trainable_modules(), o.weight_decay),
+            lr=o.lr,
+            eps=o.eps,
+            precision=self.cfg.trainer.precision,
+        )
+        schedule = warmup_linear_decay(OptimConfig(warmup_steps=o.warmup_steps), o.max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,491 @@
+"""Measured cost of a model (it runs the model; accounting.py counts without running it).
+
+A run measures on the device it trains on (:func:`training_device` resolves ``trainer.accelerator``
+as Lightning does) and under the autocast it trains with (``trainer.precision``), and logs where
+(:func:`describe_device`). Inputs come from a private generator and every measurement runs under
+:func:`torch.random.fork_rng` over the CPU generator and the measured CUDA device's: measuring
+never shifts a seeded run's random streams.
+
+Latency is the minimum of timed repeats after untimed warm-up runs (:func:`time_forward`): a busy
+machine only ever adds time, so the fastest repeat is the least disturbed figure. Beside it goes
+its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
+running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
+A machine busy the whole time gives repeats that agree, all slow: so a fixed reference workload
+runs after every timed repeat (:mod:`~ablate.lightning_modules.model.reference_load`), and its fastest
+time goes beside the latency (``latency_ms_b1_reference``), for a report to compare across runs.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, Workload, reference_workload
+
+FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
+LATENCY_BATCHES = (1, 32)  # the batch sizes every run times: metrics latency_ms_b1, latency_ms_b32
+SPREAD_SUFFIX = "_spread"  # latency_ms_b1_spread = (median - min) / min of latency_ms_b1's repeats
+REPEATS = 10  # timed repeats per latency (default)
+WARMUP = 2  # untimed runs before them (default)
+
+
+def latency_metric(batch: int) -> str:
+    """The metric name of the latency at batch size ``batch``: ``latency_ms_b32``."""
+    return f"latency_ms_b{batch}"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Measured cost of one model on one device.
+
+    Attributes:
+        latency_ms_b1: encoder forward latency at batch 1, milliseconds: the minimum of the timed
+            repeats (the least disturbed one, :func:`time_forward`).
+        latency_ms_b32: the same at batch 32.
+        train_activation_mb: activation memory of one training step, MiB (2**20 bytes).
+        device: where it was measured (:func:`describe_device`), e.g. ``"cpu (16 threads)"`` or
+            ``"cuda:0 (NVIDIA H100 80GB HBM3)"``.
+        latency_ms_b1_spread: ``(median - min) / min`` of the batch-1 repeats (0.05 = the median
+            repeat was 5 % slower than the fastest); large when the machine was busy.
+        latency_ms_b32_spread: the same at batch 32.
+        latency_ms_b1_reference: ms of the fixed reference workload timed after each batch-1 repeat
+            (:mod:`~ablate.lightning_modules.model.reference_load`), the fastest; NaN if not timed.
+        latency_ms_b32_reference: the same beside the batch-32 repeats.
+    """
+
+    latency_ms_b1: float
+    latency_ms_b32: float
+    train_activation_mb: float
+    device: str
+    latency_ms_b1_spread: float = 0.0
+    latency_ms_b32_spread: float = 0.0
+    latency_ms_b1_reference: float = math.nan
+    latency_ms_b32_reference: float = math.nan
+
+    def as_dict(self) -> dict[str, float | str]:
+        """The fields as a plain dict (JSON / MLflow ready)."""
+        return asdict(self)
+
+
+def training_device(accelerator: str) -> torch.device:
+    """The device a run with ``trainer.accelerator`` = ``accelerator`` trains on (rank 0's), resolved
+    as Lightning resolves it: ``auto`` = MPS or CUDA when available, else the CPU; ``gpu`` = MPS or
+    CUDA (the CPU here when neither is: the Trainer then refuses it); ``cuda``, ``mps``, ``cpu`` as
+    named. CUDA means ``cuda:0``, the first visible device (Lightning's ``devices=N`` takes
+    ``0..N-1``). Asking does not initialise CUDA."""
+    name = accelerator.lower()
+    cuda = torch.cuda.is_available() and name in ("auto", "gpu", "cuda")
+    mps = torch.backends.mps.is_available() and name in ("auto", "gpu", "mps")
+    if mps:
+        return torch.device("mps")
+    return torch.device("cuda", 0) if cuda else torch.device("cpu")
+
+
+def describe_device(device: torch.device | str) -> str:
+    """Where a measurement ran, for the record: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``,
+    ``"cpu (16 threads)"`` (torch's intra-op threads), else the device's name."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if dev.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    return str(dev)
+
+
+def cpu_model() -> str:
+    """The host's CPU model, e.g. ``"Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"``: the first
+    ``model name`` of ``/proc/cpuinfo`` (Linux), else :func:`platform.processor` or the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_machine(device: torch.device | str) -> str:
+    """Which machine measured, for a report: the device (:func:`describe_device`) and the host's
+    CPU model, e.g. ``"cpu (2 threads), Intel(R) Xeon(R) ..."`` or ``"cuda:0 (NVIDIA H100 80GB
+    HBM3), host CPU AMD EPYC 9454"``."""
+    dev = torch.device(device)
+    host = cpu_model()
+    return f"{describe_device(dev)}, {host}" if dev.type == "cpu" else f"{describe_device(dev)}, host CPU {host}"
+
+
+def autocast_for(precision: str, device: torch.device) -> AbstractContextManager[None]:
+    """The autocast a Lightning run with ``trainer.precision`` = ``precision`` runs its steps under
+    on ``device``: Lightning's own :class:`MixedPrecision` context for ``bf16-mixed`` and
+    ``16-mixed`` (``torch.autocast`` to bf16 / fp16, no cast cache), nothing for ``32-true``."""
+    if precision in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(precision, device=device.type).forward_context()  # type: ignore[arg-type]
+    return nullcontext()
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device  # one device per model
+
+
+def _forked_rng(device: torch.device) -> AbstractContextManager[None]:
+    """Fork the CPU generator and, on CUDA, the measured device's generator (restored on exit)."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
+
+
+@contextmanager
+def placed(model: torch.nn.Module, device: torch.device | None, train: bool) -> Iterator[torch.device]:
+    """Run with ``model`` on ``device`` in train or eval mode, uncompiled (a module's
+    :meth:`~torch.nn.Module.compile` is bypassed: measuring compiles nothing); restore device,
+    per-module modes and compiled calls after."""
+    home = _model_device(model)
+    dev = torch.device(device) if device is not None else home
+    modes = [(m, m.training) for m in model.modules()]
+    compiled = [(m, m._compiled_call_impl) for m in model.modules() if m._compiled_call_impl is not None]
+    try:
+        for m, _ in compiled:
+            m._compiled_call_impl = None
+        model.to(dev).train(train)
+        yield dev
+    finally:
+        model.to(home)
+        for m, mode in modes:
+            m.training = mode
+        for m, call in compiled:
+            m._compiled_call_impl = call
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_batch(
+    vocab_size: int, batch: int, seq_len: int, device: torch.device, mask_prob: float = 0.15, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A pre-training batch of random ids in ``[5, vocab_size)``, no padding.
+
+    Returns:
+        ``input_ids``, ``token_type_ids`` (B, T) long; ``attention_mask`` (B, T) bool;
+        ``mlm_labels`` (B, T) long, -100 except about ``mask_prob`` of positions (at least one);
+        ``sentence_label`` (B,) long.
+    """
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(FIRST_ID, vocab_size, (batch, seq_len), generator=g)
+    types = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, seq_len).contiguous()  # A | B halves
+    selected = torch.rand(batch, seq_len, generator=g) < mask_prob
+    selected[:, min(1, seq_len - 1)] = True  # never an empty MLM loss
+    out = {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
+        "mlm_labels": torch.where(selected, ids, torch.full_like(ids, -100)),
+        "sentence_label": torch.randint(0, 2, (batch,), generator=g),
+    }
+    return {k: v.to(device) for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Latency:
+    """The timed repeats of one forward (:func:`time_forward`).
+
+    Attributes:
+        times_ms: wall time of each timed repeat, milliseconds, in order.
+        reference_ms: wall time of the reference workload run after each repeat (empty if none ran).
+    """
+
+    times_ms: tuple[float, ...]
+    reference_ms: tuple[float, ...] = ()
+
+    @property
+    def min_ms(self) -> float:
+        """The fastest repeat: the latency (a busy machine only adds time)."""
+        return min(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        """The median repeat."""
+        return statistics.median(self.times_ms)
+
+    @property
+    def spread(self) -> float:
+        """``(median - min) / min``: 0 when the repeats agree; 0.25 = the median repeat was 25 %
+        slower than the fastest (something else was running)."""
+        low = self.min_ms
+        return (self.median_ms - low) / low if low > 0 else 0.0
+
+    @property
+    def reference_min_ms(self) -> float:
+        """The fastest run of the reference workload beside the repeats; NaN if none ran."""
+        return min(self.reference_ms) if self.reference_ms else math.nan
+
+
+def time_forward(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int = 128,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+    reference: Workload | None = None,
+) -> Latency:
+    """Time ``model.encoder``'s forward: ``warmup`` untimed runs, then ``repeats`` timed ones, each
+    followed by one timed run of ``reference`` (if given) in the same window.
+
+    Runs eager (uncompiled) in eval mode under :func:`torch.inference_mode` and the autocast of
+    ``precision`` (:func:`autocast_for`: a ``bf16-mixed`` run's encoder runs its matmuls in bf16),
+    each repeat timed with :func:`time.perf_counter` (CUDA synchronized before and after each run,
+    so the time is the device's, not the launch's). Nothing else runs in between.
+
+    Args:
+        model: the pre-training model; only its encoder runs (heads are not timed).
+        vocab_size: ids are drawn from ``[5, vocab_size)``.
+        batch: batch size B.
+        seq_len: sequence length T.
+        repeats: timed runs (at least 1).
+        warmup: untimed runs first.
+        device: where to run; ``None`` = where the model is. The model is moved back afterwards.
+        precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
+        reference: a fixed workload on ``device`` (:func:`~ablate.lightning_modules.model.reference_load.
+            reference_workload`), timed after each repeat; None times none.
+
+    Returns:
+        The repeats' wall times (:class:`Latency`: ``min_ms`` is the latency, ``spread`` how much
+        the repeats disagree, ``reference_ms`` the reference's). Model device and training modes are restored.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    with (
+        placed(model, device, train=False) as dev,
+        _forked_rng(dev),
+        torch.inference_mode(),
+        autocast_for(precision, dev),
+    ):
+        b = random_batch(vocab_size, batch, seq_len, dev)
+        args = (b["input_ids"], b["token_type_ids"], b["attention_mask"])
+        for _ in range(warmup):
+            model.encoder(*args)
+        times, refs = [], []
+        for _ in range(repeats):
+            _sync(dev)
+            start = time.perf_counter()
+            model.encoder(*args)
+            _sync(dev)
+            times.append((time.perf_counter() - start) * 1e3)
+            if reference is not None:
+                start = time.perf_counter()
+                reference()
+                _sync(dev)
+                refs.append((time.perf_counter() - start) * 1e3)
+    return Latency(tuple(times), tuple(refs))
+
+
+def measure_latency(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int = 128,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+) -> float:
+    """Forward-only latency of ``model.encoder`` in milliseconds: the minimum of ``repeats`` timed
+    runs after ``warmup`` untimed ones (:func:`time_forward`, which also gives the spread).
+
+    Returns:
+        The fastest wall time of one forward, ms. Model device and training modes are restored.
+    """
+    return time_forward(model, vocab_size, batch, seq_len, repeats, warmup, device, precision).min_ms
+
+
+def measure_latencies(
+    model: PretrainingModel,
+    vocab_size: int,
+    seq_len: int = 128,
+    device: torch.device | None = None,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    precision: str = "32-true",
+    reference: Workload | None = None,
+) -> dict[str, float]:
+    """The latency metrics of a model, one dedicated pass per batch size of :data:`LATENCY_BATCHES`
+    (:func:`time_forward`): ``latency_ms_b1`` (the minimum of the repeats, ms),
+    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b1_reference`` (the fastest
+    run of the reference workload beside them: ``reference``, by default
+    :func:`~ablate.lightning_modules.model.reference_load.reference_workload` on the device), and the
+    same three for batch 32.
+
+    A run logs these before training (:func:`measure`); ``ablate report --remeasure`` times the
+    models of a report the same way (:func:`time_forward`, :func:`latency_metrics`), in rounds.
+    """
+    dev = torch.device(device) if device is not None else _model_device(model)
+    timed: dict[int, Latency] = {}
+    with _forked_rng(dev):
+        ref = reference if reference is not None else reference_workload(dev)
+        for batch in LATENCY_BATCHES:  # one dedicated pass each, nothing in between
+            timed[batch] = time_forward(model, vocab_size, batch, seq_len, repeats, warmup, dev, precision, ref)
+    return latency_metrics(timed)
+
+
+def latency_metrics(timed: Mapping[int, Latency]) -> dict[str, float]:
+    """Metrics of timed forwards by batch size: ``latency_ms_b<B>`` (the fastest repeat, ms),
+    ``latency_ms_b<B>_spread`` (``(median - min) / min``) and, where a reference workload ran
+    beside them, ``latency_ms_b<B>_reference`` (its fastest run, ms)."""
+    out: dict[str, float] = {}
+    for batch, lat in timed.items():
+        out[latency_metric(batch)] = lat.min_ms
+        out[latency_metric(batch) + SPREAD_SUFFIX] = lat.spread
+        if lat.reference_ms:
+            out[latency_metric(batch) + REFERENCE_SUFFIX] = lat.reference_min_ms
+    return out
+
+
+def peak_train_memory(
+    model: PretrainingModel,
+    vocab_size: int,
+    batch: int,
+    seq_len: int,
+    mask_prob: float = 0.15,
+    device: torch.device | None = None,
+    precision: str = "32-true",
+) -> int:
+    """Activation memory in bytes of one training step (forward + backward of the full loss), eager
+    (uncompiled) and under the autocast of ``precision`` (in ``bf16-mixed`` activations are mostly
+    bf16; the bf16 copies of the weights that autocast makes for the step count too).
+
+    Method per device:
+
+    - CUDA: ``torch.cuda.max_memory_allocated`` during the step minus the memory allocated
+      before it (parameters, their gradients if any, the batch). This also counts backward
+      temporaries and the parameter gradients created by backward.
+    - CPU (and any other device): a :func:`torch.autograd.graph.saved_tensors_hooks` pack hook
+      sums the bytes of the unique storages autograd saves for backward during the forward
+      (deduplicated by storage ``data_ptr``; parameters, buffers and the batch excluded). That
+      is exactly the activation memory training keeps, dropout masks included; allocator
+      overhead and short-lived temporaries are not counted.
+
+    Runs in train mode under :func:`torch.random.fork_rng` over the CPU generator and, on CUDA,
+    the device's (dropout does not shift the global random streams). Gradients are zeroed (set to
+    ``None``) afterwards; no optimizer step.
+
+    Args:
+        model: the pre-training model; ``model(batch)`` returns an object with ``.loss``.
+        vocab_size: ids are drawn from ``[5, vocab_size)``.
+        batch: batch size B.
+        seq_len: sequence length T.
+        mask_prob: share of positions with an MLM label.
+        device: where to run; ``None`` = where the model is. The model is moved back afterwards.
+        precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
+
+    Returns:
+        Activation bytes.
+    """
+    with placed(model, device, train=True) as dev:
+        b = random_batch(vocab_size, batch, seq_len, dev, mask_prob)
+        try:
+            with _forked_rng(dev):
+                if dev.type == "cuda":
+                    before = torch.cuda.memory_allocated(dev)  # allocation stats need no sync
+                    torch.cuda.reset_peak_memory_stats(dev)
+                    with autocast_for(precision, dev):
+                        loss = model(b).loss
+                    loss.backward()  # outside autocast, as Lightning runs backward
+                    _sync(dev)
+                    return torch.cuda.max_memory_allocated(dev) - before
+                return saved_activation_bytes(
+                    lambda: _autocast_loss(model, b, precision, dev),
+                    [*model.parameters(), *model.buffers(), *b.values()],
+                )
+        finally:
+            model.zero_grad(set_to_none=True)
+
+
+def _autocast_loss(
+    model: PretrainingModel, batch: dict[str, torch.Tensor], precision: str, device: torch.device
+) -> torch.Tensor:
+    with autocast_for(precision, device):
+        loss: torch.Tensor = model(batch).loss
+        return loss
+
+
+def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torch.Tensor]) -> int:
+    """Bytes of the unique storages autograd saves for backward while ``loss()`` runs (storages
+    of ``held`` — parameters, buffers, the batch — excluded), then runs backward."""
+    exclude = {t.untyped_storage().data_ptr() for t in held}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        value = loss()
+    value.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+    return sum(saved.values())
+
+
+def measure(
+    model: PretrainingModel,
+    vocab_size: int,
+    seq_len: int = 128,
+    device: torch.device | None = None,
+    repeats: int = REPEATS,
+    warmup: int = WARMUP,
+    memory_batch: int = 32,
+    precision: str = "32-true",
+    reference: Workload | None = None,
+) -> Measured:
+    """Latency at batch 1 and 32 and training activation memory at ``memory_batch``, on ``device``
+    and under the autocast of ``precision``.
+
+    What is measured: the eager (uncompiled) model; latency = ``model.encoder``'s forward in eval
+    mode under inference mode, the minimum of ``repeats`` timed runs after ``warmup`` untimed ones,
+    with its spread ``(median - min) / min`` (:func:`measure_latencies`); memory = one training step's activations,
+    forward and backward of the full loss (:func:`peak_train_memory`: on CUDA the allocator's peak,
+    elsewhere the tensors autograd saves). A ``bf16-mixed`` (``16-mixed``) precision runs both under
+    Lightning's autocast to bf16 (fp16), as its training steps run.
+
+    Args:
+        model: the pre-training model (left unchanged: device, modes, compiled call, no gradients).
+        vocab_size: ids are drawn from ``[5, vocab_size)``.
+        seq_len: sequence length T of every measurement.
+        device: where to run; ``None`` = where the model is (a run's: :func:`training_device`).
+        repeats: timed runs per latency.
+        warmup: untimed runs before each latency.
+        memory_batch: batch size of the memory measurement.
+        precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
+        reference: the workload timed beside the latency repeats (default: :func:`~ablate.
+            lightning_modules.reference_load.reference_workload` on the device).
+
+    Returns:
+        The :class:`Measured` costs, ``device`` described by :func:`describe_device`.
+    """
+    dev = torch.device(device) if device is not None else _model_device(model)
+    with _forked_rng(dev):
+        lat = measure_latencies(model, vocab_size, seq_len, dev, repeats, warmup, precision, reference)  # first
+        mem = peak_train_memory(model, vocab_size, memory_batch, seq_len, device=dev, precision=precision)
+    return Measured(
+        latency_ms_b1=lat["latency_ms_b1"],
+        latency_ms_b32=lat["latency_ms_b32"],
+        train_activation_mb=mem / 2**20,
+        device=describe_device(dev),
+        latency_ms_b1_spread=lat["latency_ms_b1_spread"],
+        latency_ms_b32_spread=lat["latency_ms_b32_spread"],
+        latency_ms_b1_reference=lat["latency_ms_b1_reference"],
+        latency_ms_b32_reference=lat["latency_ms_b32_reference"],
+    )
