@@ -8,10 +8,11 @@ of the same arithmetic could show. ``ablate bench train`` prints it beside the r
 missed target reads as "the work left" or "the machine", not as a guess.
 
 The peak is measured in each precision a side runs in, time-boxed (:func:`matmul_peak`): a
-square matmul grows from 128 until one product takes a few milliseconds, then the best of a
-few products at that size. A CPU without fast kernels for a precision (bf16 on a CPU without
-AVX-512 BF16 or AMX runs at a few GFLOP/s) is found by that measurement: :func:`peaks` says
-which precisions to leave out, and why.
+square matmul grows from 256 until one product takes 20 milliseconds, then the best of as
+many products at that size as the time box allows. A CPU without fast kernels for a precision
+is known from what it can do, not from a timing a busy machine could spoil: bf16 matmuls need
+AVX-512 BF16 or AMX (oneDNN emulates them otherwise, at a few GFLOP/s against fp32's hundred
+or more); :func:`peaks` leaves such a precision out, and says why.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.benchmarks.train_speed import Batch, Side
 
-SLOW = 0.5  # a precision whose peak is under this share of fp32's has no fast kernels here: left out
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -70,26 +70,32 @@ def _product_s(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> float:
 
 
 def matmul_peak(
-    precision: str, device: torch.device, budget_s: float = 0.5, min_product_s: float = 0.005, max_n: int | None = None
+    precision: str,
+    device: torch.device,
+    budget_s: float = 0.3,
+    min_product_s: float = 0.02,
+    min_n: int = 512,
+    max_n: int | None = None,
 ) -> float:
     """FLOP/s of a square matmul in ``precision`` (``fp32`` or ``bf16``), in about ``budget_s``.
 
-    The side ``n`` doubles from 128 (up to ``max_n``: 8192 on CUDA, 2048 elsewhere) until one
-    product takes ``min_product_s``; the best of the products at that size (after a warm-up
-    one) gives the rate. A slow precision stops growing when the budget is spent, so the
-    measurement never takes much longer than ``budget_s`` whatever the machine's speed.
+    The side ``n`` doubles from 256 (to at least ``min_n`` and at most ``max_n``: 8192 on CUDA,
+    2048 elsewhere) until one product takes ``min_product_s``; the best of the products at that
+    size (after a warm-up one) gives the rate. A slow precision stops growing when the budget
+    is spent, so the measurement never takes much longer than ``budget_s`` whatever the speed.
     """
     dtype = DTYPES[precision]
     max_n = max_n or (8192 if device.type == "cuda" else 2048)
     deadline = time.perf_counter() + budget_s
-    n, best = 128, 0.0
+    n, best = 256, 0.0
     while True:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         _product_s(a, b, device)  # warm-up: kernel choice, first-touch memory
         elapsed = _product_s(a, b, device)
         best = max(best, 2 * n**3 / elapsed)
-        if elapsed >= min_product_s or n >= max_n or time.perf_counter() + 8 * elapsed > deadline:
+        grow = elapsed < min_product_s or n < min_n
+        if not grow or n >= max_n or time.perf_counter() + 8 * elapsed > deadline:
             break
         n *= 2
     while time.perf_counter() + elapsed < deadline:  # the best of as many more as the budget allows
@@ -98,9 +104,17 @@ def matmul_peak(
     return best
 
 
+def fast_kernels(precision: str, device: torch.device) -> bool:
+    """Whether ``device`` has fast matmul kernels for ``precision``: always for fp32 and on a GPU;
+    bf16 on a CPU only with AVX-512 BF16 or AMX."""
+    if precision == "fp32" or device.type != "cpu":
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 @dataclass(frozen=True)
 class Peaks:
-    """The measured matmul peak per precision, those with fast kernels here, and what was left out."""
+    """The measured matmul peak per precision with fast kernels here, and those left out."""
 
     flops: dict[str, float]
     fast: tuple[str, ...]
@@ -108,22 +122,20 @@ class Peaks:
 
     def note(self) -> str:
         """One line for the output: the peaks, and what is left out and why."""
-        rates = ", ".join(f"{p} {self.flops[p] / 1e9:,.0f} GFLOP/s" for p in self.flops)
+        rates = ", ".join(f"{p} {self.flops[p] / 1e9:,.0f} GFLOP/s" for p in self.fast)
         if not self.left_out:
             return f"measured matmul peaks: {rates}"
         gone = ", ".join(self.left_out)
         return (
-            f"measured matmul peaks: {rates}; {gone} left out: this CPU has no fast {gone} matmul kernels"
-            f" (under {SLOW:.0%} of fp32's rate; torch CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()})"
+            f"measured matmul peaks: {rates}; {gone} left out: this CPU has no fast {gone} matmul kernels "
+            f"(no AVX-512 BF16 or AMX; torch CPU capability {torch.backends.cpu.get_cpu_capability()})"
         )
 
 
 def peaks(device: torch.device, precisions: tuple[str, ...] = ("fp32", "bf16"), budget_s: float = 0.3) -> Peaks:
-    """The matmul peak in each of ``precisions`` (each in about ``budget_s``); on a CPU, a precision
-    under ``SLOW`` of fp32's rate is left out (its sides would run for hours and say nothing)."""
-    flops = {p: matmul_peak(p, device, budget_s) for p in precisions}
-    slow = tuple(
-        p for p in precisions if device.type == "cpu" and p != "fp32" and flops[p] < SLOW * flops.get("fp32", 0.0)
+    """The matmul peak in each of ``precisions`` this device has fast kernels for (each in about
+    ``budget_s``); the others are left out (their sides would run for hours and say nothing)."""
+    fast = tuple(p for p in precisions if fast_kernels(p, device))
+    return Peaks(
+        {p: matmul_peak(p, device, budget_s) for p in fast}, fast, tuple(p for p in precisions if p not in fast)
     )
-    return Peaks(flops, tuple(p for p in precisions if p not in slow), slow)

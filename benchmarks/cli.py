@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         "pruning": sweep_pruning.main,
         "loop": loop.main,
     }
+    if args.suite == "loop":
+        loop.chosen(args, device)  # a case the regime cannot run: one line, before anything runs
     with progress_for(status) as progress:
         lines, ok = suites[args.suite](args, device, progress)
     text = "\n".join([f"Machine: {machine(device)}", "", *lines])

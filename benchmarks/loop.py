@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -49,7 +50,7 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing
-from ablate.benchmarks.regimes import DEFAULT_CASE, Step, clock_in, setup
+from ablate.benchmarks.regimes import DEFAULT_CASE, Step, check_case, clock_in, setup
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
 from ablate.lightning_modules.config.experiment import (
     DataConfig,
@@ -233,6 +234,19 @@ def measure(
     )
 
 
+def _per_turn(r: LoopResult) -> list[str]:
+    """The turns taken one by one (the same batch on both sides, one after the other): the step
+    alone's time over the loop's, whose spread says how much of a gap is the machine's noise."""
+    if len(r.loop.blocks) != len(r.step.blocks) or len(r.loop.blocks) < 3:
+        return []
+    ratios = sorted(a / n / (b / m) for (b, m), (a, n) in zip(r.loop.blocks, r.step.blocks, strict=True))
+    q = statistics.quantiles(ratios, n=10)
+    return [
+        f"- per turn, the step alone's time over the loop's: median {statistics.median(ratios):.2f}, "
+        f"10th-90th percentile {q[0]:.2f}-{q[-1]:.2f} ({len(ratios)} turns)"
+    ]
+
+
 def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     """The tables and the last line, ``loop efficiency: X.XX``; whether the target holds."""
     t, p = r.cfg.trainer, r.phases
@@ -269,6 +283,7 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     lines += [
         "",
         f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
+        *_per_turn(r),
         f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})",
         "",
         f"loop efficiency: {r.efficiency:.2f}",
@@ -276,11 +291,19 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     return lines, r.efficiency >= TARGET
 
 
-def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
+def chosen(args: argparse.Namespace, device: torch.device) -> tuple[str, Case]:
+    """The regime and case ``args`` name (a regime's default case: the GPU-sized one on CUDA),
+    checked to fit each other (ConfigError, ``--case``) before anything runs."""
     regime = args.regime or "pretrain"
-    # the GPU cases and the CPU ones (benchmarks/cases.py), per regime
     name = (args.case or [DEFAULT_CASE["cuda" if device.type == "cuda" else "cpu"][regime]])[0]
     case = CASES[name]()
+    check_case(regime, case)
+    return regime, case
+
+
+def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
+    regime, case = chosen(args, device)
+    name = case.name
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
     task = progress.add_task(name, total=None)
     result = measure(

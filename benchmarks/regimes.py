@@ -210,10 +210,23 @@ def _train(cfg: ExperimentConfig) -> Callable[[], object]:
     return run
 
 
+def check_case(regime: str, case: Case) -> None:
+    """ConfigError (``--case``) when ``case`` cannot run ``regime``: a distillation needs a teacher,
+    a pruning a model schuBERT's gates fit."""
+    from ablate.lightning_modules.methods.pruning.gates import check_supported
+
+    if regime == "distill" and case.teacher is None:
+        raise ConfigError(f"--case: {case.name} has no teacher for --regime distill (distill-mini has one)")
+    if regime == "prune":
+        try:
+            check_supported(case.model)
+        except ConfigError as exc:
+            raise ConfigError(f"--case: {case.name} cannot be pruned ({exc}); bert-tiny can") from None
+
+
 def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, root: Path) -> Setup:
     """A distillation from ``case.teacher`` (written at its initialisation) to ``case.model``."""
-    if case.teacher is None:
-        raise ConfigError(f"--case: {case.name} has no teacher for --regime distill (distill-mini has one)")
+    assert case.teacher is not None  # check_case
     teacher = _save(case.teacher, cfg.objective, cfg.data, root / "teacher", cfg.seed + 1)
     run_cfg = replace(cfg, regime="distill", distill=DistillConfig(teacher=teacher))
 
@@ -296,7 +309,7 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
         from ablate.lightning_modules.interop.export import folder_tokenizer
 
         pad = special_ids(Tokenizer.from_file(str(folder_tokenizer(source)))).pad
-        return padding_comparison(*step(min(steps, 60)), case.seq_len, pad)
+        return padding_comparison(*step(min(steps, 20)), case.seq_len, pad)
 
     origin = "synthetic sentences" if sst2 is None else str(data)
     what = f"fine-tuning: SST-2 ({origin}), B={FINETUNE_BATCH} padded to the longest sentence, T <= {case.seq_len}"
@@ -315,6 +328,7 @@ def setup(
     """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
     (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
     ConfigError (``--case``) when the case cannot run the regime."""
+    check_case(regime, case)
     if regime == "pretrain":
         from ablate.benchmarks.loop import isolated_step
 

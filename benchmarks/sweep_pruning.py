@@ -55,7 +55,7 @@ def study(corpus: str, root: Path, name: str, pruner: dict[str, Any], steps: int
         "seeds": [0],
         "sampler": "grid",
         "pruner": pruner,
-        "objective": {"metric": "val/loss", "direction": "minimize"},
+        "optimize": {"metric": "val/loss", "direction": "minimize"},
     }
 
 

@@ -189,6 +189,11 @@ def _block(
         f"{statistics.median(best_ours.times) * 1e3:.1f} ms now: best against best could reach at most "
         f"**{statistics.median(theirs.times) / floor_s:.2f}x**"
     )
+    if any(s.flops / statistics.median(s.times) > peak.flops[s.precision] for s in sides):
+        lines.append(
+            "- the measured peak is below what a step achieved: the machine was busy while it was measured "
+            "(a shared machine), so MFU and the ceiling above are not to be read in this run"
+        )
     tolerance = SAME_START[device.type]
     ok &= first_gap <= tolerance
     lines += [

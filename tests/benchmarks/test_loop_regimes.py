@@ -62,3 +62,33 @@ def test_synthetic_sst2_has_its_format_and_short_sentences(tmp_path):
     assert all(1 <= n <= 50 for n in lengths) and sorted(lengths)[100] < 20
     assert {row.rsplit("\t", 1)[1] for row in rows[1:]} == {"0", "1"}
     assert len((folder / "validation.tsv").read_text().splitlines()) == 21
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "train", "--regime", "distill"], "error: --regime: only for `ablate bench loop`"),
+        (
+            ["bench", "loop", "--regime", "prune", "--sst2", "SST2"],
+            "error: --sst2: only for `ablate bench loop --regime",
+        ),
+        (["bench", "loop", "--sst2", "EMPTY"], "error: --sst2: EMPTY: no train.tsv or validation.tsv in it"),
+        (
+            ["bench", "loop", "--regime", "prune", "--case", "albert-tiny"],
+            "error: --case: albert-tiny cannot be pruned",
+        ),
+        (["bench", "loop", "--regime", "distill", "--case", "bert-tiny"], "error: --case: bert-tiny has no teacher"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, wiki_validation):
+    from ablate.cli import main
+
+    (tmp_path / "sst2").mkdir()
+    for name in ("train.tsv", "validation.tsv"):
+        (tmp_path / "sst2" / name).write_text("sentence\tlabel\ngood\t1\n")
+    (tmp_path / "empty").mkdir()
+    paths = {"SST2": str(tmp_path / "sst2"), "EMPTY": str(tmp_path / "empty")}
+    argv = [paths.get(a, a) for a in argv] + ["--corpus", str(wiki_validation)]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(message.replace("EMPTY", paths["EMPTY"])), err
