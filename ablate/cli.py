@@ -148,17 +148,19 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
     if args.check:
         check_study(spec, base, args.study, None)  # every trial's config, paths and names
-        upstream = f", {spec.upstream.SECTION}: {spec.upstream.source or 'trained once'}" if spec.upstream else ""
-        tasks = f", fine-tuned on {', '.join(t.task for t in spec.finetune)}" if spec.finetune else ""
+        model = spec.study_model
+        uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
+        tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
+        optimize = f", {spec.optimize.direction.removesuffix('e')}ing {spec.optimize.metric}"
         title, n = report.title if report else "none", spec.total_trials()
         try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here
             check_study(spec, base, args.study, Machine.here())
             here = ""
         except ConfigError as exc:
             here = f"; not runnable on this machine ({exc})"
-        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{upstream}{tasks}; report: {title}{here}")
+        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
         return
-    if args.print_config:  # the config of the first grid point (a placeholder for a study teacher's run)
+    if args.print_config:  # the config of the first grid point (a placeholder for the study model's run)
         from ablate.lightning_modules.config.experiment import to_yaml
         from ablate.sweeps.spec import corner_configs
 
@@ -180,7 +182,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
             print(f"trial {t.number} {t.params} failed: {reason} (run the command again to retry it)")
     try:
         best = study.best_trial
-        print(f"best trial {best.number}: {spec.objective.metric}={best.value:.4f} {best.params}")
+        print(f"best trial {best.number}: {spec.optimize.metric}={best.value:.4f} {best.params}")
     except ValueError:
         pass
     _print_ui_hint(result.tracking_uri, study=spec.name)

@@ -26,7 +26,7 @@ MAX_TAG = 8000
 
 def task_data(task: FinetuneConfig, prefix: str = "finetune") -> tuple[TaskData, TaskData] | None:
     """The resolved training and dev data of a ``finetune`` section (None: no ``train``); ``prefix``
-    names it in errors (``finetune[0]`` for a study's task)."""
+    names it in errors (``tasks[0]`` for a study's first task)."""
     if task.train is None:
         return None
     train = resolve_task(f"{prefix}.train", task.train, task.train_split, "train")

@@ -224,7 +224,7 @@ def _task_builder(key: str, name: str, files: list[Path]) -> str:
 
 
 def resolve_task(key: str, name: str, split: str | None = None, default_split: str = "train") -> TaskData:
-    """Resolve a task's data setting (``finetune.train``, ``finetune[0].validation``: ``key``).
+    """Resolve a task's data setting (``finetune.train``, a study's ``tasks[0].validation``: ``key``).
 
     Args:
         key: the setting, for error messages (``KEY_split`` names the split setting).

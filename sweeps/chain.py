@@ -4,7 +4,7 @@ The trial is an MLflow run (nested under the study's parent) whose stages are ru
 under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked by
 ``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
 ``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
-study's objective and reports can use any of them, and the params ``technique.<name>``: the
+study can optimize (``optimize.metric``) and report any of them, and the params ``technique.<name>``: the
 compression techniques its stages apply, read from their configs (:mod:`~ablate.lightning_modules.methods.techniques`).
 
 A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then

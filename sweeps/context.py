@@ -1,7 +1,7 @@
 """What a run is given and what it works in: one frozen value each, not a bundle of keywords.
 
 :class:`RunContext` is fixed by whoever starts a run (``ablate train``, a study trial, a chained
-trial's stages, a study's teacher): where the run is recorded (store, experiment, parent, name,
+trial's stages, a model a study trains once): where the run is recorded (store, experiment, parent, name,
 tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume).
 
 :class:`ActiveRun` is the MLflow run a regime's work writes into once it exists: the one channel

@@ -30,7 +30,7 @@ from ablate.lightning_modules.config.metric_names import (
 )
 from ablate.lightning_modules.config.paths import output_file, output_folder
 from ablate.lightning_modules.config.run import TrainerConfig
-from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, teacher_config
+from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, study_model_config
 
 MLFLOW_NAME = 250
 """The longest MLflow run name (its ``runs.name`` column)."""
@@ -162,9 +162,10 @@ def trial_metrics(cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> tu
     return (*VALIDATION, *sentence, *chained, *((DOWNSTREAM_AVG,) if tasks else ()))
 
 
-def check_objective(metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> None:
-    """The study's objective is a metric its trials log: a validation metric of their regime, a task's,
-    or one of the other namespaces runs log (``quant/...``, ``intrinsic/...``)."""
+def check_optimized_metric(metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> None:
+    """The metric the study optimizes (``optimize.metric``) is one its trials log: a validation
+    metric of their regime, a task's, or one of the other namespaces runs log (``quant/...``,
+    ``intrinsic/...``)."""
     known = trial_metrics(cfg, tasks)
     namespace, slash, _ = metric.partition("/")
     task_names = {task for task, _ in tasks} | ({cfg.finetune.task} if cfg.regime == "finetune" else set())
@@ -173,18 +174,18 @@ def check_objective(metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[st
     if slash and namespace not in NAMESPACES:
         have = ", ".join(sorted(task_names)) or "none"
         raise ConfigError(
-            f"objective.metric: {metric!r} is not a metric ablate logs: {namespace!r} is neither one of its "
+            f"optimize.metric: {metric!r} is not a metric ablate logs: {namespace!r} is neither one of its "
             f"namespaces ({', '.join(NAMESPACES)}) nor a task this study fine-tunes (tasks: {have})"
         )
     if namespace == "val" or metric == DOWNSTREAM_AVG or not slash:
         close = difflib.get_close_matches(metric, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; its trials log {', '.join(known)}"
-        raise ConfigError(f"objective.metric: {metric!r} is not logged by this study's trials{hint}")
+        raise ConfigError(f"optimize.metric: {metric!r} is not logged by this study's trials{hint}")
 
 
 def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machine: Machine | None) -> None:
     """Every trial the study can produce (each grid point or range corner, variant and seed, its
-    study model) checked as :func:`check_run` checks one run; and the objective against them.
+    study model) checked as :func:`check_run` checks one run; and the metric it optimizes against them.
     ``machine`` None leaves out what the trials ask of the machine (``sweep --check``)."""
     active_catalog()  # a broken ABLATE_DATA_CATALOG is the environment's error, said as such, not the study's
     for name in spec.variants:  # a trial's run name is "variant=NAME seed=N"
@@ -197,14 +198,14 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
         if not 0 <= seed <= MAX_SEED:
             raise ConfigError(f"{where}: seeds: {seed}: must be between 0 and {MAX_SEED} (numpy's range)")
     trials = corner_trials(spec, base)
-    if spec.upstream is not None and spec.upstream.model is not None:
+    if spec.study_model is not None and spec.study_model.model is not None:
         try:
-            check_run(teacher_config(base, spec), spec.checkpoints, machine)
+            check_run(study_model_config(base, spec), spec.checkpoints, machine)
         except (ConfigError, DataError) as exc:
-            raise type(exc)(f"{where}: {spec.upstream.SECTION}.{exc}") from None
-    for i, task in enumerate(spec.finetune):  # each task's data, as check_data checks a run's
+            raise type(exc)(f"{where}: {spec.study_model.SECTION}.{exc}") from None
+    for i, task in enumerate(spec.tasks):  # each task's data, as check_data checks a run's
         try:
-            task_data(task, f"finetune[{i}]")
+            task_data(task, f"tasks[{i}]")
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
     for params, cfg in trials:
@@ -212,9 +213,9 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             check_run(cfg, spec.checkpoints, machine)
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
-        mine = [t for t in spec.finetune if t.runs_for(params.get("variant"))]
+        mine = [t for t in spec.tasks if t.runs_for(params.get("variant"))]
         tasks = [(t.task, t.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE).finetune.metric) for t in mine]
         try:
-            check_objective(spec.objective.metric, cfg, tasks)
+            check_optimized_metric(spec.optimize.metric, cfg, tasks)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None

@@ -1,5 +1,5 @@
-"""Study specs: a base experiment, a search space over config fields, seeds, objective,
-sampler, pruner and the report to regenerate. Read from YAML and fully validated (every
+"""Study specs: a base experiment, a search space over config fields, seeds, the metric to
+optimize, sampler, pruner and the report to regenerate. Read from YAML and fully validated (every
 grid point builds a valid config) before anything runs.
 
 Example::
@@ -16,14 +16,14 @@ Example::
     seeds: [0, 1]
     sampler: grid
     pruner: {type: median, n_warmup_steps: 100}
-    objective: {metric: val/loss, direction: minimize}
+    optimize: {metric: val/loss, direction: minimize}      # Optuna's metric (base.objective: pre-training's)
     teacher:                                                # optional: every trial distils from one teacher
       model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
     # prune_source: {model: ..., overrides: ...}            # or: the one model every trial prunes (schuBERT)
     # reference: {model: ..., overrides: ...}               # or: the model every trial compresses, each by its
                                                             # own regime (distill, prune, quant: five-families)
-    finetune:                                               # optional: chained trials, pretrain -> fine-tune
+    tasks:                                                  # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
                                                             # a whole finetune section each, plus seeds: [0, 1, 2]
     heartbeat: 10                                           # s between a running trial's heartbeats; silent
@@ -49,18 +49,18 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.config.load import build_config, read_yaml
-from ablate.lightning_modules.config.paths import input_file
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
+    PLACEHOLDER_SOURCE,
     REFERENCE_FIELDS,
     FinetuneTask,
     PruneSourceSpec,
     ReferenceSpec,
     StudyModel,
     TeacherSpec,
+    check_task_variants,
+    check_tasks,
 )
 
-PLACEHOLDER_SOURCE = "runs:/study-model"
-"""Stands in for the study's teacher or model to prune when trial configs are validated before it exists."""
 TOKENIZER_FIELDS = (
     "model.vocab_size",
     "data.corpus",
@@ -70,9 +70,7 @@ TOKENIZER_FIELDS = (
     "data.lowercase",
     "data.tokenizer_docs",
 )
-"""What determines the WordPiece tokenizer: teacher and student must agree on all of it."""
-LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")
-"""A fine-tuning task's data given as a local file (else a ``datasets`` hub name)."""
+"""What determines the WordPiece tokenizer: the study's model and its trials must agree on all of it."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -152,8 +150,9 @@ class PrunerSpec:
 
 
 @dataclass(frozen=True, config=STRICT)
-class ObjectiveSpec:
-    """The metric a trial returns to Optuna."""
+class OptimizeSpec:
+    """The metric a trial returns to Optuna, and the direction Optuna optimizes it in (the study's
+    ``optimize``; ``base.objective`` is the pre-training objective)."""
 
     metric: str = "val/loss"
     direction: Literal["minimize", "maximize"] = "minimize"
@@ -172,25 +171,25 @@ class StudySpec:
     sampler: Literal["grid", "tpe", "random"] = "grid"
     n_trials: int | None = Field(default=None, gt=0)
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    optimize: OptimizeSpec = Field(default_factory=OptimizeSpec)
     report: str | dict[str, Any] | None = None
     teacher: TeacherSpec | None = None
     prune_source: PruneSourceSpec | None = None
     reference: ReferenceSpec | None = None
-    finetune: list[FinetuneTask] = Field(default_factory=list)
+    tasks: list[FinetuneTask] = Field(default_factory=list)
     heartbeat: int = Field(default=10, ge=1, le=3600)
     checkpoints: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _one_upstream(self) -> StudySpec:
+    def _one_study_model(self) -> StudySpec:
         given = [name for name in ("teacher", "prune_source", "reference") if getattr(self, name) is not None]
         if len(given) > 1:
             raise FieldError(f"{given[1]}", "a study has one trained model (teacher, prune_source or reference)")
         return self
 
     @property
-    def upstream(self) -> StudyModel | None:
-        """The study's teacher or model to prune, if any."""
+    def study_model(self) -> StudyModel | None:
+        """The study's model, if any: its teacher, prune_source or reference."""
         return self.teacher or self.prune_source or self.reference
 
     @property
@@ -198,7 +197,7 @@ class StudySpec:
         """The trial fields the study's trained model fills."""
         if self.reference is not None:
             return tuple(REFERENCE_FIELDS.values())
-        return () if self.upstream is None else (self.upstream.FIELD,)
+        return () if self.study_model is None else (self.study_model.FIELD,)
 
     @property
     def space(self) -> dict[str, ParamSpace]:
@@ -220,10 +219,20 @@ class StudySpec:
         return size
 
 
+RENAMED = {
+    "objective": "optimize (the metric and direction Optuna optimizes; base.objective is the pre-training objective)",
+    "finetune": "tasks (the fine-tuning tasks of each trial; base.finetune is one run's fine-tuning section)",
+}
+"""Study keys renamed, and what their new names say (a study that still names them is refused)."""
+
+
 def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     """Read and validate a study YAML; return the spec and the resolved base config tree."""
     path = Path(path)
     raw = read_yaml(path)
+    for old, new in RENAMED.items():
+        if old in raw:
+            raise ConfigError(f"{path}: {old}: renamed {new}")
     if isinstance(raw.get("teacher"), dict) and "into" in raw["teacher"]:
         raise ConfigError(f"{path}: teacher.into: gone; declare the model every trial prunes as prune_source: instead")
     try:
@@ -245,14 +254,15 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         "search": spec.search,
         **{f"variants.{name}": changes for name, changes in spec.variants.items()},
     }
+    owner = spec.study_model.SECTION if spec.study_model is not None else ""
     for section, keys in sections.items():
         for key in keys:
             if key not in known:
                 raise ConfigError(f"{where}: {section}.{key}: not a config field")
             if key in spec.set_by_study:
-                raise ConfigError(f"{where}: {section}.{key}: set by the study's {spec.upstream.SECTION} section")
-            if spec.finetune and key.startswith("finetune."):
-                raise ConfigError(f"{where}: {section}.{key}: a chained study's fine-tuning is its finetune: tasks")
+                raise ConfigError(f"{where}: {section}.{key}: set by the study's {owner} section")
+            if spec.tasks and key.startswith("finetune."):
+                raise ConfigError(f"{where}: {section}.{key}: a chained study's fine-tuning is its tasks:")
     if spec.sampler == "grid":
         for key, space in spec.search.items():
             if space.choices is None:
@@ -263,26 +273,26 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         students = corner_configs(spec, base)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    if spec.upstream is not None and spec.upstream.model is not None:
-        _validate_upstream(spec.upstream, spec, base, students, where)
-    if spec.finetune and isinstance(base.get("finetune"), dict):
-        raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its finetune: tasks")
-    check_tasks(students[0], spec.finetune, where, study_model=spec.upstream is not None)
-    check_task_variants(spec, where)
+    if spec.study_model is not None and spec.study_model.model is not None:
+        _validate_study_model(spec.study_model, spec, base, students, where)
+    if spec.tasks and isinstance(base.get("finetune"), dict):
+        raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its tasks:")
+    check_tasks(students[0], spec.tasks, where, has_study_model=spec.study_model is not None)
+    check_task_variants(spec.tasks, list(spec.variants), where)
 
 
-def _validate_upstream(
-    upstream: StudyModel, spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
+def _validate_study_model(
+    study_model: StudyModel, spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
 ) -> None:
     """The study model's overrides name config fields, its config is valid and it shares the trials' tokenizer."""
-    known, section = field_names(), upstream.SECTION
-    for key in upstream.overrides:
+    known, section = field_names(), study_model.SECTION
+    for key in study_model.overrides:
         if key not in known:
             raise ConfigError(f"{where}: {section}.overrides.{key}: not a config field")
         if key in ("regime", *REGIME_SOURCE.values()):
             raise ConfigError(f"{where}: {section}.overrides.{key}: the study's {section} is pre-trained from scratch")
     try:
-        model = flatten(teacher_config(base, spec))
+        model = flatten(study_model_config(base, spec))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {section}.{exc}") from None
     for student in map(flatten, students):
@@ -299,55 +309,11 @@ def _validate_upstream(
                 )
 
 
-def check_task_variants(spec: StudySpec, where: Path | str) -> None:
-    """A task's ``variants`` name variants of the study, and no variant is fine-tuned twice on one task name."""
-    seen: dict[tuple[str, str | None], int] = {}
-    for i, task in enumerate(spec.finetune):
-        if task.variants is not None:
-            unknown = [v for v in task.variants if v not in spec.variants]
-            if unknown:
-                raise ConfigError(
-                    f"{where}: finetune[{i}].variants: {unknown[0]!r} is not one of the study's variants "
-                    f"({', '.join(spec.variants) or 'it has none'})"
-                )
-        for variant in task.variants or list(spec.variants) or [None]:
-            if (task.task, variant) in seen:
-                who = f"variant {variant!r}" if variant is not None else "every trial"
-                raise ConfigError(
-                    f"{where}: finetune[{i}].variants: {who} is already fine-tuned on task {task.task!r} "
-                    f"by finetune[{seen[task.task, variant]}]"
-                )
-            seen[task.task, variant] = i
-
-
-def check_tasks(cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str, study_model: bool = True) -> None:
-    """Every fine-tuning task builds a valid config for the trial ``cfg`` and its local files exist;
-    a task that distils from the study's model needs one (``study_model``)."""
-    for i, task in enumerate(tasks):
-        if task.study_teacher and not study_model:
-            raise ConfigError(
-                f"{where}: finetune[{i}].distill.teacher: the study trains no model to fine-tune as the task's "
-                f"teacher (teacher:, reference: or prune_source:); name a fine-tuned classifier "
-                f"(runs:/RUN_ID or a folder)"
-            )
-        try:
-            task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: finetune[{i}]: {exc}") from None
-        for key in ("train", "validation"):
-            value = getattr(task, key)
-            if value is not None and value.endswith(LOCAL):
-                try:
-                    input_file(value, f"finetune[{i}].{key}")
-                except ConfigError as exc:
-                    raise ConfigError(f"{where}: {exc}") from None
-
-
 def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
     """The configs at the corners of the search space (every grid point for a grid).
 
-    With a study teacher (or model to prune) they name a placeholder, so that the ``distill``
-    (``prune``) section is validated (stages against ``trainer.max_steps`` ...) before it exists.
+    With a study model they name a placeholder as its source, so that the ``distill`` (``prune``,
+    ``quant``) section is validated (stages against ``trainer.max_steps`` ...) before it exists.
     """
     return [cfg for _, cfg in corner_trials(spec, base)]
 
@@ -357,12 +323,12 @@ def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str,
     whose config is invalid raises a ConfigError naming its searched values (``search.model.num_heads=3:``)."""
     space = {k: v for k, v in spec.space.items() if k != "seed"}
     keys = list(space)
-    teacher = PLACEHOLDER_SOURCE if spec.upstream is not None else None
+    study_model = PLACEHOLDER_SOURCE if spec.study_model is not None else None
     trials = []
     for values in itertools.product(*(space[k].corners() for k in keys)):
         params = dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}
         try:
-            trials.append((params, trial_config(base, spec, params, teacher)))
+            trials.append((params, trial_config(base, spec, params, study_model)))
         except ConfigError as exc:
             searched = ", ".join(f"search.{k}={v}" for k, v in params.items() if k in spec.search)
             named = searched and not str(exc).startswith("variants.")  # a variant's error names the variant
@@ -371,7 +337,7 @@ def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str,
 
 
 def trial_config(
-    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], teacher: str | None = None
+    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], study_model: str | None = None
 ) -> ExperimentConfig:
     """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params.
 
@@ -379,18 +345,19 @@ def trial_config(
         base: the study's base config tree.
         spec: the study.
         params: the sampled parameters (dotted names, ``variant`` and ``seed``).
-        teacher: the study's teacher or model to prune (``runs:/RUN_ID`` or a folder), set as
-            ``distill.teacher`` or ``prune.source``; None keeps whatever the base says.
+        study_model: the study's model (``runs:/RUN_ID`` or a folder), set as the field it fills
+            (``distill.teacher``, ``prune.source``; a reference: the trial's regime's source);
+            None keeps whatever the base says.
     """
     params = dict(params)
     name = params.pop("variant", None)
     variant = spec.variants.get(name, {})
     try:
-        field: str | None = spec.upstream.FIELD if spec.upstream is not None else "distill.teacher"
+        field: str | None = spec.study_model.FIELD if spec.study_model is not None else "distill.teacher"
         if spec.reference is not None:
             field = _reference_field(base, {**spec.overrides, **variant, **params})
-        distill = {field: teacher} if teacher is not None and field is not None else {}
-        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **distill})
+        source = {field: study_model} if study_model is not None and field is not None else {}
+        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **source})
     except ConfigError as exc:
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
 
@@ -398,7 +365,7 @@ def trial_config(
 def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str | None:
     """The source field a trial's regime fills with the study's reference (None: a ``pretrain`` trial,
     trained from scratch beside the compressed ones; its tasks may still learn from the reference
-    fine-tuned, ``finetune[i].distill``)."""
+    fine-tuned, ``tasks[i].distill``)."""
     regime = changes.get("regime", base.get("regime"))
     if regime == "pretrain":
         return None
@@ -410,19 +377,20 @@ def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str | Non
     return REFERENCE_FIELDS[regime]
 
 
-def teacher_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
-    """The config of the teacher (or model to prune) a study trains: the base with its ``model``
-    section replaced by the study model's (and no ``init_from``, ``distill``, ``prune`` or
-    ``finetune``, which are the trials'), then its ``overrides``; named ``<study>-teacher``
-    (``<study>-prune_source``), a pre-training run.
+def study_model_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
+    """The config of the model a study trains (its teacher, prune_source or reference): the base
+    with its ``model`` section replaced by the study model's (and no ``init_from``, ``distill``,
+    ``prune``, ``quant`` or ``finetune``, which are the trials'), then its ``overrides``; named
+    ``<study>-<section>`` (``<study>-teacher``, ``<study>-prune_source`` ...), a pre-training run.
 
     Raises:
-        ValueError: the study trains no model of its own (no ``teacher.model`` / ``prune_source.model``).
+        ValueError: the study trains no model of its own (no ``.model`` in its study model's section).
         ConfigError: its config is invalid (naming the dotted key).
     """
-    upstream = spec.upstream
-    if upstream is None or upstream.model is None:
-        raise ValueError(f"study {spec.name} trains no teacher or model to prune")
+    study_model = spec.study_model
+    if study_model is None or study_model.model is None:
+        raise ValueError(f"study {spec.name} trains no model of its own (teacher, prune_source or reference)")
     tree = {k: v for k, v in base.items() if k not in ("init_from", *REGIME_SOURCE)}  # the trials' own
-    tree["model"] = copy.deepcopy(upstream.model)
-    return build_config(tree, {**upstream.overrides, "name": f"{spec.name}-{upstream.SECTION}", "regime": "pretrain"})
+    tree["model"] = copy.deepcopy(study_model.model)
+    overrides = {**study_model.overrides, "name": f"{spec.name}-{study_model.SECTION}", "regime": "pretrain"}
+    return build_config(tree, overrides)

@@ -4,9 +4,10 @@ Optuna's storage (SQLite by default, PostgreSQL for many workers) is the coordin
 makes the study resumable: running the same command again continues it, retrying trials
 that failed or were interrupted and counting each finished configuration once.
 
-A study with a ``teacher`` section distils every trial from one teacher: a given source,
-or a teacher trained once for the study (a run nested under the parent, reused by later
-invocations while its config is unchanged).
+A study with a model of its own (a ``teacher`` every trial distils from, a ``prune_source`` every
+trial prunes, a ``reference`` every trial compresses) uses a given source, or a model trained once
+for the study (a run nested under the parent, reused by later invocations while its config is
+unchanged): :mod:`~ablate.sweeps.study_model_runs`.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
-from ablate.sweeps import checkpoints, tracking, workers
-from ablate.sweeps import teacher as teachers
+from ablate.sweeps import checkpoints, study_model_runs, tracking, workers
 from ablate.sweeps.chain import chained_trial
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import run_name, train
-from ablate.sweeps.spec import StudySpec, corner_configs, teacher_config, trial_config
+from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config, trial_config
 from ablate.sweeps.weights import RUNS
 
 DONE = workers.DONE
@@ -91,7 +91,7 @@ def open_study(
     }
     try:
         try:
-            return optuna.create_study(direction=spec.objective.direction, **kwargs), True
+            return optuna.create_study(direction=spec.optimize.direction, **kwargs), True
         except optuna.exceptions.DuplicatedStudyError:
             return optuna.load_study(**kwargs), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
@@ -114,16 +114,16 @@ def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, 
 
 
 def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
-    """Check every corpus the study reads (its teacher's or model to prune's too) and train (or load) its tokenizers
-    before anything is written, so that a missing or empty corpus, or a teacher folder that is
+    """Check every corpus the study reads (its study model's too) and train (or load) its tokenizers
+    before anything is written, so that a missing or empty corpus, or a study model folder that is
     not there, fails with nothing half-created."""
-    upstream = spec.upstream
-    source = upstream.source if upstream is not None else None
-    if upstream is not None and source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
-        raise ConfigError(f"{upstream.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
+    study_model = spec.study_model
+    source = study_model.source if study_model is not None else None
+    if study_model is not None and source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
+        raise ConfigError(f"{study_model.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
     configs = corner_configs(spec, base)
-    if upstream is not None and upstream.model is not None:
-        configs.append(teacher_config(base, spec))
+    if study_model is not None and study_model.model is not None:
+        configs.append(study_model_config(base, spec))
     seen = set()
     for cfg in configs:
         key = (cfg.data, cfg.model.vocab_size)
@@ -149,15 +149,15 @@ def run_study(
     killed: list[Callable[[optuna.Study, FrozenTrial], None]] = []  # set once the MLflow experiment is known
     on_stale = workers.retry_stale(lambda study, trial: killed[0](study, trial))
     # a given storage is checked first (an unreachable one writes nothing); the default SQLite
-    # file is only created once the MLflow store and the teacher are known to be good
+    # file is only created once the MLflow store and the study model's source are known to be good
     rdb = connect_storage(storage, spec.heartbeat, on_stale) if storage else None
     client = tracking.connect(uri)
-    teachers.check_teacher_run(client, spec, uri)
+    study_model_runs.check_source_run(client, spec, uri)
     url = storage or default_storage(root)
     tracking.sqlite_wal(url)
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
     exp_id = tracking.experiment_id(client, spec.name, uri)
-    killed.append(teachers.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
+    killed.append(study_model_runs.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
     study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -177,12 +177,13 @@ def run_study(
     workers.fill_queue(study, spec, created)
 
     client.update_run(parent, status="RUNNING")
-    try:  # the teacher's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
+    try:  # the study model's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
-            place = teachers.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s=min(5.0, spec.heartbeat))
-            teacher = teachers.ensure_teacher(place)
-            task_teachers = teachers.ensure_task_teachers(place, teacher)
-            objective = trial_objective(spec, base, client, exp_id, uri, parent, teacher, task_teachers)
+            poll_s = min(5.0, spec.heartbeat)
+            place = study_model_runs.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s=poll_s)
+            study_model = study_model_runs.ensure_study_model(place)
+            task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
+            objective = trial_objective(spec, base, client, exp_id, uri, parent, study_model, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
             run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
             if n_trials is not None:
@@ -225,12 +226,13 @@ def trial_objective(
     exp_id: str,
     uri: str,
     parent: str,
-    teacher: str | None,
+    study_model: str | None,
     task_teachers: dict[int, str] | None = None,
 ) -> Callable[[optuna.Trial], float]:
     """The Optuna objective: train the sampled config as an MLflow run nested under ``parent``
-    (distilling from ``teacher`` when given; each fine-tuning task from its ``task_teachers``
-    entry) and return its objective metric."""
+    (from ``study_model``, the study's model, when given: distilled from it, pruning it or
+    quantizing it; each fine-tuning task distilled from its ``task_teachers`` entry) and return
+    the metric the study optimizes."""
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
@@ -239,16 +241,16 @@ def trial_objective(
         except workers.DuplicateTrial as exc:
             trial.set_user_attr(FAIL_REASON, str(exc))
             raise
-        cfg = trial_config(base, spec, params, teacher)
+        cfg = trial_config(base, spec, params, study_model)
         tags = {
             tracking.ROLE: "trial",
             tracking.STUDY: spec.name,
             tracking.TRIAL: str(trial.number),
             tracking.WORKER: tracking.worker_id(),
         }
-        if teacher is not None:
-            tags[tracking.TEACHER] = teachers.teacher_tag(teacher)
-        pruning = StepPruningCallback(trial, monitor=spec.objective.metric)
+        if study_model is not None:  # its teacher only where the trial distils from it
+            tags |= study_model_runs.model_tags(study_model, teaches=cfg.distill.teacher == study_model)
+        pruning = StepPruningCallback(trial, monitor=spec.optimize.metric)
         where = checkpoints.location(spec.checkpoints, uri, cfg.tracking.root)
         ckpt = checkpoints.trial_plan(where, cfg.tracking.root, spec.name, cfg)
         run_tags = {**tags, tracking.STATE: "RUNNING"}
@@ -266,11 +268,11 @@ def trial_objective(
         try:
             # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
             variant = params.get("variant")
-            mine = [i for i, task in enumerate(spec.finetune) if task.runs_for(variant)]  # this trial's tasks
+            mine = [i for i, task in enumerate(spec.tasks) if task.runs_for(variant)]  # this trial's tasks
             teachers_of = {j: (task_teachers or {})[i] for j, i in enumerate(mine) if i in (task_teachers or {})}
-            if spec.finetune:
-                tasks = [spec.finetune[i] for i in mine]
-                result = chained_trial(cfg, tasks, ctx, task_teachers=teachers_of, study_model=teacher)
+            if spec.tasks:
+                tasks = [spec.tasks[i] for i in mine]
+                result = chained_trial(cfg, tasks, ctx, task_teachers=teachers_of, study_model=study_model)
             else:
                 result = train(cfg, ctx)
         except optuna.TrialPruned:
@@ -282,12 +284,11 @@ def trial_objective(
             raise
         trial.set_user_attr("mlflow_run_id", result.run_id)
         client.set_tag(result.run_id, tracking.STATE, "COMPLETE")
-        if spec.objective.metric not in result.metrics:
+        if spec.optimize.metric not in result.metrics:
             raise KeyError(
-                f"objective.metric: {spec.objective.metric!r} was not logged; "
-                f"logged: {', '.join(sorted(result.metrics))}"
+                f"optimize.metric: {spec.optimize.metric!r} was not logged; logged: {', '.join(sorted(result.metrics))}"
             )
-        return result.metrics[spec.objective.metric]
+        return result.metrics[spec.optimize.metric]
 
     return objective
 

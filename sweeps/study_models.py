@@ -1,21 +1,29 @@
 """The sections of a study that are more than overrides: the trained model a study uses (a
 ``teacher`` every trial distils from, a ``prune_source`` every trial prunes, or a ``reference``
 every trial compresses by its own regime; given as ``source`` or trained once for the study from
-``model`` + ``overrides``), and its fine-tuning tasks (:class:`FinetuneTask`)."""
+``model`` + ``overrides``: the study's model), and its fine-tuning tasks (``tasks:``, each a
+:class:`FinetuneTask`), with their checks."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StrictInt, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config.errors import STRICT, FieldError
+from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, to_dict
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.paths import input_file
+
+PLACEHOLDER_SOURCE = "runs:/study-model"
+"""Stands in for the study's model (teacher, prune_source, reference) in trial configs validated before it exists."""
+LOCAL = (".tsv", ".csv", ".json", ".jsonl", ".gz")
+"""A fine-tuning task's data given as a local file (else a ``datasets`` hub name)."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -83,9 +91,9 @@ REFERENCE_FIELDS = {regime: REGIME_SOURCE[regime] for regime in ("distill", "pru
 
 @dataclass(frozen=True, config=STRICT)
 class FinetuneTask(FinetuneConfig):
-    """One fine-tuning task of a chained study: a whole ``finetune`` section (unset fields take
-    its defaults; ``source`` is each trial's own pre-trained model), the seeds it is fine-tuned
-    with, and how it learns from a fine-tuned teacher.
+    """One fine-tuning task of a chained study (an entry of its ``tasks``): a whole ``finetune``
+    section of a run's config (unset fields take its defaults; ``source`` is each trial's own
+    pre-trained model), the seeds it is fine-tuned with, and how it learns from a fine-tuned teacher.
 
     Attributes:
         seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
@@ -157,3 +165,50 @@ class FinetuneTask(FinetuneConfig):
         if self.study_teacher:
             distill["distill.teacher"] = teacher
         return build_config(tree, {**fields, **({} if seed is None else {"seed": seed}), **regime, **distill})
+
+
+def check_task_variants(tasks: list[FinetuneTask], variants: list[str], where: Path | str) -> None:
+    """A task's ``variants`` name ``variants`` of the study, and no variant is fine-tuned twice on one task name."""
+    seen: dict[tuple[str, str | None], int] = {}
+    for i, task in enumerate(tasks):
+        if task.variants is not None:
+            unknown = [v for v in task.variants if v not in variants]
+            if unknown:
+                raise ConfigError(
+                    f"{where}: tasks[{i}].variants: {unknown[0]!r} is not one of the study's variants "
+                    f"({', '.join(variants) or 'it has none'})"
+                )
+        arms: list[str | None] = [*(task.variants or variants)] or [None]  # None: a study without variants
+        for variant in arms:
+            if (task.task, variant) in seen:
+                who = f"variant {variant!r}" if variant is not None else "every trial"
+                raise ConfigError(
+                    f"{where}: tasks[{i}].variants: {who} is already fine-tuned on task {task.task!r} "
+                    f"by tasks[{seen[task.task, variant]}]"
+                )
+            seen[task.task, variant] = i
+
+
+def check_tasks(
+    cfg: ExperimentConfig, tasks: list[FinetuneTask], where: Path | str, has_study_model: bool = True
+) -> None:
+    """Every fine-tuning task builds a valid config for the trial ``cfg`` and its local files exist;
+    a task that distils from the study's model needs one (``has_study_model``)."""
+    for i, task in enumerate(tasks):
+        if task.study_teacher and not has_study_model:
+            raise ConfigError(
+                f"{where}: tasks[{i}].distill.teacher: the study trains no model to fine-tune as the task's "
+                f"teacher (teacher:, reference: or prune_source:); name a fine-tuned classifier "
+                f"(runs:/RUN_ID or a folder)"
+            )
+        try:
+            task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: tasks[{i}]: {exc}") from None
+        for key in ("train", "validation"):
+            value = getattr(task, key)
+            if value is not None and value.endswith(LOCAL):
+                try:
+                    input_file(value, f"tasks[{i}].{key}")
+                except ConfigError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None

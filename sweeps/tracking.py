@@ -33,7 +33,8 @@ from ablate.sweeps.context import ActiveRun, RunContext
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
-TEACHER = "ablate.teacher_run"  # on a distilled run (and its study's parent): the teacher's run id or folder
+TEACHER = "ablate.teacher_run"  # on a distilled run (a teacher study's parent too): the teacher's run id or folder
+STUDY_MODEL = "ablate.study_model_run"  # on a study's parent and trials: its teacher, prune_source or reference
 PARENT = "mlflow.parentRunId"
 FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
 WORKER = "ablate.worker"  # on a trial run: host:pid of the process that ran it

@@ -328,18 +328,19 @@ def check_positions(source: Source, max_length: int, field: str) -> None:
 
 
 def check_same_tokenizer(
-    teacher: Source | ClassifierSource, student_tokenizer: Path, field: str = "distill.teacher"
+    source: Source | ClassifierSource, run_tokenizer: Path, field: str = "distill.teacher"
 ) -> None:
     """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
-    teacher (or pruned model) must use this run's vocabulary."""
+    model ``field`` names (a teacher, a model to prune or to augment with) must use this run's
+    vocabulary (``run_tokenizer``)."""
     from tokenizers import Tokenizer
 
-    if teacher.tokenizer is None:
+    if source.tokenizer is None:
         return  # a checkpoint without its tokenizer: the user vouches for it (README)
-    theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
+    theirs, mine = Tokenizer.from_file(str(source.tokenizer)), Tokenizer.from_file(str(run_tokenizer))
     if theirs.get_vocab() != mine.get_vocab():
         raise ConfigError(
-            f"{field}: {teacher.source} was trained with a different tokenizer than this run's "
+            f"{field}: {source.source} was trained with a different tokenizer than this run's "
             f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
             f"those it was trained with)"
         )

@@ -99,9 +99,23 @@ CASES: dict[str, tuple[Make, str]] = {
         "search.distill.temperature",
     ),
     # the study's own settings
-    "objective metric no run logs": (_study(objective={"metric": "val/acuracy"}), "objective.metric"),
-    "objective of a task the study lacks": (_study(objective={"metric": "sst2/accuracy"}), "objective.metric"),
-    "objective direction unknown": (_study(objective={"direction": "up"}), "objective.direction"),
+    "optimized metric no run logs": (_study(optimize={"metric": "val/acuracy"}), "optimize.metric"),
+    "optimized metric of a task the study lacks": (_study(optimize={"metric": "sst2/accuracy"}), "optimize.metric"),
+    "optimize direction unknown": (_study(optimize={"direction": "up"}), "optimize.direction"),
+    "optimize by its old name": (
+        _study(objective={"metric": "val/loss", "direction": "minimize"}),
+        "study.yaml: objective: renamed optimize (the metric and direction Optuna optimizes; "
+        "base.objective is the pre-training objective)",
+    ),
+    "tasks by their old name, checked": (
+        _study("--check", finetune=[{"task": "sst2", "train": "nyu-mll/glue:sst2"}]),
+        "study.yaml: finetune: renamed tasks (the fine-tuning tasks of each trial; "
+        "base.finetune is one run's fine-tuning section)",
+    ),
+    "tasks by their old name, reported": (
+        lambda tmp: ["report", _study(finetune=[{"task": "sst2", "train": "nyu-mll/glue:sst2"}])(tmp)[1]],
+        "study.yaml: finetune: renamed tasks",
+    ),
     "pruner unknown": (_study(pruner={"type": "asha"}), "pruner.type"),
     "threshold pruner without a bound": (_study(pruner={"type": "threshold"}), "pruner.upper"),
     # output and input paths
@@ -151,9 +165,9 @@ CASES: dict[str, tuple[Make, str]] = {
     ),
     "task data a folder": (
         lambda tmp: (
-            (tmp / "train.tsv").mkdir() or _study(finetune=[{"task": "sst2", "train": str(tmp / "train.tsv")}])(tmp)
+            (tmp / "train.tsv").mkdir() or _study(tasks=[{"task": "sst2", "train": str(tmp / "train.tsv")}])(tmp)
         ),
-        "finetune[0].train: TMP/train.tsv: is a folder, not a file",
+        "tasks[0].train: TMP/train.tsv: is a folder, not a file",
     ),
     "bench --out not writable": (lambda tmp: ["bench", "--out", "/proc/ablate-bench.md"], "--out"),
     # stores, studies and runs that cannot continue as asked

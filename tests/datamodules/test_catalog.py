@@ -94,7 +94,7 @@ def test_a_task_reads_the_catalogs_splits(catalog: Path, tmp_path: Path) -> None
     dm = ClassificationDataModule(FinetuneConfig(train="nyu-mll/glue/sst2", validation_split="test"), tok)
     dm.setup()
     assert dm.num_validation == 3 and dm.val_set is not None and dm.val_set.labels.tolist() == [1, 0, 1]
-    src = resolve_task("finetune[0].train", "nyu-mll/glue:sst2")
+    src = resolve_task("tasks[0].train", "nyu-mll/glue:sst2")
     assert src.files == (str(catalog.parent / "sst2" / "train.tsv"),) and src.catalog == str(catalog)
     with pytest.raises(DataError) as info:
         ClassificationDataModule(FinetuneConfig(train="nyu-mll/glue:sst2", train_split="dev"), tok)

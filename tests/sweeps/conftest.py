@@ -47,7 +47,7 @@ def write_study(
         "seeds": [0],
         "sampler": "grid",
         "pruner": {"type": "none"},
-        "objective": {"metric": "val/loss", "direction": "minimize"},
+        "optimize": {"metric": "val/loss", "direction": "minimize"},
         "report": {
             "title": "tiny",
             "rows": ["model.sharing"],

@@ -37,8 +37,8 @@ def _study(tmp_path, corpus, choices=("sop", "nsp"), **finetune):
         name="chain",
         search={"objective.sentence": {"choices": list(choices)}},
         trainer={"measure": False, "intrinsic": True},
-        finetune=[task],
-        objective={"metric": "downstream/avg", "direction": "maximize"},
+        tasks=[task],
+        optimize={"metric": "downstream/avg", "direction": "maximize"},
     )
 
 
@@ -84,7 +84,7 @@ def test_a_missing_task_file_fails_before_anything_runs(tmp_path, wiki_validatio
     path = _study(tmp_path, wiki_validation, validation=str(tmp_path / "nope.tsv"))
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: ") and "finetune[0].validation" in err and "no such file" in err
+    assert err.startswith("error: ") and "tasks[0].validation" in err and "no such file" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -109,12 +109,12 @@ def test_fine_tuning_seeds_give_mean_and_std(tmp_path, wiki_validation):
 @pytest.mark.parametrize(
     ("seeds", "needle"),
     [
-        ([], "finetune[0].seeds: Tuple should have at least 1 item"),
-        ([1, 1], "finetune[0].seeds: [1, 1]: repeated seeds"),
-        ([-1], "finetune[0].seeds[0]: Input should be greater than or equal to 0"),
-        ("0,1", "finetune[0].seeds: Input should be a valid tuple"),
-        ([0.5], "finetune[0].seeds[0]: Input should be a valid integer"),
-        ([True], "finetune[0].seeds[0]: Input should be a valid integer"),
+        ([], "tasks[0].seeds: Tuple should have at least 1 item"),
+        ([1, 1], "tasks[0].seeds: [1, 1]: repeated seeds"),
+        ([-1], "tasks[0].seeds[0]: Input should be greater than or equal to 0"),
+        ("0,1", "tasks[0].seeds: Input should be a valid tuple"),
+        ([0.5], "tasks[0].seeds[0]: Input should be a valid integer"),
+        ([True], "tasks[0].seeds[0]: Input should be a valid integer"),
     ],
 )
 def test_bad_fine_tuning_seeds_are_refused(tmp_path, wiki_validation, capsys, seeds, needle):
@@ -127,9 +127,9 @@ def test_bad_fine_tuning_seeds_are_refused(tmp_path, wiki_validation, capsys, se
 @pytest.mark.parametrize(
     ("extra", "task", "needle"),
     [
-        ({}, {"source": "runs:/x"}, "finetune[0].source: set by the chain"),
-        ({}, {"lr": -1}, "finetune[0].lr: Input should be greater than 0"),
-        ({}, {"colour": 1}, "finetune[0].colour"),
+        ({}, {"source": "runs:/x"}, "tasks[0].source: set by the chain"),
+        ({}, {"lr": -1}, "tasks[0].lr: Input should be greater than 0"),
+        ({}, {"colour": 1}, "tasks[0].colour"),
         ({"overrides": {"finetune.lr": 1e-3}}, {}, "overrides.finetune.lr: a chained study's fine-tuning is its"),
     ],
 )
@@ -146,7 +146,10 @@ def test_bad_fine_tuning_tasks_are_refused(tmp_path, wiki_validation, capsys, ex
 def test_check_validates_a_chained_study_and_writes_nothing(tmp_path, wiki_validation, capsys):
     path = _study(tmp_path, wiki_validation, seeds=[0, 1])
     assert main(["sweep", "--check", str(path)]) == 0
-    assert capsys.readouterr().out.strip() == "study chain: valid; 2 trials, fine-tuned on sst2; report: tiny"
+    assert (
+        capsys.readouterr().out.strip()
+        == "study chain: valid; 2 trials, fine-tuned on sst2, maximizing downstream/avg; report: tiny"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -162,8 +165,8 @@ def _variant_study(tmp_path, corpus, tasks):
         search={"model.num_layers": {"choices": [2]}},  # one point: the trials are the variants
         variants={"plain": {"model.sharing": "none", "model.embed_dim": 32}, "shared": {}},  # albert-tiny: E=16, shared
         trainer={"measure": False},
-        finetune=[{**common, **task} for task in tasks],
-        objective={"metric": "sst2/final_accuracy", "direction": "maximize"},
+        tasks=[{**common, **task} for task in tasks],
+        optimize={"metric": "sst2/final_accuracy", "direction": "maximize"},
     )
 
 
@@ -197,9 +200,9 @@ def test_each_variant_is_fine_tuned_its_own_way_and_logs_its_techniques(tmp_path
 @pytest.mark.parametrize(
     ("tasks", "needle"),
     [
-        ([{"variants": ["plain", "nope"]}], "finetune[0].variants: 'nope' is not one of the study's variants"),
-        ([{}, {"variants": ["shared"]}], "finetune[1].variants: variant 'shared' is already fine-tuned on task 'sst2'"),
-        ([{"variants": []}], "finetune[0].variants: Tuple should have at least 1 item"),
+        ([{"variants": ["plain", "nope"]}], "tasks[0].variants: 'nope' is not one of the study's variants"),
+        ([{}, {"variants": ["shared"]}], "tasks[1].variants: variant 'shared' is already fine-tuned on task 'sst2'"),
+        ([{"variants": []}], "tasks[0].variants: Tuple should have at least 1 item"),
     ],
 )
 def test_bad_task_variants_are_refused(tmp_path, wiki_validation, capsys, tasks, needle):

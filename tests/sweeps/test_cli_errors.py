@@ -80,7 +80,7 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
         ({"search": {"model.hidden_dim": {"choices": [32, 33]}}}, "model.num_heads: hidden_dim 33"),
         ({"sampler": "tpe"}, "n_trials: required"),
         ({"pruner": {"type": "sometimes"}}, "pruner.type"),
-        ({"objective": {"direction": "up"}}, "objective.direction"),
+        ({"optimize": {"direction": "up"}}, "optimize.direction"),
     ],
 )
 def test_bad_studies_fail_before_anything_runs(tmp_path, change, needle, capsys):

@@ -150,5 +150,5 @@ def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, w
     assert len(trials) == 2 and {r.info.status for r in trials} == {"FINISHED"}
     assert {r.data.tags["ablate.teacher_run"] for r in trials} == {teachers[1].info.run_id}
     storage = f"sqlite:///{runs_dir / 'optuna.db'}"
-    helper = optuna.load_study(study_name="teach:teacher", storage=storage).trials
+    helper = optuna.load_study(study_name="teach:trained-once", storage=storage).trials
     assert sorted(t.state.name for t in helper) == ["COMPLETE", "FAIL"]

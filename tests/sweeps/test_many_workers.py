@@ -161,7 +161,7 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     assert teacher.info.status == "FINISHED"
     runs = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
     assert len(runs) == 2 and {r.data.tags["ablate.teacher_run"] for r in runs} == {teacher.info.run_id}
-    helper = optuna.load_study(study_name="two-teach:teacher", storage=storage).trials
+    helper = optuna.load_study(study_name="two-teach:trained-once", storage=storage).trials
     assert [t.state.name for t in helper].count("COMPLETE") == 1  # a racing second attempt, if any, FAILed
     said = [log.read_text() for log in logs]
     assert sum("teacher: training" in s for s in said) == 1

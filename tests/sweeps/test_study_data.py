@@ -56,7 +56,7 @@ def test_every_shipped_study_checks_with_and_without_the_catalog(
 
     cfg = corner_configs(spec, base)[0]
     corpus = resolve_corpus(cfg.data.corpus, cfg.data.text_field)
-    tasks = [split for i, task in enumerate(spec.finetune) for split in task_data(task, f"finetune[{i}]") or ()]
+    tasks = [split for i, task in enumerate(spec.tasks) for split in task_data(task, f"tasks[{i}]") or ()]
     if cfg.data.corpus in BUILTIN:
         assert corpus.catalog is None and not tasks  # the offline studies name no hub data
         return

@@ -11,7 +11,14 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.experiment import to_yaml
-from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_configs, load_study, teacher_config, trial_config
+from ablate.sweeps.spec import (
+    PLACEHOLDER_SOURCE,
+    StudySpec,
+    corner_configs,
+    load_study,
+    study_model_config,
+    trial_config,
+)
 from tests.sweeps.conftest import tiny_base, write_study
 
 # a tiny BERT teacher as wide as the tiny ALBERT students, on their tokenizer (V=1000)
@@ -132,7 +139,7 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
             "overrides": {"trainer.max_steps": 40, "optim.warmup_steps": 4},
         },
     )
-    cfg = teacher_config(base, spec)
+    cfg = study_model_config(base, spec)
     assert cfg.name == "s-teacher" and cfg.distill.teacher is None and cfg.init_from is None
     assert (cfg.model.hidden_dim, cfg.model.num_layers, cfg.model.embed_dim, cfg.model.sharing) == (32, 3, 32, "none")
     assert (cfg.trainer.max_steps, cfg.optim.warmup_steps) == (40, 4)  # the teacher's overrides
@@ -140,7 +147,7 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
     assert cfg.data == corner_configs(spec, base)[0].data  # everything else is the base's
     assert base["model"]["preset"] == "albert-tiny"  # the base tree is not modified
     with pytest.raises(ValueError, match="trains no teacher or model to prune"):
-        teacher_config(base, StudySpec(name="s", teacher={"source": "runs:/abc"}))
+        study_model_config(base, StudySpec(name="s", teacher={"source": "runs:/abc"}))
 
 
 def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
@@ -148,7 +155,7 @@ def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
     spec = StudySpec(
         name="s", base=base, teacher={"source": "runs:/abc"}, search={"model.sharing": {"choices": ["all", "none"]}}
     )
-    cfg = trial_config(base, spec, {"model.sharing": "none", "seed": 1}, teacher="runs:/abc")
+    cfg = trial_config(base, spec, {"model.sharing": "none", "seed": 1}, study_model="runs:/abc")
     assert (cfg.distill.teacher, cfg.model.sharing, cfg.seed, cfg.name) == ("runs:/abc", "none", 1, "s")
     assert {c.distill.teacher for c in corner_configs(spec, base)} == {PLACEHOLDER_SOURCE}
     # without a study teacher, a trial keeps the base's own distill.teacher (or none)
@@ -167,11 +174,11 @@ def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys
         prune_source={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 40}},
         search={"prune.target": {"choices": [0.5, 0.7]}},
     )
-    assert spec.upstream is spec.prune_source and spec.teacher is None
-    cfg = trial_config(base, spec, {"prune.target": 0.5, "seed": 0}, teacher="runs:/abc")
+    assert spec.study_model is spec.prune_source and spec.teacher is None
+    cfg = trial_config(base, spec, {"prune.target": 0.5, "seed": 0}, study_model="runs:/abc")
     assert (cfg.regime, cfg.prune.source, cfg.prune.target, cfg.distill.teacher) == ("prune", "runs:/abc", 0.5, None)
     assert {c.prune.source for c in corner_configs(spec, base)} == {PLACEHOLDER_SOURCE}
-    source = teacher_config(base, spec)  # pre-trained once for the study, under its own name
+    source = study_model_config(base, spec)  # pre-trained once for the study, under its own name
     assert (source.name, source.regime, source.prune.source, source.trainer.max_steps) == (
         "s-prune_source",
         "pretrain",
@@ -197,7 +204,7 @@ def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corp
         "pruned+int4": {"regime": "prune", "prune.rounds": 1, "quant.method": "weight-int4"},
     }
     spec = StudySpec(name="s", base=base, reference={"model": TEACHER_MODEL}, variants=variants)
-    assert spec.upstream is spec.reference
+    assert spec.study_model is spec.reference
     assert spec.set_by_study == ("distill.teacher", "prune.source", "quant.source")
     configs = {v: trial_config(base, spec, {"variant": v, "seed": 0}, teacher="runs:/ref") for v in variants}
     assert {v: (c.regime, c.distill.teacher, c.prune.source, c.quant.source) for v, c in configs.items()} == {
@@ -207,7 +214,7 @@ def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corp
         "pruned+int4": ("prune", None, "runs:/ref", None),
     }
     assert configs["pruned+int4"].quant.method == "weight-int4"  # pruned, then quantized
-    assert teacher_config(base, spec).name == "s-reference"
+    assert study_model_config(base, spec).name == "s-reference"
     # a trial that names no regime (or one the reference cannot be the source of) is refused before it runs
     path = _study(tmp_path, tiny_corpus, name="ref", reference={"model": TEACHER_MODEL})
     raw = yaml.safe_load(path.read_text())
@@ -262,17 +269,18 @@ def test_teacher_trained_once_and_reused(tmp_path, wiki_validation, capsys):
     assert teacher_run.info.status == "FINISHED" and teacher_run.info.run_name == "teacher"
     assert teacher_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     spec, base = load_study(path)
-    digest = hashlib.sha256(to_yaml(teacher_config(base, spec)).encode()).hexdigest()
-    assert teacher_run.data.tags["ablate.teacher_config"] == digest
+    digest = hashlib.sha256(to_yaml(study_model_config(base, spec)).encode()).hexdigest()
+    assert teacher_run.data.tags["ablate.config_digest"] == digest
     assert teacher_run.data.params["model.hidden_dim"] == "32"
     assert "distill.teacher" not in teacher_run.data.params  # a pre-training run logs no distill.*
     assert {a.path for a in client.list_artifacts(teacher_id)} >= {"model", "tokenizer"}
     assert parent.data.tags["ablate.teacher_run"] == teacher_id and parent.info.status == "FINISHED"
+    assert parent.data.tags["ablate.study_model_run"] == teacher_id
     assert sorted(r.data.params["model.sharing"] for r in runs["trial"]) == ["all", "none"]
     for trial in runs["trial"]:
         assert trial.info.status == "FINISHED" and trial.data.tags["ablate.state"] == "COMPLETE"
         assert trial.data.params["distill.teacher"] == f"runs:/{teacher_id}"
-        assert trial.data.tags["ablate.teacher_run"] == teacher_id
+        assert trial.data.tags["ablate.teacher_run"] == trial.data.tags["ablate.study_model_run"] == teacher_id
         assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert "val/loss" in trial.data.metrics
 

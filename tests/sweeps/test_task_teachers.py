@@ -41,7 +41,7 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     raw["base"]["data"]["max_length"] = 32
     raw["reference"] = {"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 6, "trainer.val_every": 3}}
     raw["variants"] = {"scratch": {"regime": "pretrain"}, "distilled": {"regime": "distill"}}
-    raw["finetune"] = [
+    raw["tasks"] = [
         _task(tmp_path, "td", distill={"kd_weight": 1.0, "label_weight": 0.5, "temperature": 2.0}),
         _task(tmp_path, "da", augment_copies=1, augment_prob=0.5),
         _task(tmp_path, "td-mse", distill={"fmt_weight": 1.0, "at_weight": 1.0, "at_loss": "mse", "kd_weight": 1.0}),
@@ -57,9 +57,18 @@ def test_a_task_teacher_is_the_study_model_fine_tuned_once(tmp_path, wiki_valida
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("td").experiment_id
     runs = client.search_runs([exp])
-    teachers = {r.info.run_name: r for r in runs if r.data.tags["ablate.role"] == "teacher"}
-    assert set(teachers) == {"reference", "teacher | td"}  # one task teacher: td-mse has td's data and schedule
-    reference, task_teacher = teachers["reference"], teachers["teacher | td"]
+    trained = {r.info.run_name: r for r in runs if r.data.tags["ablate.role"] in ("reference", "teacher")}
+    assert set(trained) == {"reference", "teacher | td"}  # one task teacher: td-mse has td's data and schedule
+    reference, task_teacher = trained["reference"], trained["teacher | td"]
+    assert reference.data.tags["ablate.role"] == "reference" and task_teacher.data.tags["ablate.role"] == "teacher"
+    # the study model is named as such on the parent and every trial; a teacher only where a trial distils from it
+    (parent,) = [r for r in runs if r.data.tags["ablate.role"] == "study"]
+    assert parent.data.tags["ablate.study_model_run"] == reference.info.run_id
+    assert "ablate.teacher_run" not in parent.data.tags
+    trials = {r.data.params["variant"]: r for r in runs if r.data.tags["ablate.role"] == "trial"}
+    assert {t.data.tags["ablate.study_model_run"] for t in trials.values()} == {reference.info.run_id}
+    assert trials["distilled"].data.tags["ablate.teacher_run"] == reference.info.run_id
+    assert "ablate.teacher_run" not in trials["scratch"].data.tags  # pre-trained from scratch beside it
     assert task_teacher.data.params["regime"] == "finetune" and task_teacher.info.status == "FINISHED"
     assert task_teacher.data.params["finetune.source"] == f"runs:/{reference.info.run_id}"
     assert "distill.teacher" not in task_teacher.data.params  # the teacher itself is fine-tuned plainly
@@ -80,7 +89,7 @@ def test_a_task_that_distils_from_the_study_model_needs_one(tmp_path, wiki_valid
     path = write_study(tmp_path, wiki_validation, name="none", trainer=FAST)
     raw = yaml.safe_load(path.read_text())
     (tmp_path / "t.tsv").write_text("sentence\tlabel\na\t0\n")
-    raw["finetune"] = [
+    raw["tasks"] = [
         {
             "task": "t",
             "train": str(tmp_path / "t.tsv"),
@@ -91,5 +100,5 @@ def test_a_task_that_distils_from_the_study_model_needs_one(tmp_path, wiki_valid
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert main(["sweep", "--check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {path}: finetune[0].distill.teacher: the study trains no model") and "\n" not in err
+    assert err.startswith(f"error: {path}: tasks[0].distill.teacher: the study trains no model") and "\n" not in err
     assert not (tmp_path / "runs").exists()
