@@ -273,7 +273,8 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
         f"| start-up: loader workers, first batch, first step{' (compilation)' if t.compile else ''} | "
         f"{p['first step']:.1f} |",
         f"| training ({t.max_steps - 1} steps after the first) | {p['training']:.1f} |",
-        f"| validation ({t.val_batches} batches) | {p['validation']:.1f} |",
+        f"| validation ({'the dev set' if r.regime == 'finetune' else f'{t.val_batches} batches'}) | "
+        f"{p['validation']:.1f} |",
         f"| teardown (end of fit, workers stopping, logging the weights, closing the run) | {p['teardown']:.1f} |",
         f"| total | {p['total']:.1f} |",
     ]

@@ -287,7 +287,8 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
         max_steps=steps,
         val_every=steps,
     )
-    run_cfg = replace(cfg, regime="finetune", finetune=task)
+    # trainer.measure off: a fine-tuning run times its classifier after training, minutes on a busy CPU
+    run_cfg = replace(cfg, regime="finetune", finetune=task, trainer=replace(cfg.trainer, measure=False))
 
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.datamodules.classification import ClassificationDataModule
