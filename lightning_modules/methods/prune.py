@@ -51,7 +51,9 @@ class PruneModule(PretrainModule):
 
     def sparsity(self) -> torch.Tensor:
         """sum_dim beta_dim * ||alpha_dim||_1 over the gated dimensions."""
-        return sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
+        penalty = sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
+        assert isinstance(penalty, torch.Tensor), "the gates gate at least one dimension (a VARIANTS entry)"
+        return penalty
 
     def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
         """The gates' weighted L1 (``sparsity``, weighted by ``prune.gamma``) beside MLM and the sentence loss."""

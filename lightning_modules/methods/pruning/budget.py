@@ -18,7 +18,9 @@ from torch import nn
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
 from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, Keep
-from ablate.lightning_modules.model.encoder import Encoder
+from ablate.lightning_modules.model.components.attention import MultiHeadAttention
+from ablate.lightning_modules.model.components.ffn import FeedForward
+from ablate.lightning_modules.model.encoder import Encoder, Residual
 from ablate.lightning_modules.model.heads import PretrainingModel
 
 Dims = list[int]  # one layer's [heads, qk, v, ffn], in LAYER_DIMS order
@@ -78,10 +80,8 @@ def _shape(cfg: ModelConfig) -> tuple[int, list[Dims]]:
 def _config(cfg: ModelConfig, H: int, layers: list[Dims]) -> ModelConfig:
     """``cfg`` at hidden size H (E too when E == H) with per-layer dimensions ``layers``."""
     specs = tuple(LayerSpec(num_heads=a, qk_dim=k, v_dim=v, ffn_dim=f) for a, k, v, f in layers)
-    fields = {"hidden_dim": H, "layers": specs, "num_layers": len(specs)}
-    if cfg.embed_dim == cfg.hidden_dim:
-        fields["embed_dim"] = H
-    return dataclasses.replace(cfg, **fields)
+    E = H if cfg.embed_dim == cfg.hidden_dim else cfg.embed_dim
+    return dataclasses.replace(cfg, hidden_dim=H, embed_dim=E, layers=specs, num_layers=len(specs))
 
 
 def backbone_params(cfg: ModelConfig) -> int:
@@ -146,8 +146,8 @@ def choose(cfg: ModelConfig, gates: dict[str, list[torch.Tensor]], remove: int, 
     if unknown:
         raise ValueError(f"gates: unknown dimensions {sorted(unknown)}; known: {DIMS}")
     H, layers = len(alive["h"][0]), [[len(alive[d][i]) for d in LAYER_DIMS] for i in range(cfg.num_layers)]
-    dead = {dim: [set() for _ in alive[dim]] for dim in DIMS}
-    units = []
+    dead: dict[str, list[set[int]]] = {dim: [set() for _ in alive[dim]] for dim in DIMS}
+    units: list[tuple[float, int, int, int]] = []  # (|alpha|, dimension, layer, unit)
     for d, dim in enumerate(DIMS):
         for layer, alpha in enumerate(gates.get(dim, [])):
             living, values = set(alive[dim][layer]), alpha.detach().abs().float().cpu().tolist()
@@ -220,11 +220,31 @@ def _affine(norm: nn.Module) -> torch.Tensor | int:
     return sum((_sq(p, 0) for p in norm.parameters()), 0)
 
 
+def _attention(encoder: Encoder, i: int) -> tuple[Residual, MultiHeadAttention]:
+    """Layer i's attention sub-layer and the attention inside it."""
+    residual = encoder.attentions[encoder.plan[i].attention]
+    if not isinstance(residual, Residual) or not isinstance(residual.inner, MultiHeadAttention):
+        raise TypeError(f"layer {i}: expected a Residual around MultiHeadAttention, got {type(residual).__name__}")
+    return residual, residual.inner
+
+
+def _ffns(encoder: Encoder, i: int) -> list[tuple[Residual, FeedForward]]:
+    """Layer i's feed-forward sub-layers and the feed-forward inside each."""
+    stack = encoder.ffn_stacks[encoder.plan[i].ffn]
+    if not isinstance(stack, nn.ModuleList):
+        raise TypeError(f"layer {i}: expected a ModuleList of feed-forward sub-layers, got {type(stack).__name__}")
+    out = []
+    for sub in stack:
+        if not isinstance(sub, Residual) or not isinstance(sub.inner, FeedForward):
+            raise TypeError(f"layer {i}: expected Residuals around FeedForward, got {type(sub).__name__}")
+        out.append((sub, sub.inner))
+    return out
+
+
 def _layer_norms(encoder: Encoder, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Layer i's squared weights per hidden unit, and per head, qk, v and ffn unit (what removing
     the unit removes: a head's Q, K, V rows with biases and its output columns, and so on)."""
-    residual = encoder.attentions[encoder.plan[i].attention]
-    attn = residual.inner
+    residual, attn = _attention(encoder, i)
     A, k, v = attn.num_heads, attn.qk_dim, attn.v_dim
     rows = torch.cat([attn.qkv.weight, attn.qkv.bias[:, None]], 1).detach()  # (A(2k+v), H+1), head-major blocks
     q, key, val = rows.split([A * k, A * k, A * v])
@@ -233,11 +253,13 @@ def _layer_norms(encoder: Encoder, i: int) -> tuple[torch.Tensor, dict[str, torc
     out = attn.out.weight.detach().reshape(-1, A, v)  # (H, A, v)
     units = {"heads": _sq(qk, 1) + _sq(val, 0) + _sq(out, 1), "qk": _sq(qk, 2), "v": _sq(val, 1) + _sq(out, 2)}
     hidden = _sq(attn.qkv.weight, 1) + _sq(attn.out.weight, 0) + _sq(attn.out.bias, 0) + _affine(residual.norm)
-    units["ffn"] = 0
-    for sub in encoder.ffn_stacks[encoder.plan[i].ffn]:
-        up, down = sub.inner.up, sub.inner.down
-        units["ffn"] = units["ffn"] + _sq(torch.cat([up.weight, up.bias[:, None]], 1), 0) + _sq(down.weight, 1)
+    ffn: torch.Tensor | int = 0
+    for sub, inner in _ffns(encoder, i):
+        up, down = inner.up, inner.down
+        ffn = ffn + _sq(torch.cat([up.weight, up.bias[:, None]], 1), 0) + _sq(down.weight, 1)
         hidden = hidden + _sq(up.weight, 1) + _sq(down.weight, 0) + _sq(down.bias, 0) + _affine(sub.norm)
+    assert isinstance(ffn, torch.Tensor), "a layer has at least one feed-forward sub-layer (model.num_ffn >= 1)"
+    units["ffn"] = ffn
     return hidden, units
 
 
@@ -245,9 +267,12 @@ def _embedding_norms(encoder: Encoder, tied: bool) -> torch.Tensor:
     """Squared embedding weights per hidden unit: table columns and norm (E == H) or projection rows."""
     emb = encoder.embeddings
     if not tied:
+        assert emb.projection is not None, "E != H: the embedding projects E -> H"
         return _sq(torch.cat([emb.projection.weight, emb.projection.bias[:, None]], 1), 0)
     tables = [t.weight for t in (emb.word, emb.position, emb.token_type) if t is not None]
-    return sum((_sq(w, 1) for w in tables), _affine(emb.norm))
+    norms = sum((_sq(w, 1) for w in tables), _affine(emb.norm))
+    assert isinstance(norms, torch.Tensor), "there is always a word table"
+    return norms
 
 
 def _top(scores: torch.Tensor, n: int) -> torch.Tensor:
@@ -280,7 +305,8 @@ def magnitude_keep(model: PretrainingModel | Encoder, cfg: ModelConfig, new_cfg:
         raise ValueError(f"new_cfg: needs the same {len(layers)} layers and no dimension wider than cfg's")
     encoder = model.encoder if isinstance(model, PretrainingModel) else model
     with torch.no_grad():
-        hidden, per = _embedding_norms(encoder, rule.tied), {dim: [] for dim in LAYER_DIMS}
+        hidden = _embedding_norms(encoder, rule.tied)
+        per: dict[str, list[torch.Tensor]] = {dim: [] for dim in LAYER_DIMS}
         for i, dims in enumerate(layers2):
             h_i, units = _layer_norms(encoder, i)
             hidden = hidden + h_i

@@ -65,6 +65,9 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
 from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, Keep
 from ablate.lightning_modules.model import names
+from ablate.lightning_modules.model.components.attention import MultiHeadAttention
+from ablate.lightning_modules.model.encoder import Residual
+from ablate.lightning_modules.model.heads import PretrainingModel
 
 # per-layer dimension -> its size in a layer
 LAYER_SIZE: dict[str, Callable[[LayerSpec], int]] = {
@@ -142,6 +145,13 @@ class Gates(nn.Module):
         ref = next(self.parameters())
         return torch.ones(n, device=ref.device, dtype=ref.dtype)
 
+    def ffn_rows(self, i: int) -> torch.Tensor:
+        """Layer i's multiplier of the up-projection rows of each feed-forward sub-layer: its ffn gate, (f,)."""
+        gate = self.layer("ffn", i)
+        if gate is None:
+            raise ValueError("gates: ffn is not gated")
+        return gate
+
     def qkv_rows(self, i: int) -> torch.Tensor:
         """Layer i's multiplier of the fused Q|K|V rows: ``[tile(q_gate) | 1 | a_h * v_d]``, (A*(2k+v),)."""
         s = self.cfg.layer_specs()[i]
@@ -167,7 +177,7 @@ class Site:
         return f"{self.path}.{self.name}"
 
 
-def sites(model: nn.Module, gates: Gates) -> tuple[list[Site], list[str]]:
+def sites(model: PretrainingModel, gates: Gates) -> tuple[list[Site], list[str]]:
     """Where the gates go: the gated tensors, and the LayerNorms needing masked statistics."""
     cfg, tied = gates.cfg, gates.cfg.embed_dim == gates.cfg.hidden_dim
     out: list[Site] = []
@@ -177,14 +187,17 @@ def sites(model: nn.Module, gates: Gates) -> tuple[list[Site], list[str]]:
     ) -> None:
         out.extend(Site(path, name, axis, gate) for name in names)
 
+    def of_layer(rows: Callable[[int], torch.Tensor], i: int) -> Callable[[], torch.Tensor]:
+        return lambda: rows(i)  # i bound now, the gate read at each call
+
     norms: list[str] = []  # h writers that are norms over H
     for i in range(cfg.num_layers):
         if {"heads", "qk", "v"} & set(gates.dims):
-            add(names.attention(i, "inner.qkv"), lambda i=i: gates.qkv_rows(i))
+            add(names.attention(i, "inner.qkv"), of_layer(gates.qkv_rows, i))
         norms.append(names.attention(i, "norm"))
         for j in range(cfg.num_ffn):
             if "ffn" in gates.dims:
-                add(names.ffn(i, j, "inner.up"), lambda i=i: gates.ffn[i])
+                add(names.ffn(i, j, "inner.up"), of_layer(gates.ffn_rows, i))
             norms.append(names.ffn(i, j, "norm"))
     if "h" not in gates.dims:
         return out, []
@@ -246,7 +259,7 @@ def attached(model: nn.Module) -> bool:
     return model in _ATTACHED
 
 
-def attach(model: nn.Module, gates: Gates) -> None:
+def attach(model: PretrainingModel, gates: Gates) -> None:
     """Make ``model``'s normal forward use gated weights (see the module docstring).
 
     The gates are not registered in the model: optimise ``gates.parameters()`` next to the
@@ -286,10 +299,17 @@ def detach(model: nn.Module) -> None:
             item.remove()
 
 
-def _check_model(model: nn.Module, cfg: ModelConfig) -> None:
+def _attention(sublayer: nn.Module) -> MultiHeadAttention:
+    """The attention inside one of the encoder's attention sub-layers."""
+    if not isinstance(sublayer, Residual) or not isinstance(sublayer.inner, MultiHeadAttention):
+        raise TypeError(f"attach: expected a Residual around MultiHeadAttention, got {type(sublayer).__name__}")
+    return sublayer.inner
+
+
+def _check_model(model: PretrainingModel, cfg: ModelConfig) -> None:
     """The model has the per-layer, fused-QKV shape of ``cfg``."""
-    attns = model.encoder.attentions
+    attns = [_attention(a) for a in model.encoder.attentions]
     specs = cfg.layer_specs()
-    shapes = [(a.inner.num_heads, a.inner.qk_dim, a.inner.v_dim, a.inner.v is None) for a in attns]
+    shapes = [(a.num_heads, a.qk_dim, a.v_dim, a.v is None) for a in attns]
     if shapes != [(s.num_heads, s.qk_dim, s.v_dim, True) for s in specs]:
         raise ValueError("attach: the model does not match the gates' config (per-layer fused attention)")

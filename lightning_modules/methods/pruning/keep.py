@@ -53,7 +53,5 @@ class Keep:
             for a, k, v, f in zip(self.heads, self.qk, self.v, self.ffn, strict=False)
         )
         H = len(self.h)
-        fields = {"hidden_dim": H, "layers": layers}
-        if cfg.embed_dim == cfg.hidden_dim:
-            fields["embed_dim"] = H
-        return dataclasses.replace(cfg, **fields)  # validated again
+        E = H if cfg.embed_dim == cfg.hidden_dim else cfg.embed_dim
+        return dataclasses.replace(cfg, hidden_dim=H, embed_dim=E, layers=layers)  # validated again

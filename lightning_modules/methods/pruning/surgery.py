@@ -14,15 +14,15 @@ scores of the gated model (which still divides by sqrt(k)).
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import Literal
 
 import torch
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.methods.pruning.gates import Gates, attached, check_supported, sites
-from ablate.lightning_modules.methods.pruning.keep import Keep
+from ablate.lightning_modules.methods.pruning.keep import LAYER_DIMS, Keep
 from ablate.lightning_modules.model import names
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
@@ -41,16 +41,18 @@ def keep_from_gates(gates: Gates, cfg: ModelConfig) -> Keep:
     """
     if gates.cfg.layer_specs() != cfg.layer_specs() or gates.cfg.hidden_dim != cfg.hidden_dim:
         raise ValueError("keep_from_gates: the gates were built for another model config")
-    fields: dict[str, object] = {}
+    everything = Keep.everything(cfg)
+    h = everything.h
+    per_layer: dict[str, tuple[torch.Tensor, ...]] = {dim: getattr(everything, dim) for dim in LAYER_DIMS}
     for dim, vectors in gates.vectors().items():
         kept = [torch.nonzero(v.detach() != 0).flatten().cpu() for v in vectors]  # sorted
         if dim == "h":
             if not len(kept[0]):
                 raise ConfigError("gates.h: every h gate is zero, no hidden dimension would remain")
-            fields["h"] = kept[0]
+            h = kept[0]
         else:
-            fields[dim] = tuple(k if len(k) else torch.zeros(1, dtype=torch.long) for k in kept)
-    return dataclasses.replace(Keep.everything(cfg), **fields)
+            per_layer[dim] = tuple(k if len(k) else torch.zeros(1, dtype=torch.long) for k in kept)
+    return Keep(h=h, **per_layer)
 
 
 def _head_rows(heads: torch.Tensor, dims: torch.Tensor, width: int, offset: int = 0) -> torch.Tensor:
@@ -150,7 +152,7 @@ def shrink(
             "which a model with E = H does not have; keep one h dim more or less"
         )
     if objective is None:
-        sentence = "sop" if model.sentence_head is not None else "none"
+        sentence: Literal["sop", "none"] = "sop" if model.sentence_head is not None else "none"
         objective = ObjectiveConfig(sentence=sentence, sentence_weight=model.sentence_weight)
     new_cfg = keep.config(cfg)
     with torch.no_grad():
