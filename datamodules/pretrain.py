@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
@@ -130,7 +131,9 @@ class PretrainDataModule(pl.LightningDataModule):
         if not isinstance(exception, AblateError) or self.trainer is None:
             return
         for logger in self.trainer.loggers:
-            run_id = getattr(logger, "run_id", None)
+            if not isinstance(logger, MLFlowLogger):  # the only logger with a run to tag
+                continue
+            run_id = logger.run_id
             if run_id is None:
                 continue
             try:

@@ -73,7 +73,8 @@ from ablate.lightning_modules.model import names
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
-SENTENCE = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}  # HF label 0 = in order, as ours
+# the sentence task of each family; HF label 0 = in order, as ours
+SENTENCE: dict[str, Literal["sop", "nsp"]] = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}
 _MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
 
 
@@ -119,6 +120,7 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
             ):
                 param[rows].copy_(value)
             if exact:
+                assert head.extra is not None, "model.mlm_head: mobilebert has the extra decoder columns"
                 hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
             written |= {n for n in theirs if n.startswith(_MLM)}
             read |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
@@ -152,6 +154,8 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     written = copy_pairs(theirs, ours, mapping, to_hf=False)
     if name == "mobilebert":
         head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
+        assert isinstance(head.norm, torch.nn.LayerNorm), "model.mlm_head: mobilebert norms with a LayerNorm"
+        assert head.extra is not None, "model.mlm_head: mobilebert has the extra decoder columns"
         with torch.no_grad():
             for param, value in (
                 (head.transform.weight, t.dense.weight),
@@ -223,7 +227,11 @@ def export(
         format = "transformers" if name is not None else "ablate"  # noqa: A001
     hf = None  # ConfigError says why not expressible
     if format == "transformers":
-        hf = to_transformers_classifier(model, cfg.model, labels) if classifier else to_transformers(model, cfg.model)
+        hf = (
+            to_transformers_classifier(model, cfg.model, labels)
+            if isinstance(model, Classifier)
+            else to_transformers(model, cfg.model)
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

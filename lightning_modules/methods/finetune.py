@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
 
 from ablate.lightning_modules.config.distill import Stage, schedule
@@ -92,6 +92,14 @@ class FinetuneModule(TrainModule):
         self.best: float | None = None
         self.best_state: dict[str, torch.Tensor] | None = None
 
+    def dev_metrics(self) -> dict[str, Metric]:
+        """The dev metrics by name (held in a ModuleDict, so that they move with the module)."""
+        out: dict[str, Metric] = {}
+        for name, metric in self.metrics.items():
+            assert isinstance(metric, Metric), "self.metrics holds torchmetrics metrics only"
+            out[name] = metric
+        return out
+
     def restore_best(self) -> None:
         """Load the weights of the best validation so far (early stopping's choice) into the model."""
         if self.best_state is not None:
@@ -144,14 +152,14 @@ class FinetuneModule(TrainModule):
             return
         logits = self.model(batch)
         self.val_loss.update(F.cross_entropy(logits.float(), batch["labels"]), weight=batch["labels"].shape[0])
-        for metric in self.metrics.values():
+        for metric in self.dev_metrics().values():
             metric.update(logits, batch["labels"])
 
     def on_validation_epoch_end(self) -> None:
         if not self.scoring():
             return
         task, f = self.cfg.finetune.task, self.cfg.finetune
-        values = {f"{task}/{name}": metric.compute() for name, metric in self.metrics.items()}
+        values = {f"{task}/{name}": metric.compute() for name, metric in self.dev_metrics().items()}
         values[f"{task}/loss"] = self.val_loss.compute()
         current = float(values[f"{task}/{f.metric}"])
         fitting = self.trainer.state.fn == "fit"  # not a later validation (of the quantized classifier)
@@ -162,7 +170,7 @@ class FinetuneModule(TrainModule):
         values[f"{task}/best_{f.metric}"] = torch.tensor(self.best)
         for name, value in values.items():
             self.log(name, value, prog_bar=name == f"{task}/{f.metric}")
-        for metric in (*self.metrics.values(), self.val_loss):
+        for metric in (*self.dev_metrics().values(), self.val_loss):
             metric.reset()
 
 

@@ -24,7 +24,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
-from ablate.lightning_modules.config.experiment import TrainerConfig
+from ablate.lightning_modules.config.run import TrainerConfig
 
 
 class FiniteLoss(Callback):

@@ -72,6 +72,7 @@ class PretrainModule(TrainModule):
         self.val_mlm_acc = MulticlassAccuracy(num_classes=V, average="micro", ignore_index=IGNORE)
         self.val_mlm_ppl = Perplexity(ignore_index=IGNORE)
         self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
+        self.copied: list[str] = []  # what distill_module copies from the teacher (init_embeddings, init_layers)
 
     def forward(self, batch: dict[str, torch.Tensor]):
         return self.model(batch)
