@@ -146,7 +146,7 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
     assert cfg.optim.lr == 1e-3 and cfg.distill.temperature == 1.0  # not the students' overrides
     assert cfg.data == corner_configs(spec, base)[0].data  # everything else is the base's
     assert base["model"]["preset"] == "albert-tiny"  # the base tree is not modified
-    with pytest.raises(ValueError, match="trains no teacher or model to prune"):
+    with pytest.raises(ValueError, match="trains no model of its own"):
         study_model_config(base, StudySpec(name="s", teacher={"source": "runs:/abc"}))
 
 
@@ -206,7 +206,7 @@ def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corp
     spec = StudySpec(name="s", base=base, reference={"model": TEACHER_MODEL}, variants=variants)
     assert spec.study_model is spec.reference
     assert spec.set_by_study == ("distill.teacher", "prune.source", "quant.source")
-    configs = {v: trial_config(base, spec, {"variant": v, "seed": 0}, teacher="runs:/ref") for v in variants}
+    configs = {v: trial_config(base, spec, {"variant": v, "seed": 0}, study_model="runs:/ref") for v in variants}
     assert {v: (c.regime, c.distill.teacher, c.prune.source, c.quant.source) for v, c in configs.items()} == {
         "distilled": ("distill", "runs:/ref", None, None),
         "pruned": ("prune", None, "runs:/ref", None),
