@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fsspec
 import lightning.pytorch as pl
@@ -55,7 +55,7 @@ class RngState(Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
         checkpoint["ablate_rng"] = {
             "python": random.getstate(),
             "torch": torch.get_rng_state(),  # weights_only-safe

@@ -60,8 +60,8 @@ class RunContext:
     def nested(self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False) -> RunContext:
         """A stage run under ``parent_run_id`` in the same store and experiment; with ``trains`` it keeps
         this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none."""
-        keep = {} if trains else {"callbacks": (), "checkpoint": None, "resume": False}
-        return dataclasses.replace(self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, **keep)
+        stage = dataclasses.replace(self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={})
+        return stage if trains else dataclasses.replace(stage, callbacks=(), checkpoint=None, resume=False)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
     f = cfg.finetune
     tmp = Path(tempfile.mkdtemp(prefix="ablate-finetune-"))
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    assert f.source is not None  # a fine-tuning run's regime is resolved from its source
     source = load_source(f.source, uri, tmp, field="finetune.source", quantized=True)
     if source.tokenizer is None:
         raise ConfigError(

@@ -11,6 +11,7 @@ and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-lay
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
@@ -30,7 +31,7 @@ class _PhaseLogger(MLFlowLogger):
 
     offset = 0
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         super().log_metrics(metrics, (step or 0) + self.offset)
 
     def finalize(self, status: str = "success") -> None:  # Lightning would end the run after each fit

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, replace
+from typing import cast
 
 import lightning.pytorch as pl
 import pandas as pd
@@ -45,6 +46,7 @@ from ablate.lightning_modules.methods.quantization.apply import (
 )
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
 from ablate.lightning_modules.model.accounting import quantized_counts, stored_bytes
+from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
 from ablate.sweeps.weights import Source, log_weights
@@ -133,6 +135,7 @@ def quantize_and_log(
             "scored as the float model"
         )
     table, bits = plan.table, plan.bits
+    quantized = cast(PretrainingModel, quantized)  # a pre-training model, its layers quantized in place
     metrics = validate(PretrainModule(eval_cfg, quantized), eval_cfg, data)
     metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
     if "val/mlm_acc" in fp32 and "val/mlm_acc" in metrics:
@@ -158,13 +161,13 @@ def quant_train(
     step, done = 0, None
     logger = MLFlowLogger(tracking_uri=run.uri, run_id=run.run_id, log_model=False)
     if q.method == "qat-int8":
-        model = prepare_qat(model)
+        model = cast(PretrainingModel, prepare_qat(model))  # prepared in place
         fit(build_trainer(cfg, logger, [ValidateAtEnd()]), PretrainModule(cfg, model), data)
         step = cfg.trainer.max_steps
     elif q.qat_steps:  # Q-BERT: the plan on the float model, then trained fake-quantized at its bits
         plan = plan_for(model, cfg, data, mlm_loss)
         assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
-        model = prepare_weight_qat(model, plan.plan, q)
+        model = cast(PretrainingModel, prepare_weight_qat(model, plan.plan, q))  # prepared in place
         qat_cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=q.qat_steps))
         fit(build_trainer(qat_cfg, logger, [ValidateAtEnd()]), PretrainModule(qat_cfg, model), data)
         step = q.qat_steps

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
-from torch import nn
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.config.errors import ConfigError
@@ -23,6 +23,7 @@ from ablate.lightning_modules.methods.probe import intrinsic_eval
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.quantization.apply import prepare_qat
 from ablate.lightning_modules.model.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.profiling import placed, training_device
 from ablate.sweeps import checkpoints, tracking
 from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext
@@ -68,11 +69,20 @@ def _corpus(cfg: ExperimentConfig) -> PretrainDataModule:
     return data
 
 
-def _student(cfg: ExperimentConfig, tokenizer: Path) -> nn.Module:
-    """The model a pre-training or distillation run trains: random or ``init_from``'s weights,
-    fake-quantized from the first step with ``quant.method: qat-int8``."""
+def _student(cfg: ExperimentConfig, tokenizer: Path) -> PretrainingModel | None:
+    """The model a pre-training or distillation run trains: ``init_from``'s weights (None: the module
+    builds it from random weights), fake-quantized from the first step with ``quant.method: qat-int8``."""
     student = initial_model(cfg, tokenizer)
-    return prepare_qat(student) if cfg.quant.method == "qat-int8" else student
+    if cfg.quant.method != "qat-int8":
+        return student
+    model = student if student is not None else build_pretraining_model(cfg.model, cfg.objective)
+    return cast(PretrainingModel, prepare_qat(model))  # prepared in place: the same model
+
+
+def _tokenizer(data: PretrainDataModule) -> Path:
+    """The tokenizer file ``data`` trained or read (set up by :func:`_corpus`)."""
+    assert data.tokenizer_path is not None, "the data module is set up"
+    return Path(data.tokenizer_path)
 
 
 def vocabulary_metrics(module: PretrainModule) -> dict[str, float]:
@@ -103,7 +113,7 @@ def _fitted(module: PretrainModule, data: PretrainDataModule, ctx: RunContext, t
     return Prepared(
         cfg=cfg,
         work=lambda run: _fit_run(module, cfg, data, run, ctx),
-        tokenizer=Path(data.tokenizer_path),
+        tokenizer=_tokenizer(data),
         tags=tags,
         inputs={**inputs, **vocabulary_metrics(module)},
         params=measured_on,
@@ -113,13 +123,13 @@ def _fitted(module: PretrainModule, data: PretrainDataModule, ctx: RunContext, t
 def _pretrain(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
     """Pre-training (MLM, and SOP/NSP when set) from random weights or ``init_from``."""
     data = _corpus(cfg)
-    return _fitted(PretrainModule(cfg, _student(cfg, Path(data.tokenizer_path))), data, ctx, {})
+    return _fitted(PretrainModule(cfg, _student(cfg, _tokenizer(data))), data, ctx, {})
 
 
 def _distill(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
     """Pre-training distillation from ``distill.teacher``, tagged with the teacher's run."""
     data = _corpus(cfg)
-    tokenizer = Path(data.tokenizer_path)
+    tokenizer = _tokenizer(data)
     student = _student(cfg, tokenizer)
     with tempfile.TemporaryDirectory(prefix="ablate-teacher-") as tmp:
         teacher = load_source(cfg.distill.teacher, uri, Path(tmp))  # type: ignore[arg-type]  # set in distill
@@ -131,7 +141,7 @@ def _distill(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack)
 def _prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
     """Pruning ``prune.source`` as ``prune.method`` says."""
     data = _corpus(cfg)
-    tokenizer = Path(data.tokenizer_path)
+    tokenizer = _tokenizer(data)
     source = checked_source(cfg, cfg.prune.source, "prune.source", uri, tokenizer)  # type: ignore[arg-type]
     try:  # a source that layer surgery cannot shrink (shared layers ...) fails before the run exists
         if cfg.prune.method != "fewer-layers":  # which only drops whole layers
@@ -149,7 +159,7 @@ def _prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -
 def _quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
     """Quantizing ``quant.source`` (trained with fake quantization first for ``qat-int8``)."""
     data = _corpus(cfg)
-    tokenizer = Path(data.tokenizer_path)
+    tokenizer = _tokenizer(data)
     source = checked_source(cfg, cfg.quant.source, "quant.source", uri, tokenizer)  # type: ignore[arg-type]
     cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
     inputs, measured_on = metric_counts(source.model, cfg.model, cfg)

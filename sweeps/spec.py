@@ -99,6 +99,8 @@ class ParamSpace:
 
     @property
     def is_int(self) -> bool:
+        if self.low is None or self.high is None:  # choices
+            return self.type == "int"
         return self.type == "int" or (
             self.type is None and float(self.low).is_integer() and float(self.high).is_integer() and not self.log
         )
@@ -107,6 +109,7 @@ class ParamSpace:
         """Sample this field for ``trial`` under its dotted name."""
         if self.choices is not None:
             return trial.suggest_categorical(name, self.choices)
+        assert self.low is not None and self.high is not None  # checked: choices, or both low and high
         if self.is_int:
             return trial.suggest_int(name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
@@ -207,7 +210,7 @@ class StudySpec:
 
     def grid(self) -> dict[str, list[Any]]:
         """The grid for Optuna's GridSampler."""
-        return {k: list(v.choices) for k, v in self.space.items()}
+        return {k: list(v.choices or ()) for k, v in self.space.items()}
 
     def total_trials(self) -> int:
         """Trials in the whole study: the grid size, or ``n_trials``."""

@@ -83,17 +83,19 @@ def open_study(
         "tpe": lambda: optuna.samplers.TPESampler(seed=0),
         "random": lambda: optuna.samplers.RandomSampler(seed=0),
     }
-    kwargs = {
-        "study_name": spec.name,
-        "storage": storage,
-        "sampler": samplers[spec.sampler](),
-        "pruner": spec.pruner.build(max_steps),
-    }
+    sampler, pruner = samplers[spec.sampler](), spec.pruner.build(max_steps)
     try:
         try:
-            return optuna.create_study(direction=spec.optimize.direction, **kwargs), True
+            study = optuna.create_study(
+                study_name=spec.name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                direction=spec.optimize.direction,
+            )
+            return study, True
         except optuna.exceptions.DuplicatedStudyError:
-            return optuna.load_study(**kwargs), False
+            return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler, pruner=pruner), False
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
         raise StorageError(
             f"--storage {tracking.redact(url)}: cannot open the Optuna study "
@@ -185,13 +187,15 @@ def run_study(
             task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
             objective = trial_objective(spec, base, client, exp_id, uri, parent, study_model, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
-            run = dict(catch=(FloatingPointError, workers.DuplicateTrial), show_progress_bar=True)
+            catch = (FloatingPointError, workers.DuplicateTrial)
             if n_trials is not None:
-                study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **run)
+                study.optimize(objective, n_trials=n_trials, callbacks=callbacks, catch=catch, show_progress_bar=True)
             else:  # n_trials = what is left now (for the progress bar); the callback stops when drained
                 while True:  # then wait for other workers' trials; a dead one's retry is taken here
                     if left := _count_left(study, spec):
-                        study.optimize(objective, n_trials=left, callbacks=callbacks, **run)
+                        study.optimize(
+                            objective, n_trials=left, callbacks=callbacks, catch=catch, show_progress_bar=True
+                        )
                     if not workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
                         break
     except KeyboardInterrupt:

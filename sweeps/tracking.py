@@ -107,7 +107,7 @@ def scoped_tracking_uri() -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(before)
+        mlflow.set_tracking_uri(before)  # type: ignore[arg-type]  # None: back to MLflow's default (stubs say str)
         if before is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
 

@@ -17,7 +17,8 @@ from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfi
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.multiprocessing import ProcessRaisedException
 
-from ablate.lightning_modules.config.experiment import ExperimentConfig, TrainerConfig
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.lightning_modules.methods.loop import loop_callbacks
 from ablate.sweeps import forksafe, tracking
 
@@ -26,7 +27,7 @@ class ValidateAtEnd(Callback):
     """Validate after the last step when ``max_steps`` is not a multiple of ``val_every``."""
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        val_every = trainer.val_check_batch // trainer.accumulate_grad_batches  # batches -> optimizer steps
+        val_every = int(trainer.val_check_batch or 1) // trainer.accumulate_grad_batches  # batches -> optimizer steps
         if trainer.global_step % val_every and not trainer.interrupted:
             trainer.validate_loop.verbose = False  # no results table: the progress bar shows them
             trainer.validate_loop.run()
@@ -134,7 +135,7 @@ def fit(
         KeyboardInterrupt: the fit was interrupted (Ctrl-C).
         Exception: a forked DDP rank's own error, rebuilt here (:func:`rank_error`).
     """
-    profile = getattr(trainer.profiler, "dirpath", None)  # set by lightning_profiler
+    profile = getattr(getattr(trainer, "profiler", None), "dirpath", None)  # set by lightning_profiler
     try:
         with tracking.scoped_tracking_uri():
             try:

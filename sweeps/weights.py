@@ -303,7 +303,7 @@ def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo:
                 model,
                 cfg,
                 staging,
-                format=format,  # type: ignore[arg-type] - checked by export
+                format=format,  # type: ignore[arg-type]  # a str the CLI checked against export's choices
                 tokenizer=tok,
                 metrics=dict(run.data.metrics),
                 source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
