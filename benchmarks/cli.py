@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         choices=list(CASES),
         help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
-        "on a CPU and the GPU-sized ones on CUDA; one small case for the others)",
+        "on a CPU and the GPU-sized ones on CUDA; for loop, the regime's own: albert-tiny, distill-mini, "
+        "bert-tiny, bert-tiny; one small case for precision)",
     )
     parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
     parser.add_argument("--steps", type=positive_int, default=None, help="timed steps (train: 20; precision: 300)")
