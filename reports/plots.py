@@ -88,7 +88,9 @@ def _curves(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[tuple[st
         axes.append((v, x, y, xerr, yerr))
     curves: dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]] = {}
     for i, key in enumerate(table.keys()):
-        pts = [(v, *(float(s.iloc[i]) for s in series)) for v, *series in axes]
+        pts = [
+            (v, float(x.iloc[i]), float(y.iloc[i]), float(xe.iloc[i]), float(ye.iloc[i])) for v, x, y, xe, ye in axes
+        ]
         if pts := [p for p in pts if not (math.isnan(p[1]) or math.isnan(p[2]))]:
             curves[key] = pts
     return curves
@@ -108,7 +110,7 @@ def _errors(values: list[float], scale: float) -> list[float] | None:
 def _draw_curves(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -> int:
     """One line per row through its points, each labelled with its ``over`` value; the number of lines."""
     curves = _curves(table, plot)
-    colors = colormaps["tab20" if len(curves) > 10 else "tab10"].colors  # no two rows alike
+    colors = colormaps["tab20" if len(curves) > 10 else "tab10"]  # no two rows alike (a listed colormap)
     for g, (key, pts) in enumerate(curves.items()):
         over, xs, ys, xe, ye = (list(c) for c in zip(*pts, strict=True))
         ax.errorbar(
@@ -117,7 +119,7 @@ def _draw_curves(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -
             xerr=_errors(xe, sx),
             yerr=_errors(ye, sy),
             fmt="-" + _MARKERS[g % len(_MARKERS)],
-            color=colors[g % len(colors)],
+            color=colors(g % colors.N),
             capsize=3,
             markersize=5,
             linewidth=1.2,
@@ -139,7 +141,7 @@ def _draw_scatter(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) 
     keys = table.keys()
     hues = [k[spec.rows.index(plot.hue)] if plot.hue else None for k in keys]
     groups = sorted({h for h, o in zip(hues, ok, strict=True) if o}, key=lambda h: row_sort_key(spec, plot.hue, h))
-    colors = colormaps["tab20" if len(groups) > 10 else "tab10"].colors  # no two groups alike
+    colors = colormaps["tab20" if len(groups) > 10 else "tab10"]  # no two groups alike (a listed colormap)
     for g, hue in enumerate(groups):
         idx = [i for i in range(len(keys)) if ok[i] and hues[i] == hue]
         ax.errorbar(
@@ -148,7 +150,7 @@ def _draw_scatter(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) 
             xerr=(xerr.iloc[idx] * sx).where(lambda s: s > 0) if xerr.iloc[idx].any() else None,
             yerr=(yerr.iloc[idx] * sy).where(lambda s: s > 0) if yerr.iloc[idx].any() else None,
             fmt=_MARKERS[g % len(_MARKERS)],
-            color=colors[g % len(colors)],
+            color=colors(g % colors.N),
             capsize=3,
             markersize=6,
             label=None if plot.hue is None else str(hue),
@@ -207,9 +209,11 @@ def draw(table: Table, plot: PlotSpec, path: Path) -> bool:
     ax.set_title("\n".join(textwrap.wrap(f"{spec.title}: {ylabel} vs {xlabel}", 70)), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        beside = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if entries > 6 else {}  # not over points
         title = spec.row_label(plot.hue) if plot.hue and not plot.over else None
-        ax.legend(fontsize=8, title=title, title_fontsize=8, **beside)
+        if entries > 6:  # beside the axes, not over the points
+            ax.legend(fontsize=8, title=title, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        else:
+            ax.legend(fontsize=8, title=title, title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return True

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -116,7 +116,7 @@ class Remeasured:
 
     def to_csv(self) -> str:
         """``remeasured.csv``: the frame, with the machine, host and time on every row."""
-        meta = {"machine": self.machine, "host": self.host, "when": self.when}
+        meta: dict[str, object] = {"machine": self.machine, "host": self.host, "when": self.when}
         meta |= {"rounds": self.rounds, "repeats": self.repeats, "warmup": self.warmup}
         meta |= {"load": self.load if self.load is not None else math.nan}
         return self.frame.assign(**meta).to_csv(index=False)
@@ -192,7 +192,7 @@ def remeasure_runs(
 
     from ablate.lightning_modules.methods.quantization.apply import quantized_like
     from ablate.lightning_modules.model import profiling
-    from ablate.lightning_modules.model.heads import build_pretraining_model
+    from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
     from ablate.lightning_modules.model.reference_load import reference_workload
 
     if repeats < 1 or rounds < 1 or warmup < 0:
@@ -238,7 +238,7 @@ def remeasure_runs(
                     model = build_pretraining_model(m.cfg.model, m.cfg.objective)  # random weights: the shape times
                 cfg = m.cfg
                 if cfg.quant.enabled:
-                    model = quantized_like(model, cfg.quant)
+                    model = cast(PretrainingModel, quantized_like(model, cfg.quant))  # quantized in place
                 for batch in profiling.LATENCY_BATCHES:
                     lat = profiling.time_forward(
                         model,
