@@ -11,7 +11,7 @@ machine only ever adds time, so the fastest repeat is the least disturbed figure
 its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
 running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
 A machine busy the whole time gives repeats that agree, all slow: so a fixed reference workload
-runs after every timed repeat (:mod:`~ablate.lightning_modules.model.reference_load`), and its fastest
+runs after every timed repeat (:mod:`~ablate.lightning_modules.model.reference_load`), and its median
 time goes beside the latency (``latency_ms_b1_reference``), for a report to compare across runs.
 """
 
@@ -58,7 +58,7 @@ class Measured:
             repeat was 5 % slower than the fastest); large when the machine was busy.
         latency_ms_b32_spread: the same at batch 32.
         latency_ms_b1_reference: ms of the fixed reference workload timed after each batch-1 repeat
-            (:mod:`~ablate.lightning_modules.model.reference_load`), the fastest; NaN if not timed.
+            (:mod:`~ablate.lightning_modules.model.reference_load`), the median; NaN if not timed.
         latency_ms_b32_reference: the same beside the batch-32 repeats.
     """
 
@@ -225,9 +225,9 @@ class Latency:
         return (self.median_ms - low) / low if low > 0 else 0.0
 
     @property
-    def reference_min_ms(self) -> float:
-        """The fastest run of the reference workload beside the repeats; NaN if none ran."""
-        return min(self.reference_ms) if self.reference_ms else math.nan
+    def reference_median_ms(self) -> float:
+        """The median run of the reference workload beside the repeats; NaN if none ran."""
+        return statistics.median(self.reference_ms) if self.reference_ms else math.nan
 
 
 def time_forward(
@@ -323,7 +323,7 @@ def measure_latencies(
 ) -> dict[str, float]:
     """The latency metrics of a model, one dedicated pass per batch size of :data:`LATENCY_BATCHES`
     (:func:`time_forward`): ``latency_ms_b1`` (the minimum of the repeats, ms),
-    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b1_reference`` (the fastest
+    ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b1_reference`` (the median
     run of the reference workload beside them: ``reference``, by default
     :func:`~ablate.lightning_modules.model.reference_load.reference_workload` on the device), and the
     same three for batch 32.
@@ -343,13 +343,13 @@ def measure_latencies(
 def latency_metrics(timed: Mapping[int, Latency]) -> dict[str, float]:
     """Metrics of timed forwards by batch size: ``latency_ms_b<B>`` (the fastest repeat, ms),
     ``latency_ms_b<B>_spread`` (``(median - min) / min``) and, where a reference workload ran
-    beside them, ``latency_ms_b<B>_reference`` (its fastest run, ms)."""
+    beside them, ``latency_ms_b<B>_reference`` (its median run, ms)."""
     out: dict[str, float] = {}
     for batch, lat in timed.items():
         out[latency_metric(batch)] = lat.min_ms
         out[latency_metric(batch) + SPREAD_SUFFIX] = lat.spread
         if lat.reference_ms:
-            out[latency_metric(batch) + REFERENCE_SUFFIX] = lat.reference_min_ms
+            out[latency_metric(batch) + REFERENCE_SUFFIX] = lat.reference_median_ms
     return out
 
 
@@ -470,7 +470,7 @@ def measure(
         memory_batch: batch size of the memory measurement.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
         reference: the workload timed beside the latency repeats (default: :func:`~ablate.
-            lightning_modules.reference_load.reference_workload` on the device).
+            lightning_modules.model.reference_load.reference_workload` on the device).
 
     Returns:
         The :class:`Measured` costs, ``device`` described by :func:`describe_device`.

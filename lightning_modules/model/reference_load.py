@@ -2,13 +2,18 @@
 
 A busy machine does not always show in a latency's spread: a model timed entirely beside someone
 else's job gets repeats that agree with each other, all of them slow (a 2-core machine logged
-724 ms and 98 ms for models an idle one times at 39 and 25). So :func:`ablate.lightning_modules.
-profiling.time_forward` runs this workload once after every timed repeat of the model, on the
-same device and threads, and keeps its times. The workload never changes (a few float32 matrix
-products, the same inputs every time, no autocast), so on one machine its time only changes with
-what else runs there: a run logs the fastest as ``latency_ms_b32_reference`` beside
-``latency_ms_b32``, and a report marks a latency whose reference ran much slower than the
-study's other runs' (``ablate.reports.tables.REFERENCE_LIMIT``).
+724 ms and 98 ms for models an idle one times at 39 and 25). So
+:func:`ablate.lightning_modules.model.profiling.time_forward` runs this workload once after every
+timed repeat of the model, on the same device and threads, and keeps its times. The workload never
+changes: a small fixed encoder-like stack (matrix products, GELU, residual adds and LayerNorms on the
+same inputs every time, float32, no autocast), many short parallel operations like a model's
+forward, so that it slows down as a forward does when other work takes the cores (a few large
+matrix products slowed ten times less than the forwards beside them). On one machine its time only
+changes with what else runs there: a run logs the median of its runs as
+``latency_ms_b32_reference`` beside ``latency_ms_b32`` (the median: a short workload can slip
+into a quiet moment, and its fastest run would not show the load the forwards met), and a report
+marks a latency whose reference ran much slower than the study's other runs'
+(``ablate.reports.tables.REFERENCE_LIMIT``).
 """
 
 from __future__ import annotations
@@ -16,33 +21,35 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.nn import functional as F
 
-#: ``latency_ms_b32_reference``: ms of the reference workload, the fastest of its runs beside
+#: ``latency_ms_b32_reference``: ms of the reference workload, the median of its runs beside
 #: ``latency_ms_b32``'s repeats.
 REFERENCE_SUFFIX = "_reference"
-#: Side of the square float32 matrices and how many products one run of the workload takes: about
-#: 0.13 GFLOP on a CPU (a few ms on two cores), 69 GFLOP on a GPU (about a millisecond).
-CPU_SIZE, GPU_SIZE, PRODUCTS = 256, 2048, 4
+#: (tokens, width, layers) of the stack: on a CPU about 0.4 GFLOP, a few ms on two idle cores; on a
+#: GPU about 50 GFLOP, about a millisecond.
+CPU_SHAPE, GPU_SHAPE = (256, 128, 12), (2048, 512, 12)
 
 Workload = Callable[[], object]
 
 
 def reference_workload(device: torch.device | str) -> Workload:
-    """The reference workload on ``device``: ``PRODUCTS`` products of two fixed square float32
-    matrices (``GPU_SIZE`` on CUDA, else ``CPU_SIZE``), made once from a private generator (no
-    global random stream moves), run outside any autocast. Calling it runs it once; the caller
-    synchronizes and times."""
+    """The reference workload on ``device``: ``layers`` times ``x = LayerNorm(x + GELU(x W1) W2)`` on
+    fixed ``tokens x width`` float32 inputs (W1: width x 2 width), made once from a private generator
+    (no global random stream moves), run outside any autocast. Calling it runs it once and returns
+    the result; the caller synchronizes and times."""
     dev = torch.device(device)
-    n = GPU_SIZE if dev.type == "cuda" else CPU_SIZE
+    tokens, width, layers = GPU_SHAPE if dev.type == "cuda" else CPU_SHAPE
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dev)
-    b = torch.randn(n, n, generator=g).to(dev) / n**0.5  # products stay bounded
+    x0 = torch.randn(tokens, width, generator=g).to(dev)
+    w1 = (torch.randn(width, 2 * width, generator=g) / width**0.5).to(dev)
+    w2 = (torch.randn(2 * width, width, generator=g) / (2 * width) ** 0.5).to(dev)
 
     def run() -> torch.Tensor:
         with torch.autocast(dev.type, enabled=False):
-            out = a
-            for _ in range(PRODUCTS):
-                out = out @ b
-            return out
+            x = x0
+            for _ in range(layers):
+                x = F.layer_norm(x + F.gelu(x @ w1) @ w2, (width,))
+            return x
 
     return run

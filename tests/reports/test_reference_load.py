@@ -9,6 +9,7 @@ machine itself once made a tiny model's batch-1 latency 500 ms, and its referenc
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_every_repeat_is_followed_by_one_run_of_the_reference() -> None:
     ran: list[int] = []
     lat = profiling.time_forward(model, 1000, 2, 16, repeats=4, warmup=2, reference=lambda: ran.append(1))
     assert len(lat.times_ms) == len(lat.reference_ms) == len(ran) == 4  # not during warm-up
-    assert lat.reference_min_ms == min(lat.reference_ms) >= 0
+    assert lat.reference_median_ms == statistics.median(lat.reference_ms) >= 0
     assert profiling.time_forward(model, 1000, 2, 16, repeats=2, warmup=0).reference_ms == ()
     # by default the fixed workload runs: real matrix products, the same result every time
     got = profiling.measure_latencies(model, 1000, 16, torch.device("cpu"), repeats=2, warmup=0)
@@ -114,7 +115,7 @@ def test_a_run_logs_the_reference_beside_each_latency(study: Study) -> None:
     for batch in profiling.LATENCY_BATCHES:
         assert metrics[profiling.latency_metric(batch) + REFERENCE_SUFFIX] > 0
     slow = MlflowClient(tracking_uri=study.uri).get_run(study.ids[SLOW_LAYERS]).data.metrics
-    assert slow["latency_ms_b32_reference"] >= DELAY_S * 1e3  # every run of it took that long: the fastest too
+    assert slow["latency_ms_b32_reference"] >= DELAY_S * 1e3  # every run of it took that long: the median too
 
 
 def test_a_slow_reference_marks_the_latency_cells_of_its_run_only(study: Study, tmp_path: Path) -> None:
@@ -141,7 +142,10 @@ def test_remeasure_times_the_real_reference_again(study: Study, tmp_path: Path) 
     res = build_report(spec(), STUDY, study.uri, tmp_path / "out", remeasure=True, progress=False)
     again = pd.read_csv(res.remeasured).set_index("run_name")
     assert (again["latency_ms_b32_reference"] > 0).all()
-    # the slow run's logged reference is replaced by this pass's (the real workload, a few ms)
-    assert again.at[f"L={SLOW_LAYERS}", "logged/latency_ms_b32"] > 0
-    assert again.at[f"L={SLOW_LAYERS}", "latency_ms_b32_reference"] < DELAY_S * 1e3
+    # each run's logged reference (an injected sleep) is replaced by this pass's: the real workload's
+    # time, whatever this machine's load makes it
+    client = MlflowClient(tracking_uri=study.uri)
+    for layers, run_id in study.ids.items():
+        logged = client.get_run(run_id).data.metrics["latency_ms_b32_reference"]
+        assert again.at[f"L={layers}", "latency_ms_b32_reference"] != pytest.approx(logged, rel=1e-9)
     assert res.table.stats["latency_ms_b32.reference"].notna().all()
