@@ -189,42 +189,22 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.config.load import read_yaml
-    from ablate.reports import catalog
-    from ablate.reports.build import build_report, render_console
-    from ablate.reports.spec import ReportSpec
-    from ablate.sweeps import tracking
-    from ablate.sweeps.spec import corner_configs, load_study
-
-    target = Path(args.spec)
-    root = "ablate-runs"
-    uri = args.tracking_uri
-    raw = read_yaml(target) if target.is_file() else None
-    if raw is not None and ("search" in raw or "variants" in raw or "base" in raw):  # a study
-        spec, base = load_study(target)
-        report = catalog.study_report(spec, target)
-        if report is None:
-            raise ConfigError(f"{target}: report: the study declares no report")
-        cfg = corner_configs(spec, base)[0]
-        study_name, root = spec.name, cfg.tracking.root
-        uri = uri or cfg.tracking.tracking_uri
-    else:  # a REPORT.yaml or a shipped name: MLflow is all it reads
-        report = catalog.load_named(str(target)) if raw is None else ReportSpec.from_yaml(target)
-        study_name = report.study
-        uri = uri or report.tracking_uri
-    study_name = args.study or study_name
-    if not study_name:
-        raise ConfigError(f"{target}: study: required in a report spec (or give --study)")
-    uri = tracking.resolve_tracking_uri(uri, root)  # load_runs says if it cannot be read
-    out = Path(args.out) if args.out else Path(root) / "reports" / study_name
     from ablate.lightning_modules.config.paths import output_folder
+    from ablate.reports.build import build_report, render_console
+    from ablate.reports.target import resolve_target
+    from ablate.sweeps import tracking
 
+    target = resolve_target(args.spec, args.study)  # a study, report file, shipped report or shipped study
+    uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
+    out = Path(args.out) if args.out else Path(target.root) / "reports" / target.study
     output_folder(out, "--out")  # before the store is read
-    result = build_report(report, study_name, uri, out, remeasure=args.remeasure)
+    result = build_report(
+        target.report, target.study, uri, out, remeasure=args.remeasure, expected=target.expected, sweep=target.sweep
+    )
     render_console(result)
     extra = ", remeasured.csv" if result.remeasured is not None else ""
     print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
-    _print_ui_hint(uri, study=study_name)
+    _print_ui_hint(uri, study=target.study)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -297,7 +277,10 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
     s.add_argument(
-        "spec", metavar="TARGET", help="STUDY.yaml, REPORT.yaml or a shipped report: " + ", ".join(report_names())
+        "spec",
+        metavar="TARGET",
+        help="STUDY.yaml, REPORT.yaml, a shipped report (" + ", ".join(report_names()) + ") or a shipped study "
+        "(quickstart, ...)",
     )
     s.add_argument("--study", help="the study (MLflow experiment) to read; default: the spec's")
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")

@@ -19,9 +19,19 @@ from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
-from ablate.reports.runs import load_runs
+from ablate.reports.runs import absent_store, load_runs
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import Table, aggregate, aggregated_metrics, cells, footnotes, to_csv, to_latex, to_markdown
+from ablate.reports.tables import (
+    Expected,
+    Table,
+    aggregate,
+    aggregated_metrics,
+    cells,
+    footnotes,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 from ablate.sweeps.tracking import redact
 
 #: Artifact folder on the study's parent run.
@@ -105,6 +115,8 @@ def build_report(
     log_to_parent: bool = True,
     remeasure: bool = False,
     progress: bool = True,
+    expected: Expected | None = None,
+    sweep: str | None = None,
 ) -> ReportResult:
     """Read the study's runs from MLflow and write the report into ``out_dir``.
 
@@ -124,27 +136,30 @@ def build_report(
             and show those latencies instead of the logged ones; the table says where and when,
             and ``remeasured.csv`` lists them beside the logged ones.
         progress: With ``remeasure``: show a progress bar (on stderr).
+        expected: The trials the study's grid runs per row: a row no trial started is listed
+            as missing (:func:`~ablate.reports.tables.aggregate`).
+        sweep: The command that runs the study, named when the store holds no run of it.
 
     Raises:
         StorageError: the tracking store cannot be read, or the artifacts cannot be logged.
-        ConfigError: a row param is not a param of any run; ``remeasure`` for a report that
-            shows no latency.
+        ConfigError: no run of the study in the store (naming ``sweep``); a row param is not a
+            param of any run; ``remeasure`` for a report that shows no latency.
     """
     output_folder(out_dir, "--out")  # before anything is read or written
+    run = f"run: {sweep}" if sweep else "run the study with ablate sweep STUDY.yaml first, or name another with --study"
+    if absent_store(tracking_uri) is not None:  # nothing ran here yet: say what makes the runs, create nothing
+        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)} (no MLflow store there yet); {run}")
     runs, parent = load_runs(tracking_uri, study)
     if runs.empty:  # nothing to tabulate: an error, not an empty report
-        raise ConfigError(
-            f"study {study}: no trial runs in {redact(tracking_uri)} (run ablate sweep first, or name the "
-            f"study with --study)"
-        )
-    table = aggregate(runs, spec)  # a bad spec fails here, before any measuring
+        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)}; {run}")
+    table = aggregate(runs, spec, expected)  # a bad spec fails here, before any measuring
     again: Remeasured | None = None
     if remeasure:
         if not latency_columns(spec):
             raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
         if len(runs):
             again = remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
-            table = dataclasses.replace(aggregate(again.apply(runs), spec), notes=(again.note,))
+            table = dataclasses.replace(aggregate(again.apply(runs), spec, expected), notes=(again.note,))
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}

@@ -33,7 +33,8 @@ def shipped(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _looks_like_path(value: str) -> bool:
+def looks_like_path(value: str) -> bool:
+    """Whether a report target is meant as a file (a ``/`` in it, or a YAML suffix), not a name."""
     return "/" in value or value.endswith((".yaml", ".yml"))
 
 
@@ -43,7 +44,7 @@ def load_named(target: str, base_dir: Path | None = None) -> ReportSpec:
     Raises:
         ConfigError: neither a readable spec file nor a shipped name; or an invalid spec.
     """
-    if _looks_like_path(target):
+    if looks_like_path(target):
         path = (base_dir or Path.cwd()) / target
         if not path.is_file():
             raise ConfigError(f"{target}: no such report spec file")

@@ -55,13 +55,18 @@ def _fail_fast() -> Iterator[None]:
             os.environ.pop(k, None)
 
 
-def _check_sqlite(tracking_uri: str) -> None:
-    """Refuse a ``sqlite:///`` URI whose file does not exist (MLflow would create it)."""
+def absent_store(tracking_uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI that does not exist (MLflow would create it), else None."""
     if not tracking_uri.startswith("sqlite:"):
-        return
+        return None
     name = unquote(urlparse(tracking_uri).path)[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs -> /abs
     path = Path(name)
-    if name and name != ":memory:" and not path.exists():
+    return path if name and name != ":memory:" and not path.exists() else None
+
+
+def _check_sqlite(tracking_uri: str) -> None:
+    """Refuse a ``sqlite:///`` URI whose file does not exist (MLflow would create it)."""
+    if (path := absent_store(tracking_uri)) is not None:
         raise StorageError(f"{tracking_uri}: no MLflow database at {path}")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,19 @@ class Missing:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """The trials a study's grid runs, per table row: what an empty row is missing.
+
+    Attributes:
+        trials: Row key (as :func:`clean_key` makes it) -> trials of the grid with that key.
+        command: The command that runs the missing trials (``ablate sweep STUDY.yaml``), if known.
+    """
+
+    trials: Mapping[tuple[Any, ...], int]
+    command: str | None = None
+
+
+@dataclass(frozen=True)
 class Table:
     """Aggregated statistics, one row per distinct value of ``spec.rows``.
 
@@ -92,6 +106,11 @@ def _clean(v: Any) -> Any:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
     return v
+
+
+def clean_key(values: Iterable[Any]) -> tuple[Any, ...]:
+    """A row key: the row params' values, numpy scalars as Python's, NaN as None."""
+    return tuple(_clean(v) for v in values)
 
 
 def _key_column(values: list[Any]) -> pd.Series:
@@ -142,11 +161,14 @@ def _metric_keys(spec: ReportSpec) -> list[tuple[str, str]]:
     return keys
 
 
-def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
+def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = None) -> Table:
     """Group runs by ``spec.rows`` and average each metric over the included runs.
 
     Every configuration seen in ``runs`` gets a row, even one whose runs all
-    failed or were pruned (its cells are then missing).
+    failed or were pruned (its cells are then missing); with ``expected`` (the study's
+    grid), so does every configuration of the grid no trial started, and a row with fewer
+    runs than the grid has trials says so. ``expected`` is ignored if a run's configuration
+    is not in it (the runs are not that grid's).
 
     Raises:
         ConfigError: a row param is not a param of any run.
@@ -162,9 +184,13 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
     for key, name in _metric_keys(spec):
         if not pd.api.types.is_numeric_dtype(runs[name]):
             raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
-    runs = runs.assign(**{_KEY: [tuple(_clean(v) for v in t) for t in runs[list(spec.rows)].itertuples(index=False)]})
+    runs = runs.assign(**{_KEY: [clean_key(t) for t in runs[list(spec.rows)].itertuples(index=False)]})
+    if expected is not None and not set(runs[_KEY]) <= set(expected.trials):
+        expected = None
+    grid = set(expected.trials) if expected is not None else set()
     keys = sorted(
-        set(runs[_KEY]), key=lambda k: tuple(row_sort_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True))
+        set(runs[_KEY]) | grid,
+        key=lambda k: tuple(row_sort_key(spec, row, v) for row, v in zip(spec.rows, k, strict=True)),
     )
     used = runs[runs["state"].isin(spec.include_states)]
 
@@ -197,6 +223,10 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec) -> Table:
     wanted = "/".join(spec.include_states)
     for i, key in enumerate(keys):
         n_runs = int(stats.at[i, "n"])
+        if expected is not None and (short := _never_started(key, seen_states.get(key, {}), expected)):
+            missing.append(Missing(key, None, short))
+            if key not in seen_states:
+                continue
         if n_runs == 0:
             seen = ", ".join(f"{c} {s}" for s, c in seen_states[key].items())
             missing.append(Missing(key, None, f"no {wanted} runs ({seen})"))
@@ -212,6 +242,17 @@ def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:
     values = pd.to_numeric(used[column], errors="coerce")
     device = used[MEASURED_ON].fillna("").astype(str) if MEASURED_ON in used.columns else pd.Series("", used.index)
     return values / values.groupby(device).transform("median")
+
+
+def _never_started(key: tuple[Any, ...], states: Mapping[str, int], expected: Expected) -> str | None:
+    """Why a row of the grid lacks trials (none, or fewer than the grid has), or None."""
+    want, have = expected.trials.get(key, 0), sum(states.values())
+    if have >= want:
+        return None
+    run = f"; run: {expected.command}" if expected.command else ""
+    if not have:
+        return f"never started: no run of its {want} trial{'s' * (want != 1)}{run}"
+    return f"{want - have} of its {want} trials never started ({have} run{'s' * (have != 1)}){run}"
 
 
 # ---------------------------------------------------------------- formatting

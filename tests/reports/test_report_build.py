@@ -59,7 +59,9 @@ def test_failure_leaves_nothing_half_written(store, spec, tmp_path, monkeypatch)
 
 
 def test_unknown_study_is_an_error_and_writes_nothing(store, spec, tmp_path):
-    with pytest.raises(ConfigError, match="study no-such-study: no trial runs in"):
+    with pytest.raises(
+        ConfigError, match="^no runs for study no-such-study in .*; run the study with ablate sweep STUDY.yaml first"
+    ):
         build_report(spec, "no-such-study", store.uri, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
 

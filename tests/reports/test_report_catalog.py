@@ -55,7 +55,7 @@ def test_a_study_names_a_report_file_beside_it(tmp_path):
         ("albert-table9", "report: albert-table9: not a shipped report (one of albert-table3"),
         ("nope.yaml", "report: nope.yaml: no such report spec file"),
         (
-            {"title": "t", "rows": ["model.sharing"], "metrics": [{"name": "m", "format": "pct"}]},
+            {"title": "t", "rows": ["model.sharing"], "metrics": [{"name": "val/m", "format": "pct"}]},
             "report.metrics[0].format: Input should be",
         ),
     ],
@@ -73,6 +73,6 @@ def test_a_bad_report_fails_when_the_study_is_read(tmp_path, capsys, monkeypatch
 
 def test_report_cli_refuses_a_spec_without_study(tmp_path, capsys):
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump({"title": "t", "rows": ["x"], "metrics": [{"name": "m"}]}), encoding="utf-8")
+    path.write_text(yaml.safe_dump({"title": "t", "rows": ["x"], "metrics": [{"name": "val/m"}]}), encoding="utf-8")
     assert main(["report", str(path), "--tracking-uri", f"sqlite:///{tmp_path}/none.db"]) == 2
     assert "study: required in a report spec (or give --study)" in capsys.readouterr().err

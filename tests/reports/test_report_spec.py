@@ -29,10 +29,11 @@ def test_parses_with_defaults():
 @pytest.mark.parametrize(
     ("change", "key"),
     [
-        ({"metrics": [{"name": "a"}, {"name": "b"}, {"label": "no name"}]}, "report.metrics[2].name: "),
-        ({"metrics": [{"name": "a", "format": "pct"}]}, "report.metrics[0].format: "),
-        ({"metrics": [{"name": "a", "colour": "red"}]}, "report.metrics[0].colour: unknown key"),
-        ({"metrics": [{"name": "a"}, {"name": "a"}]}, "report.metrics[1]: 'a' is listed twice"),
+        ({"metrics": [{"name": "val/a"}, {"name": "val/b"}, {"label": "no name"}]}, "report.metrics[2].name: "),
+        ({"metrics": [{"name": "val/a", "format": "pct"}]}, "report.metrics[0].format: "),
+        ({"metrics": [{"name": "val/a", "colour": "red"}]}, "report.metrics[0].colour: unknown key"),
+        ({"metrics": [{"name": "val/a"}, {"name": "val/a"}]}, "report.metrics[1]: 'val/a' is listed twice"),
+        ({"metrics": [{"name": "a"}]}, "report.metrics[0].name: metric 'a' is not in ablate's registry"),
         ({"metrics": []}, "report.metrics: "),
         ({"rows": []}, "report.rows: "),
         ({"rows": ["a", "a"]}, "report.rows: duplicate"),
@@ -63,10 +64,10 @@ def test_not_a_mapping():
 
 def test_standalone_yaml(tmp_path):
     path = tmp_path / "REPORT.yaml"
-    path.write_text("study: s1\ntracking_uri: sqlite:///x.db\ntitle: T\nrows: [a]\nmetrics: [{name: m}]\n")
+    path.write_text("study: s1\ntracking_uri: sqlite:///x.db\ntitle: T\nrows: [a]\nmetrics: [{name: val/m}]\n")
     spec = ReportSpec.from_yaml(path)
     assert (spec.study, spec.tracking_uri) == ("s1", "sqlite:///x.db")
-    path.write_text("title: T\nrows: [a]\nmetrics: [{name: m, digits: -1}]\n")
+    path.write_text("title: T\nrows: [a]\nmetrics: [{name: val/m, digits: -1}]\n")
     with pytest.raises(ConfigError, match=r"REPORT\.yaml\.metrics\[0\]\.digits: "):
         ReportSpec.from_yaml(path)
     path.write_text("title: [unclosed\n")

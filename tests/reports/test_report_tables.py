@@ -82,8 +82,8 @@ def test_markdown_and_latex_bold_the_best(runs, spec):
 
 
 def test_latex_escapes_values():
-    spec = ReportSpec.from_mapping({"title": "50% of a_b", "rows": ["x"], "metrics": [{"name": "m"}]})
-    runs = pd.DataFrame({"run_id": ["r"], "state": ["COMPLETE"], "x": ["a_b&c"], "m": [1.0]})
+    spec = ReportSpec.from_mapping({"title": "50% of a_b", "rows": ["x"], "metrics": [{"name": "val/m"}]})
+    runs = pd.DataFrame({"run_id": ["r"], "state": ["COMPLETE"], "x": ["a_b&c"], "val/m": [1.0]})
     tex = to_latex(aggregate(runs, spec))
     assert r"a\_b\&c" in tex and r"\caption{50\% of a\_b}" in tex
 
@@ -106,14 +106,15 @@ def test_unknown_row_param_is_a_config_error(runs):
 
 def test_non_numeric_metric_is_a_config_error(runs):
     spec = ReportSpec.from_mapping(
-        {"title": "T", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}, {"name": "data.corpus"}]}
+        {"title": "T", "rows": ["model.sharing"], "metrics": [{"name": "val/loss"}, {"name": "val/corpus"}]}
     )
-    with pytest.raises(ConfigError, match=r"^report\.metrics\[1\]\.name: 'data\.corpus' is not numeric"):
+    runs = runs.assign(**{"val/corpus": runs["data.corpus"]})  # a column of text under a metric's name
+    with pytest.raises(ConfigError, match=r"^report\.metrics\[1\]\.name: 'val/corpus' is not numeric"):
         aggregate(runs, spec)
 
 
 def test_formats():
-    m = lambda **kw: MetricSpec(name="m", **kw)  # noqa: E731
+    m = lambda **kw: MetricSpec(name="val/m", **kw)  # noqa: E731
     assert format_cell(12.04e6, 0.0, 2, m(format="millions")) == "12.0M"
     assert format_cell(0.612, 0.004, 3, m(format="percent")) == "61.2 ± 0.4"
     assert format_cell(0.612, 0.004, 1, m(format="percent")) == "61.2"
@@ -151,12 +152,12 @@ def test_a_column_of_equal_values_has_no_bold_cell(runs):
             "title": "t",
             "rows": ["model.sharing"],
             "metrics": [
-                {"name": "model.num_ffn_metric", "better": "lower"},
+                {"name": "val/num_ffn", "better": "lower"},
                 {"name": "val/mlm_acc", "better": "higher"},
             ],
         }
     )
-    runs = runs.assign(**{"model.num_ffn_metric": 1.0})
+    runs = runs.assign(**{"val/num_ffn": 1.0})
     md = to_markdown(aggregate(runs, spec))
     body = md.splitlines()[2:]
     assert not any("**" in line.split("|")[2] for line in body)  # all equal: none bold
