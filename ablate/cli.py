@@ -134,6 +134,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     result = train(cfg, RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume))
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
+    _after_bars(cfg.trainer.progress)
     print(f"run {result.run_id} finished: {shown}")
     _print_ui_hint(result.tracking_uri, run_id=result.run_id)
 
@@ -173,6 +174,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
     study = result.study
+    _after_bars(True)  # Optuna's bar, on stderr
     counts = dict(Counter(t.state.name for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
     done = {workers.key(t.params) for t in study.trials if t.state in workers.DONE}
@@ -230,6 +232,15 @@ def cmd_export(args: argparse.Namespace) -> None:
         from ablate.lightning_modules.interop.export import push_to_hub
 
         print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
+
+
+def _after_bars(shown: bool) -> None:
+    """End the line a progress bar may have left the cursor on (its last frame after a ``\\r``, or a
+    cleared line), so that what the command prints next starts a line of its own, in a terminal and
+    in a log file alike."""
+    sys.stderr.flush()
+    if shown:
+        print(flush=True)
 
 
 def _print_ui_hint(uri: str, *, study: str | None = None, run_id: str | None = None) -> None:
@@ -354,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from ablate.process import prepare
+    from ablate.quiet import hide_library_notes
 
     prepare()  # all that ablate changes in its process, once, here
+    hide_library_notes()  # and the library notes it hides: torchao's kernel libraries, Lightning's tips
     try:
         code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:

@@ -1,0 +1,33 @@
+"""The library notes the ``ablate`` command hides (ablate.quiet): gone once its filters are installed,
+and only those; nothing is installed by importing ablate. Each case runs in a fresh interpreter,
+as the command does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HIDE = "from ablate.quiet import hide_library_notes; hide_library_notes(); "
+
+
+def _stderr(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    return out.stderr
+
+
+def test_torchao_kernel_notes_are_hidden_and_its_other_warnings_are_not() -> None:
+    plain = _stderr("import ablate.cli, torchao")  # importing ablate installs nothing
+    hidden = _stderr(HIDE + "import torchao, logging; logging.getLogger('torchao').warning('a real warning')")
+    if "Failed to load" not in plain:
+        pytest.skip("torchao loaded every kernel library here: nothing to hide")
+    assert "_C_" in plain and "Failed to load" not in hidden
+    assert "a real warning" in hidden
+
+
+def test_lightning_cloud_tips_are_hidden() -> None:
+    trainer = "import lightning.pytorch as pl; pl.Trainer(accelerator='cpu', logger=True, enable_progress_bar=False)"
+    assert "💡 Tip: For seamless cloud" in _stderr(trainer)
+    hidden = _stderr(HIDE + trainer)
+    assert "Tip" not in hidden and "GPU available" in hidden  # Lightning's other lines stay
