@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ablate.lightning_modules.config.experiment import ModelConfig
+from ablate.lightning_modules.config.model import MOBILEBERT_EPS
 from ablate.lightning_modules.config.presets import albert_base as albert_base_preset
 from ablate.lightning_modules.config.presets import albert_small, ibbert_large, ibbert_mini, mobilebert_mini
 from ablate.lightning_modules.config.presets import bert_base as bert_base_preset
 from ablate.lightning_modules.config.presets import mobilebert as mobilebert_preset
-from ablate.lightning_modules.interop.maps import MOBILEBERT_EPS
 
 
 @dataclass(frozen=True)

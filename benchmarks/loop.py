@@ -50,8 +50,7 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing
-from ablate.benchmarks.regimes import DEFAULT_CASE, Step, check_case, clock_in, setup
-from ablate.benchmarks.train_speed import Batch, ablate_side, batches
+from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, clock_in, setup
 from ablate.lightning_modules.config.experiment import (
     DataConfig,
     ExperimentConfig,
@@ -59,7 +58,6 @@ from ablate.lightning_modules.config.experiment import (
     TrackingConfig,
     TrainerConfig,
 )
-from ablate.lightning_modules.model.heads import build_pretraining_model
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
@@ -110,26 +108,6 @@ def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: 
         ),
         tracking=TrackingConfig(root=root, experiment="bench-loop"),
     )
-
-
-def isolated_step(
-    case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, count: int
-) -> tuple[Step, list[Batch]]:
-    """The step alone at ``cfg``'s model, precision, compilation and clipping, and ``count``
-    batches from the same pipeline already on ``device``."""
-    init = build_pretraining_model(cfg.model, cfg.objective).state_dict()
-    precision = "bf16" if cfg.trainer.precision.startswith("bf16") else "fp32"
-    side = ablate_side(
-        case,
-        init,
-        precision,
-        cfg.trainer.compile,
-        device,
-        10 * cfg.trainer.max_steps,
-        cfg.trainer.compile_mode,
-        grad_clip=cfg.optim.grad_clip,
-    )
-    return side.step, batches(case, corpus, count, device)
 
 
 @dataclass

@@ -13,7 +13,8 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES
 from ablate.benchmarks.ceiling import peaks
-from ablate.benchmarks.train_speed import batches, build_sides, race, tokens_per_s
+from ablate.benchmarks.sides import build_sides
+from ablate.benchmarks.train_speed import batches, race, tokens_per_s
 
 WARMUP = 3
 TAIL = 20  # the loss reached = mean of the last 20 steps' losses

@@ -33,7 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from ablate.benchmarks.cases import Case
-from ablate.benchmarks.train_speed import Batch, batches
+from ablate.benchmarks.train_speed import Batch, ablate_side, batches
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -317,6 +317,26 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
     return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), step, compare)
 
 
+def isolated_step(
+    case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device, count: int
+) -> tuple[Step, list[Batch]]:
+    """The step alone at ``cfg``'s model, precision, compilation and clipping, and ``count``
+    batches from the same pipeline already on ``device``."""
+    init = build_pretraining_model(cfg.model, cfg.objective).state_dict()
+    precision = "bf16" if cfg.trainer.precision.startswith("bf16") else "fp32"
+    side = ablate_side(
+        case,
+        init,
+        precision,
+        cfg.trainer.compile,
+        device,
+        10 * cfg.trainer.max_steps,
+        cfg.trainer.compile_mode,
+        grad_clip=cfg.optim.grad_clip,
+    )
+    return side.step, batches(case, corpus, count, device)
+
+
 def setup(
     regime: str,
     case: Case,
@@ -331,8 +351,6 @@ def setup(
     ConfigError (``--case``) when the case cannot run the regime."""
     check_case(regime, case)
     if regime == "pretrain":
-        from ablate.benchmarks.loop import isolated_step
-
         loader = f"data.num_workers {cfg.data.workers()}"
         return Setup(cfg, "pre-training", loader, _train(cfg), lambda n: isolated_step(case, cfg, corpus, device, n))
     # compiled (and CUDA graphs on a GPU) is pre-training's setting; the other regimes run eagerly

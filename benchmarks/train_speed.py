@@ -46,7 +46,7 @@ from ablate.lightning_modules.config.experiment import (
 from ablate.lightning_modules.interop.maps import family
 from ablate.lightning_modules.interop.pretrained import to_transformers
 from ablate.lightning_modules.methods.pretrain import PretrainModule
-from ablate.lightning_modules.methods.train_module import adamw, param_groups, use_tensor_cores, warmup_linear_decay
+from ablate.lightning_modules.methods.train_module import adamw, param_groups, warmup_linear_decay
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.profiling import saved_activation_bytes
 
@@ -234,15 +234,12 @@ def tokens_per_s(side: Side, data: list[Batch], warmup: int) -> float:
     return tokens / statistics.median(side.times)
 
 
-def build_sides(case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0) -> list[Side]:
-    """The sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
-    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation;
-    a distillation case's (``case.teacher``) are :func:`benchmarks.distill_speed.build_distill_sides`."""
-    use_tensor_cores(device)
-    if case.teacher is not None:
-        from ablate.benchmarks.distill_speed import build_distill_sides
-
-        return build_distill_sides(case, settings, device, max_steps, seed)
+def build_pretrain_sides(
+    case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0
+) -> list[Side]:
+    """The pre-training sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
+    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation
+    (any case: :func:`ablate.benchmarks.sides.build_sides`)."""
     torch.manual_seed(seed)
     reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
     init = {k: v.clone() for k, v in reference.model.state_dict().items()}

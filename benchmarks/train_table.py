@@ -23,7 +23,8 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case, default_cases
 from ablate.benchmarks.ceiling import Ceiling, Peaks, peaks, step_flops
-from ablate.benchmarks.train_speed import Side, activation_mb, batches, build_sides, race, tokens_per_s
+from ablate.benchmarks.sides import build_sides
+from ablate.benchmarks.train_speed import Side, activation_mb, batches, race, tokens_per_s
 from ablate.lightning_modules.config.experiment import ModelConfig
 
 FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]

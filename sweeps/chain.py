@@ -21,10 +21,10 @@ from mlflow.entities import Param
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
 from ablate.lightning_modules.methods.techniques import stages_of
-from ablate.sweeps.context import ActiveRun, RunContext
+from ablate.sweeps.context import ActiveRun, RunContext, RunResult, tracked_run
 from ablate.sweeps.runner import train
 from ablate.sweeps.spec import FinetuneTask
-from ablate.sweeps.tracking import RunResult, resolve_tracking_uri, tracked_run
+from ablate.sweeps.tracking import resolve_tracking_uri
 from ablate.sweeps.weights import RUNS
 
 STAGE = "ablate.stage"

@@ -1,4 +1,4 @@
-"""What a run is given and what it works in: one frozen value each, not a bundle of keywords.
+"""What a run is given, what it works in, and its life: one frozen value each, not a bundle of keywords.
 
 :class:`RunContext` is fixed by whoever starts a run (``ablate train``, a study trial, a chained
 trial's stages, a model a study trains once): where the run is recorded (store, experiment, parent, name,
@@ -7,11 +7,16 @@ tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume)
 :class:`ActiveRun` is the MLflow run a regime's work writes into once it exists: the one channel
 for metrics logged outside Lightning's loop (inside it, ``LightningModule.log``), each name checked
 against the registry of :mod:`ablate.lightning_modules.config.metric_names`.
+
+:func:`tracked_run` runs a regime's work inside a new MLflow run, which always ends FINISHED,
+FAILED or KILLED.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -21,9 +26,11 @@ from typing import TYPE_CHECKING
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
+from optuna import TrialPruned
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import check_name
+from ablate.sweeps import tracking
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback
@@ -118,3 +125,62 @@ class Prepared:
 Prepare = Callable[[ExperimentConfig, RunContext, str, ExitStack], Prepared]
 """A regime's preparation: its config, context, the resolved store and a stack for what must
 outlive the preparation (temporary folders), closed when the run has ended."""
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced."""
+
+    run_id: str
+    tracking_uri: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def tracked_run(
+    cfg: ExperimentConfig,
+    uri: str,
+    work: Callable[[ActiveRun], dict[str, float]],
+    ctx: RunContext,
+    *,
+    tags: Mapping[str, str],
+    inputs: Mapping[str, float],
+    tokenizer: Path | None,
+    params: Mapping[str, str] | None = None,
+) -> RunResult:
+    """Run ``work`` inside a new MLflow run placed as ``ctx`` says, which logs ``cfg``, ``inputs``
+    (metrics at step 0), ``params`` and ``ctx.params`` and the tokenizer first (``tags`` beside
+    ``ctx.tags``), and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised as
+    KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
+    client = tracking.connect(uri)
+    experiment = ctx.experiment or tracking.experiment_name(cfg.tracking.experiment)
+    # the params and config.yaml name the experiment the run is in, not None
+    cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, experiment=experiment))
+    exp_id = tracking.experiment_id(client, experiment, uri)
+    name = ctx.name or cfg.tracking.run_name or cfg.name
+    run_id = tracking.start_run(client, exp_id, name, {tracking.ROLE: "run", **tags, **ctx.tags}, ctx.parent_run_id)
+    run = ActiveRun(client, run_id, uri)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        tracking.log_run_inputs(client, run_id, cfg, dict(inputs), tokenizer)
+        for key, value in {**(params or {}), **ctx.params}.items():  # measured_on, a study's variant
+            client.log_param(run_id, key, value)
+        metrics = work(run)
+    except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
+        tracking.end_killed(client, run_id, tracking.INTERRUPTED)
+        raise KeyboardInterrupt from exc
+    except KeyboardInterrupt:
+        tracking.end_killed(client, run_id, tracking.INTERRUPTED)
+        raise
+    except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
+        tracking.end_run(client, run_id, "FINISHED")
+        raise
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # why, on the run itself, unless a stage said it already
+            if tracking.FAIL_REASON not in client.get_run(run_id).data.tags:
+                client.set_tag(run_id, tracking.FAIL_REASON, tracking.fail_reason(exc))
+        tracking.end_run(client, run_id, "FAILED")
+        raise
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
+    tracking.end_run(client, run_id, "FINISHED")
+    return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

@@ -26,7 +26,7 @@ from ablate.lightning_modules.model.accounting import MEASURED_ON, metric_counts
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.profiling import placed, training_device
 from ablate.sweeps import checkpoints, tracking
-from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext
+from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
 from ablate.sweeps.finetune_run import prepare_finetune
 from ablate.sweeps.prune_run import prune_train
 from ablate.sweeps.quant_run import quant_train, quantize_and_log
@@ -228,7 +228,7 @@ def _fit_run(
     return metrics
 
 
-def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> tracking.RunResult:  # noqa: B008 - frozen
+def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  # noqa: B008 - frozen
     """Train ``cfg`` as one MLflow run placed as ``ctx`` says, as its ``regime`` says (the
     :data:`REGIMES` table: pre-training, distillation, pruning, quantization or fine-tuning);
     return its final metrics.
@@ -248,7 +248,7 @@ def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> tracking.Run
     with ExitStack() as stack, matmul_precision(precision):
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         ready = REGIMES[cfg.regime](cfg, ctx, uri, stack)
-        return tracking.tracked_run(
+        return tracked_run(
             ready.cfg,
             uri,
             ready.work,

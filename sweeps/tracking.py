@@ -7,16 +7,12 @@ server (``http://host:port``) or any MLflow URI via ``--tracking-uri`` or
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
-import signal
 import socket
 import sqlite3
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +20,10 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
-from optuna import TrialPruned
 
 from ablate.datamodules.provenance import data_tags
 from ablate.lightning_modules.config.errors import AblateError, StorageError, require_driver
 from ablate.lightning_modules.config.experiment import ExperimentConfig, run_params, to_yaml
-from ablate.sweeps.context import ActiveRun, RunContext
 
 ROLE, STUDY, TRIAL, STATE = "ablate.role", "ablate.study", "ablate.trial", "ablate.state"
 SOURCE = "ablate.source_run"  # on a pruning run: the pruned model's run id or folder
@@ -302,62 +296,3 @@ def fail_reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = "; ".join(lines) if isinstance(exc, AblateError) else f"{type(exc).__name__}: {lines[0] if lines else ''}"
     return text[:MAX_TAG_VAL_LENGTH]
-
-
-@dataclass
-class RunResult:
-    """What a finished run produced."""
-
-    run_id: str
-    tracking_uri: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def tracked_run(
-    cfg: ExperimentConfig,
-    uri: str,
-    work: Callable[[ActiveRun], dict[str, float]],
-    ctx: RunContext,
-    *,
-    tags: Mapping[str, str],
-    inputs: Mapping[str, float],
-    tokenizer: Path | None,
-    params: Mapping[str, str] | None = None,
-) -> RunResult:
-    """Run ``work`` inside a new MLflow run placed as ``ctx`` says, which logs ``cfg``, ``inputs``
-    (metrics at step 0), ``params`` and ``ctx.params`` and the tokenizer first (``tags`` beside
-    ``ctx.tags``), and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised as
-    KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
-    client = connect(uri)
-    experiment = ctx.experiment or experiment_name(cfg.tracking.experiment)
-    # the params and config.yaml name the experiment the run is in, not None
-    cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, experiment=experiment))
-    exp_id = experiment_id(client, experiment, uri)
-    name = ctx.name or cfg.tracking.run_name or cfg.name
-    run_id = start_run(client, exp_id, name, {ROLE: "run", **tags, **ctx.tags}, ctx.parent_run_id)
-    run = ActiveRun(client, run_id, uri)
-    sigint = signal.getsignal(signal.SIGINT)
-    try:
-        log_run_inputs(client, run_id, cfg, dict(inputs), tokenizer)
-        for key, value in {**(params or {}), **ctx.params}.items():  # measured_on, a study's variant
-            client.log_param(run_id, key, value)
-        metrics = work(run)
-    except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
-        end_killed(client, run_id, INTERRUPTED)
-        raise KeyboardInterrupt from exc
-    except KeyboardInterrupt:
-        end_killed(client, run_id, INTERRUPTED)
-        raise
-    except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
-        end_run(client, run_id, "FINISHED")
-        raise
-    except BaseException as exc:
-        with contextlib.suppress(Exception):  # why, on the run itself, unless a stage said it already
-            if FAIL_REASON not in client.get_run(run_id).data.tags:
-                client.set_tag(run_id, FAIL_REASON, fail_reason(exc))
-        end_run(client, run_id, "FAILED")
-        raise
-    finally:
-        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
-    end_run(client, run_id, "FINISHED")
-    return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

@@ -18,7 +18,8 @@ import torch
 from mlflow import MlflowClient
 
 from ablate.benchmarks.cases import bert_small
-from ablate.benchmarks.train_speed import batches, build_sides, race
+from ablate.benchmarks.sides import build_sides
+from ablate.benchmarks.train_speed import batches, race
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.profiling import measure, training_device

@@ -23,6 +23,10 @@ Norm = Literal["layer_norm", "no_norm"]
 Activation = Literal["gelu", "relu"]
 
 
+MOBILEBERT_EPS = 1e-5
+"""The LayerNorm epsilon Hugging Face's MobileBERT hard-codes (its config's ``layer_norm_eps`` is ignored)."""
+
+
 @dataclass(frozen=True, config=STRICT)
 class LayerSpec:
     """One layer's dimensions (schuBERT): heads a_i, per-head query/key width k_i, per-head

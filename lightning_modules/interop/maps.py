@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
+from ablate.lightning_modules.config.model import MOBILEBERT_EPS
 from ablate.lightning_modules.model import names
 
 # (HF parameter name, our parameter name, rows (start, stop) of ours or None for all of it)
@@ -48,7 +49,6 @@ _SENTENCE = {
 }
 HEAD = "head"  # Classifier.head: pooler + classifier
 # HF MobileBERT builds its embedding LayerNorm and each block's last FFN LayerNorm without eps (torch's 1e-5)
-MOBILEBERT_EPS = 1e-5
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from ablate.benchmarks.cases import CASES, Case, default_cases
 from ablate.benchmarks.ceiling import Peaks, step_flops
-from ablate.benchmarks.train_speed import activation_mb, batches, build_sides, race, tokens_per_s
+from ablate.benchmarks.sides import build_sides
+from ablate.benchmarks.train_speed import activation_mb, batches, race, tokens_per_s
 from ablate.benchmarks.train_table import BF16, FP32, _block, settings_for
 
 
