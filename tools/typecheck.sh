@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Type-check ablate.lightning_modules with mypy as [tool.mypy] in pyproject.toml says (strict on the
+# Type-check every ablate package with mypy as [tool.mypy] in pyproject.toml says (strict on the
 # config and the model). Extra arguments go to mypy. Run from anywhere; PY picks the interpreter
 # (default .venv/bin/python, relative to the repository).
 #
