@@ -120,6 +120,11 @@ class Peaks:
     fast: tuple[str, ...]
     left_out: tuple[str, ...]
 
+    def best(self, other: Peaks) -> Peaks:
+        """The higher of two measurements per precision (a busy machine only ever slows a matmul down)."""
+        flops = {p: max(self.flops[p], other.flops.get(p, 0.0)) for p in self.flops}
+        return Peaks(flops, self.fast, self.left_out)
+
     def note(self) -> str:
         """One line for the output: the peaks, and what is left out and why."""
         rates = ", ".join(f"{p} {self.flops[p] / 1e9:,.0f} GFLOP/s" for p in self.fast)

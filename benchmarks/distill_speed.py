@@ -26,7 +26,13 @@ import torch
 
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, Side, _autocast, _optim
-from ablate.lightning_modules.config.experiment import DistillConfig, ExperimentConfig, ObjectiveConfig, TrainerConfig
+from ablate.lightning_modules.config.experiment import (
+    DataConfig,
+    DistillConfig,
+    ExperimentConfig,
+    ObjectiveConfig,
+    TrainerConfig,
+)
 from ablate.lightning_modules.interop.pretrained import to_transformers
 from ablate.lightning_modules.methods.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
@@ -41,6 +47,7 @@ def distill_cfg(case: Case, max_steps: int, compile: bool = False, mode: str = "
     return ExperimentConfig(
         model=case.model,
         objective=ObjectiveConfig(sentence=case.sentence, mask_prob=case.mask_prob),
+        data=DataConfig(max_length=case.seq_len, batch_size=case.batch),
         optim=_optim(),
         trainer=TrainerConfig(max_steps=max_steps, compile=compile, compile_mode=mode),
         distill=DistillConfig(teacher=BENCH_TEACHER, strategy="auxiliary", fmt_weight=1.0, at_weight=1.0),
