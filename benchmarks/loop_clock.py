@@ -23,10 +23,11 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class Timing:
-    """Timed blocks of steps (seconds, steps) and the real tokens they trained on."""
+    """Timed blocks of steps (seconds, steps) and the real tokens they trained on, in all and per block."""
 
     blocks: list[tuple[float, int]] = field(default_factory=list)
     tokens: float = 0.0
+    block_tokens: list[float] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -45,6 +46,23 @@ class Timing:
     def tokens_per_s(self) -> float:
         """Real tokens per step over the median step time."""
         return self.tokens / self.steps / self.median_step_s
+
+    @property
+    def mean_tokens_per_s(self) -> float:
+        """Real tokens over the time of all blocks."""
+        return self.tokens / self.seconds
+
+    def block_rates(self) -> list[float]:
+        """Each block's real tokens per second."""
+        return [t / s for t, (s, _) in zip(self.block_tokens, self.blocks, strict=True)]
+
+
+def turn_ratios(loop: Timing, alone: Timing) -> list[float]:
+    """Turn by turn, the loop's tokens/s over the step alone's (the two blocks of a turn run one
+    after the other, on the same batches); empty unless they ran in turns."""
+    if len(loop.blocks) != len(alone.blocks) or len(loop.block_tokens) != len(loop.blocks):
+        return []
+    return [a / b for a, b in zip(loop.block_rates(), alone.block_rates(), strict=True)]
 
 
 @dataclass
@@ -75,14 +93,16 @@ class Alone:
         if n <= 0:
             return
         _sync(self.device)
-        start = time.perf_counter()
+        start, tokens = time.perf_counter(), 0.0
         for _ in range(n):
             i = self._next % len(self.data)
             loss = self.step(self.data[i])
-            self.timing.tokens += self.tokens_per_batch[i]
+            tokens += self.tokens_per_batch[i]
             self._next += 1
         float(loss)  # reading the loss waits for the last step
         self.timing.blocks.append((time.perf_counter() - start, n))
+        self.timing.tokens += tokens
+        self.timing.block_tokens.append(tokens)
 
 
 class StepClock(pl.Callback):
@@ -105,6 +125,7 @@ class StepClock(pl.Callback):
         self.timing = Timing()  # the loop's steady state
         self.in_run_alone_s = 0.0  # the step alone's blocks, inside the run
         self._tokens: torch.Tensor | None = None
+        self._counted = 0.0  # real tokens of the blocks timed so far
         self._block_start = 0.0
         self._previous = warmup
         self._val_start = 0.0
@@ -127,6 +148,9 @@ class StepClock(pl.Callback):
         self.ends.append(now)
         if step > self.warmup:
             self.timing.blocks.append((now - self._block_start, step - self._previous))
+            counted = float(self._tokens) if self._tokens is not None else 0.0  # read after the sync above
+            self.timing.block_tokens.append(counted - self._counted)
+            self._counted = counted
         self._previous = step
         if step < self.last and self.alone is not None:
             following = self.boundaries[self.boundaries.index(step) + 1] - step
