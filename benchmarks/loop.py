@@ -28,8 +28,8 @@ timed steps start at the batch of the loop's first timed step). The last line pr
 ``loop efficiency: X.XX``, the loop's tokens/s over the step alone's: in turns (a CPU), the
 median over the turns of the two steps' ratio, each turn's two halves one after the other on
 the same batch, so that the neighbours' load, which moves from second to second, is the same
-for both (the ratio of the two sides' median step times, which the table shows, moved by 0.15
-between runs on a busy 2-core machine, the turn-by-turn median by a few hundredths); after the
+for both (the ratio of the two sides' median step times, which the table shows and the bench
+printed before, compares two samples taken at different moments of a busy machine); after the
 run (a GPU), the ratio of the two blocks' rates. The wall time of the run is split into start-up (data and
 tokenizer; the parameter, latency and memory measurement; the MLflow run and the Trainer; the
 loader's start and the first step), training, validation and teardown (after validation:
