@@ -15,9 +15,9 @@
 The teacher and the models to prune and to fine-tune are written at their initialisation (the
 speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
 as ``ablate export`` writes them, and named by that folder. The step alone is the module the run
-builds (the same code: :func:`ablate.sweeps.runner.build_module`, ``PruneModule``,
-``FinetuneModule``) trained by :func:`module_step` on the same batches; the run's own
-``Trainer`` gets the clock (:func:`clock_in`).
+builds (the same code: :func:`~lightning_modules.methods.pretrain.distill_module`,
+``PruneModule``, ``FinetuneModule``) trained by :func:`module_step` on the same batches; the
+run's own ``Trainer`` gets the clock (:func:`clock_in`).
 """
 
 from __future__ import annotations
