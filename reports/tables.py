@@ -28,15 +28,16 @@ SPREAD_NOTE = (
 )
 #: A metric ``m`` whose runs also logged ``m_reference`` (the time of a fixed reference workload run
 #: beside its repeats; ``ablate.lightning_modules.model.reference_load``) gets :data:`REFERENCE_MARK` on
-#: every cell where some run's reference took over :data:`REFERENCE_LIMIT` times the median
-#: reference of the table's runs measured on the same device (param :data:`MEASURED_ON`).
+#: every cell where some run's reference took over :data:`REFERENCE_LIMIT` times the fastest
+#: reference of the table's runs measured on the same device (param :data:`MEASURED_ON`): the
+#: least disturbed one, the machine's baseline as the study saw it (load only ever adds time).
 REFERENCE_SUFFIX = "_reference"
 REFERENCE_LIMIT = 1.5
 REFERENCE_MARK = "‡"
 MEASURED_ON = "measure.device"  # ablate.lightning_modules.model.accounting.MEASURED_ON
 REFERENCE_NOTE = (
-    f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than its "
-    "median over the table's runs: the machine was busy; rerun with --remeasure on a quiet machine"
+    f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than beside "
+    "the table's quietest run: the machine was busy; rerun with --remeasure on a quiet machine"
 )
 
 
@@ -81,7 +82,7 @@ class Table:
             with ``over`` takes), and
             ``<metric>.spread`` (the largest ``<metric>_spread`` of the row's runs) for
             every spec metric whose runs logged one, and ``<metric>.reference`` (the largest
-            ratio of a run's ``<metric>_reference`` to the median of the included runs' on
+            ratio of a run's ``<metric>_reference`` to the fastest of the included runs' on
             the same device) for every spec metric whose runs logged one. Naturally sorted.
         run_ids: Ids of the included runs that the table averages.
         missing: Empty cells and rows, in table order.
@@ -238,10 +239,10 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = 
 
 
 def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:
-    """Each run's reference time over the median of the runs' measured on the same device."""
+    """Each run's reference time over the fastest of the runs' measured on the same device."""
     values = pd.to_numeric(used[column], errors="coerce")
     device = used[MEASURED_ON].fillna("").astype(str) if MEASURED_ON in used.columns else pd.Series("", used.index)
-    return values / values.groupby(device).transform("median")
+    return values / values.groupby(device).transform("min")
 
 
 def _never_started(key: tuple[Any, ...], states: Mapping[str, int], expected: Expected) -> str | None:
@@ -287,7 +288,7 @@ def too_spread(row: pd.Series, metric: MetricSpec) -> bool:
 
 def too_slow(row: pd.Series, metric: MetricSpec) -> bool:
     """Whether a row's cell for ``metric`` comes from a run whose reference workload ran over
-    :data:`REFERENCE_LIMIT` times slower than the median of the table's runs (a run without a
+    :data:`REFERENCE_LIMIT` times slower than the fastest of the table's runs (a run without a
     ``<metric>_reference`` never counts)."""
     ratio = row.get(f"{metric.name}.reference")
     return ratio is not None and not math.isnan(ratio) and ratio > REFERENCE_LIMIT and int(row[f"{metric.name}.n"]) > 0

@@ -7,12 +7,13 @@ else's job gets repeats that agree with each other, all of them slow (a 2-core m
 timed repeat of the model, on the same device and threads, and keeps its times. The workload never
 changes: a small fixed encoder-like stack (matrix products, GELU, residual adds and LayerNorms on the
 same inputs every time, float32, no autocast), many short parallel operations like a model's
-forward, so that it slows down as a forward does when other work takes the cores (a few large
-matrix products slowed ten times less than the forwards beside them). On one machine its time only
+forward, so that it slows down as a forward does when other work takes the cores (on a loaded
+2-core machine the fastest of four 256 x 256 products stayed at 1.9 ms beside a forward twelve
+times slower than idle). On one machine its time only
 changes with what else runs there: a run logs the median of its runs as
 ``latency_ms_b32_reference`` beside ``latency_ms_b32`` (the median: a short workload can slip
 into a quiet moment, and its fastest run would not show the load the forwards met), and a report
-marks a latency whose reference ran much slower than the study's other runs'
+marks a latency whose reference ran much slower than beside the table's quietest run
 (``ablate.reports.tables.REFERENCE_LIMIT``).
 """
 
@@ -26,8 +27,8 @@ from torch.nn import functional as F
 #: ``latency_ms_b32_reference``: ms of the reference workload, the median of its runs beside
 #: ``latency_ms_b32``'s repeats.
 REFERENCE_SUFFIX = "_reference"
-#: (tokens, width, layers) of the stack: on a CPU about 0.4 GFLOP, a few ms on two idle cores; on a
-#: GPU about 50 GFLOP, about a millisecond.
+#: (tokens, width, layers) of the stack: on a CPU about 0.4 GFLOP (a ninth of a quickstart forward at
+#: batch 32); on a GPU about 50 GFLOP.
 CPU_SHAPE, GPU_SHAPE = (256, 128, 12), (2048, 512, 12)
 
 Workload = Callable[[], object]

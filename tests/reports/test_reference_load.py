@@ -33,7 +33,7 @@ from ablate.sweeps.tracking import log_run_inputs
 
 STUDY = "reference-check"
 SLOW_LAYERS = 3  # the run measured beside a slow reference
-STEADY_S, DELAY_S = 0.005, 0.05  # how long the injected references take: a quiet machine's, a busy one's
+STEADY_S, DELAY_S = 0.02, 0.2  # how long the injected references take: a quiet machine's, a busy one's
 
 
 def tiny_cfg(num_layers: int) -> ExperimentConfig:
