@@ -49,10 +49,10 @@ def load_named(target: str, base_dir: Path | None = None) -> ReportSpec:
         if not path.is_file():
             raise ConfigError(f"{target}: no such report spec file")
         return ReportSpec.from_yaml(path)
-    path = shipped(target)
-    if path is None:
+    found = shipped(target)
+    if found is None:
         raise ConfigError(f"{target}: not a shipped report (one of {', '.join(names())}) nor a .yaml file")
-    return ReportSpec.from_yaml(path)
+    return ReportSpec.from_yaml(found)
 
 
 def resolve(value: str | Mapping[str, Any], where: str = "report", base_dir: Path | None = None) -> ReportSpec:

@@ -182,9 +182,9 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = 
         if r not in runs.columns:
             raise ConfigError(f"report.rows[{i}]: {r!r} is not a param of any run in this study")
     runs = runs.reindex(columns=[*runs.columns, *(m for m in metrics if m not in runs.columns)])
-    for key, name in _metric_keys(spec):
+    for field, name in _metric_keys(spec):
         if not pd.api.types.is_numeric_dtype(runs[name]):
-            raise ConfigError(f"report.{key}: {name!r} is not numeric in this study's runs")
+            raise ConfigError(f"report.{field}: {name!r} is not numeric in this study's runs")
     runs = runs.assign(**{_KEY: [clean_key(t) for t in runs[list(spec.rows)].itertuples(index=False)]})
     if expected is not None and not set(runs[_KEY]) <= set(expected.trials):
         expected = None
@@ -388,8 +388,8 @@ def to_latex(table: Table) -> str:
     colfmt = "".join("r" if num else "l" for num in _numeric_columns(table))
     caption = latex_escape(table.spec.title)
     if notes := footnotes(table):  # "Title. Latency re-measured on .... $^\dagger$ spread over 10 \% ..."
-        text = " ".join(f"{n.rstrip('.')}." for n in notes)
-        caption = f"{caption.rstrip('.')}. " + _latex_marks(latex_escape(text).replace("--", "-{}-"))
+        joined = " ".join(f"{n.rstrip('.')}." for n in notes)
+        caption = f"{caption.rstrip('.')}. " + _latex_marks(latex_escape(joined).replace("--", "-{}-"))
     return styler.to_latex(hrules=True, column_format=colfmt, caption=caption, position_float="centering")
 
 
