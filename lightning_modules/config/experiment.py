@@ -34,6 +34,7 @@ from ablate.lightning_modules.config.run import OptimConfig, TrackingConfig, Tra
 from ablate.lightning_modules.config.yamlio import dump_yaml
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
+Sentence = Literal["sop", "nsp", "none"]  # objective.sentence
 # a regime other than pre-training starts from a trained model, named by this field
 REGIME_SOURCE: dict[str, str] = {
     "distill": "distill.teacher",
@@ -76,7 +77,7 @@ class ObjectiveConfig:
         sentence_weight: weight of the sentence loss next to the MLM loss.
     """
 
-    sentence: Literal["sop", "nsp", "none"] = "sop"
+    sentence: Sentence = "sop"
     masking: Literal["token", "whole_word", "ngram"] = "token"
     mask_prob: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.15
     max_ngram: PosInt = 3

@@ -11,6 +11,8 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config.errors import STRICT
 from ablate.lightning_modules.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]  # trainer.compile_mode
+
 
 @dataclass(frozen=True, config=STRICT)
 class OptimConfig:
@@ -76,7 +78,7 @@ class TrainerConfig:
     devices: PosInt = 1
     strategy: Literal["auto", "ddp", "ddp_fork", "ddp_spawn"] = "auto"
     compile: bool = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    compile_mode: CompileMode = "default"
     log_every: PosInt = 10
     progress: bool = True
     measure: bool = True
