@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ablate.lightning_modules.config.experiment import ModelConfig
+from ablate.lightning_modules.config.experiment import ModelConfig, Sentence
 from ablate.lightning_modules.config.model import MOBILEBERT_EPS
 from ablate.lightning_modules.config.presets import albert_base as albert_base_preset
 from ablate.lightning_modules.config.presets import albert_small, ibbert_large, ibbert_mini, mobilebert_mini
@@ -39,7 +39,7 @@ class Case:
 
     name: str
     model: ModelConfig
-    sentence: str
+    sentence: Sentence
     seq_len: int = 128
     batch: int = 16
     mask_prob: float = 0.15

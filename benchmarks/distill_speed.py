@@ -26,13 +26,9 @@ import torch
 
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, Side, _autocast, _optim
-from ablate.lightning_modules.config.experiment import (
-    DataConfig,
-    DistillConfig,
-    ExperimentConfig,
-    ObjectiveConfig,
-    TrainerConfig,
-)
+from ablate.lightning_modules.config.distill import DistillConfig
+from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.run import CompileMode, TrainerConfig
 from ablate.lightning_modules.interop.pretrained import to_transformers
 from ablate.lightning_modules.methods.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
@@ -42,7 +38,7 @@ from ablate.lightning_modules.model.heads import IGNORE, build_pretraining_model
 BENCH_TEACHER = "benchmark"  # distill.teacher: a name only (the bench builds the teacher itself)
 
 
-def distill_cfg(case: Case, max_steps: int, compile: bool = False, mode: str = "default") -> ExperimentConfig:
+def distill_cfg(case: Case, max_steps: int, compile: bool = False, mode: CompileMode = "default") -> ExperimentConfig:
     """The distillation config of ``case``: MobileBERT's auxiliary strategy, every term weighted 1."""
     return ExperimentConfig(
         model=case.model,
@@ -112,8 +108,8 @@ def ablate_distill_side(
 def _eager(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with eager attention everywhere (the only transformers attention that returns probabilities)."""
     for module in model.modules():
-        if hasattr(module, "config"):
-            module.config._attn_implementation = "eager"
+        if (config := getattr(module, "config", None)) is not None:  # transformers keeps it on models and layers
+            config._attn_implementation = "eager"
     return model
 
 

@@ -57,13 +57,8 @@ from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_ratios
 from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, clock_in, setup
-from ablate.lightning_modules.config.experiment import (
-    DataConfig,
-    ExperimentConfig,
-    ObjectiveConfig,
-    TrackingConfig,
-    TrainerConfig,
-)
+from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.run import TrackingConfig, TrainerConfig
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting

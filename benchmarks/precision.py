@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 
 import torch
 from rich.progress import Progress
@@ -37,7 +38,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         data = batches(case, args.corpus, steps, device)
         sides = build_sides(case, settings, device, max_steps=steps)
         progress.update(task, description=f"{name}: {steps} steps x {len(sides)}", total=len(data), completed=0)
-        race(sides, data, WARMUP, lambda task=task: progress.advance(task))
+        race(sides, data, WARMUP, partial(progress.advance, task))
         progress.remove_task(task)
         fp32 = next(s for s in sides if s.name == "ablate fp32")
         reached = {s.name: statistics.mean(s.losses[-TAIL:]) for s in sides}

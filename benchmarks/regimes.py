@@ -34,8 +34,9 @@ import torch
 
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
+from ablate.lightning_modules.config.distill import DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import DataConfig, DistillConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.prune import PruneConfig
 from ablate.lightning_modules.methods.train_module import TrainModule

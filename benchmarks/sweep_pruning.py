@@ -105,7 +105,7 @@ def replay(complete: optuna.Study, pruner: optuna.pruners.BasePruner, order: lis
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 300
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    arms = {
+    arms: dict[str, dict[str, Any]] = {
         "no pruning": {"type": "none"},
         "percentile pruner": {
             "type": "percentile",
@@ -174,7 +174,7 @@ def _robustness(plain: optuna.Study, pruner: dict[str, Any], steps: int, orders:
             f"| {start} | {statistics.median(saved):.0%} ({saved[0]:.0%}-{saved[-1]:.0%}) | "
             f"{sum(r[1] for r in runs)}/{orders} | {statistics.median(gaps):.4f} ({gaps[-1]:.4f}) |"
         )
-    best, second = sorted(t.value for t in complete)[:2]
+    best, second = sorted(t.value for t in complete if t.value is not None)[:2]  # a COMPLETE trial has one
     return lines + [
         "",
         f"The unpruned study's two best configurations end {abs(second - best):.4f} apart: a pruner "

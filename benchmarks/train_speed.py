@@ -36,13 +36,8 @@ import torch
 from ablate.benchmarks.cases import Case
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import load_or_train_tokenizer
-from ablate.lightning_modules.config.experiment import (
-    DataConfig,
-    ExperimentConfig,
-    ObjectiveConfig,
-    OptimConfig,
-    TrainerConfig,
-)
+from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.run import CompileMode, OptimConfig, TrainerConfig
 from ablate.lightning_modules.interop.maps import family
 from ablate.lightning_modules.interop.pretrained import to_transformers
 from ablate.lightning_modules.methods.pretrain import PretrainModule
@@ -100,7 +95,7 @@ def ablate_side(
     compile: bool,
     device: torch.device,
     max_steps: int,
-    mode: str = "default",
+    mode: CompileMode = "default",
     grad_clip: float = 0.0,
 ) -> Side:
     """ablate's PretrainModule at ``case``, from the weights ``init`` (compiled in ``mode``); with
@@ -249,7 +244,7 @@ def build_pretrain_sides(
         for setting in settings:
             parts = setting.split(":")
             if parts[0] == "ablate":
-                mode = "reduce-overhead" if "cudagraphs" in parts[2:] else "default"
+                mode: CompileMode = "reduce-overhead" if "cudagraphs" in parts[2:] else "default"
                 sides.append(ablate_side(case, init, parts[1], "compile" in parts[2:], device, max_steps, mode))
             else:
                 sides.append(hf_side(case, reference, parts[1], parts[2], device, max_steps))

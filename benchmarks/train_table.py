@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 
 import torch
 from rich.progress import Progress
@@ -69,7 +70,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         progress.update(task, description=f"{name}: building {len(settings)} sides")
         sides = build_sides(case, settings, device, max_steps=WARMUP + steps)
         progress.update(task, description=f"{name}: {len(sides)} sides, one step each in turn", total=len(data))
-        race(sides, data, WARMUP, lambda task=task: progress.advance(task))
+        race(sides, data, WARMUP, partial(progress.advance, task))
         progress.update(task, description=f"{name}: FLOPs, activation memory, the matmul peaks again")
         peak = peak.best(peaks(device))  # another chance at a quiet moment on a shared machine
         speed = {s.name: tokens_per_s(s, data, WARMUP) for s in sides}
