@@ -26,8 +26,9 @@ from torch import nn
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
 from ablate.lightning_modules.config.load import load_config
+from ablate.lightning_modules.interop.classifier import WEIGHTS
 from ablate.lightning_modules.interop.export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
-from ablate.lightning_modules.interop.pretrained import WEIGHTS, export, load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.interop.pretrained import export, load_classifier, load_pretrained, state_dict
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import PretrainingModel

@@ -148,7 +148,7 @@ def hf_config(cfg: ModelConfig, name: str, **extra: Any) -> Any:
 
 
 def _activation(act: Any) -> str:
-    if act in ("gelu", "relu"):
+    if isinstance(act, str) and act in ("gelu", "relu"):
         return act
     if act in _TANH_GELU:
         warnings.warn(

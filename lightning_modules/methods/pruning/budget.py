@@ -247,7 +247,7 @@ def _layer_norms(encoder: Encoder, i: int) -> tuple[torch.Tensor, dict[str, torc
     residual, attn = _attention(encoder, i)
     A, k, v = attn.num_heads, attn.qk_dim, attn.v_dim
     rows = torch.cat([attn.qkv.weight, attn.qkv.bias[:, None]], 1).detach()  # (A(2k+v), H+1), head-major blocks
-    q, key, val = rows.split([A * k, A * k, A * v])
+    q, key, val = torch.split(rows, [A * k, A * k, A * v])  # Tensor.split is untyped
     qk = torch.stack([q.reshape(A, k, -1), key.reshape(A, k, -1)])  # (2, A, k, H+1)
     val = val.reshape(A, v, -1)  # (A, v, H+1)
     out = attn.out.weight.detach().reshape(-1, A, v)  # (H, A, v)
