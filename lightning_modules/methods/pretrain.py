@@ -64,7 +64,7 @@ class PretrainModule(TrainModule):
         super().__init__(cfg, model, link, stages, pretrain_weights(cfg), plan)
         if link is not None:
             link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
-        if cfg.trainer.compile:  # the whole forward and loss: one graph (tests/lightning_modules/test_compile.py)
+        if cfg.trainer.compile:  # forward and loss: one graph (tests/lightning_modules/methods/test_compile.py)
             self.model.compile(mode=cfg.trainer.compile_mode)
         V = cfg.model.vocab_size
         self.val_loss = MeanMetric()

@@ -5,7 +5,7 @@ They follow the attributes of :class:`~ablate.lightning_modules.model.heads.Pret
 (``encoder``, ``mlm_head``, ``sentence_head``) and of
 :class:`~ablate.lightning_modules.model.encoder.Encoder` (``embeddings``, ``attentions``,
 ``ffn_stacks``, ``bottlenecks``, indexed by the *unique* module, as :func:`layer_plan` lays them
-out); ``tests/lightning_modules/test_names.py`` checks every family's model against them.
+out); ``tests/lightning_modules/model/test_names.py`` checks every family's model against them.
 
 Each function takes an optional ``part`` (``"inner.qkv"``, ``"norm.weight"``) appended to the name::
 

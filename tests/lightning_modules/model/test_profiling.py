@@ -27,7 +27,7 @@ from ablate.lightning_modules.model.profiling import (
     training_device,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 V = 8192  # albert-tiny's vocabulary
 
 
