@@ -14,7 +14,7 @@ interop path), train on the same batches with the same AdamW and schedule, and a
 - transformers: the teacher's and the student's ``*ForPreTraining`` with ``output_hidden_states``
   and ``output_attentions`` (eager attention: transformers' SDPA returns no attention
   probabilities, which AT needs), the student's own MLM + NSP loss, and the same KD, FMT and AT
-  terms (:mod:`lightning_modules.losses`, on the probabilities' logarithms) on its outputs;
+  terms (:mod:`lightning_modules.methods.losses`, on the probabilities' logarithms) on its outputs;
   backward, fused ``torch.optim.AdamW``.
 
 The code is device-agnostic (CPU and CUDA, fp32 and bf16 autocast, ablate optionally compiled).

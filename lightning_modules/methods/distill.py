@@ -9,7 +9,7 @@ The intermediate terms (each weighted by ``distill.*_weight``, 0 = off):
   one per layer; ``distill.projection: shared``: one for every layer, Zhao et al.'s shared projection);
 - ``at``, attention transfer: KL between per-head attention distributions (MobileBERT) or MSE
   between the raw scores (TinyBERT), teacher heads grouped or shared by
-  :func:`~lightning_modules.losses.head_map`;
+  :func:`~lightning_modules.methods.losses.head_map`;
 - ``embed``: MSE between the embedding outputs;
 - ``cos``: DistilBERT's 1 - cos between the last student layer's hidden states and its teacher layer's.
 
