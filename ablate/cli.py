@@ -96,7 +96,8 @@ def _measure(cfg):
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
     if cfg.quant.enabled:  # a quantized model runs on the CPU and does not train: its latency only
         from ablate.lightning_modules.methods.quantization.apply import quantize
-        from ablate.lightning_modules.model.profiling import Measured, describe_device, measure_latencies
+        from ablate.lightning_modules.model.measuring import describe_device
+        from ablate.lightning_modules.model.profiling import Measured, measure_latencies
 
         cpu = torch.device("cpu")
         lat = measure_latencies(quantize(model, cfg.quant), cfg.model.vocab_size, cfg.data.max_length, cpu)

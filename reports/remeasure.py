@@ -59,7 +59,7 @@ class Remeasured:
     Attributes:
         frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, the six
             :data:`REMEASURED_METRICS`, and ``logged/<metric>`` (what the run logged, NaN if none).
-        machine: Which machine measured (:func:`~ablate.lightning_modules.model.profiling.describe_machine`
+        machine: Which machine measured (:func:`~ablate.lightning_modules.model.measuring.describe_machine`
             of each device used, joined by ``; ``).
         when: When the pass began, UTC, e.g. ``2025-06-01 14:02 UTC``.
         host: The host name (``platform.node()``), recorded in ``remeasured.csv`` only.
@@ -191,7 +191,7 @@ def remeasure_runs(
     import torch
 
     from ablate.lightning_modules.methods.quantization.apply import quantized_like
-    from ablate.lightning_modules.model import profiling
+    from ablate.lightning_modules.model import measuring, profiling
     from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
     from ablate.lightning_modules.model.reference_load import reference_workload
 
@@ -213,7 +213,7 @@ def remeasure_runs(
                 missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
                 continue
             # a quantized model runs on the CPU, in float32 around its int8 kernels, as its run measured it
-            device = torch.device("cpu") if cfg.quant.enabled else profiling.training_device(cfg.trainer.accelerator)
+            device = torch.device("cpu") if cfg.quant.enabled else measuring.training_device(cfg.trainer.accelerator)
             key = (repr(cfg.model), repr(cfg.quant), str(cfg.data.max_length), cfg.trainer.precision, str(device))
             models.setdefault(key, _Model(cfg, device, [])).runs.append(run)
     bar = Progress(
@@ -259,8 +259,8 @@ def remeasure_runs(
     machines: dict[str, str] = {}
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
     for m in models.values():
-        described = profiling.describe_device(m.device)
-        machines.setdefault(described, profiling.describe_machine(m.device))
+        described = measuring.describe_device(m.device)
+        machines.setdefault(described, measuring.describe_machine(m.device))
         timed = {b: profiling.Latency(tuple(t), tuple(m.refs.get(b, ()))) for b, t in m.times.items()}
         metrics = profiling.latency_metrics(timed)
         for run in m.runs:

@@ -19,7 +19,7 @@ from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
-from ablate.lightning_modules.model.profiling import placed
+from ablate.lightning_modules.model.measuring import placed
 from ablate.sweeps.context import ActiveRun
 
 TIMED = 200

@@ -24,7 +24,7 @@ from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.quantization.apply import prepare_qat
 from ablate.lightning_modules.model.accounting import MEASURED_ON, metric_counts  # noqa: F401 - MEASURED_ON: re-exported
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.profiling import placed, training_device
+from ablate.lightning_modules.model.measuring import placed, training_device
 from ablate.sweeps import checkpoints, tracking
 from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
 from ablate.sweeps.finetune_run import prepare_finetune

@@ -22,7 +22,8 @@ from ablate.benchmarks.sides import build_sides
 from ablate.benchmarks.train_speed import batches, race
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.profiling import measure, training_device
+from ablate.lightning_modules.model.measuring import training_device
+from ablate.lightning_modules.model.profiling import measure
 from ablate.sweeps import checkpoints
 from ablate.sweeps.context import RunContext
 from ablate.sweeps.runner import MEASURED_ON, train

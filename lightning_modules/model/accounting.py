@@ -28,7 +28,8 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelCo
 from ablate.lightning_modules.model.components.attention import MultiHeadAttention
 from ablate.lightning_modules.model.encoder import Encoder, Residual
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.profiling import measure, measure_latencies, training_device
+from ablate.lightning_modules.model.measuring import training_device
+from ablate.lightning_modules.model.profiling import measure, measure_latencies
 
 
 def count(module: nn.Module | None) -> int:

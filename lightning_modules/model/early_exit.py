@@ -41,7 +41,7 @@ from torch import nn
 from ablate.lightning_modules.model.accounting import flops_per_token, linear_flops
 from ablate.lightning_modules.model.classifier import Classifier, new_head
 from ablate.lightning_modules.model.encoder import Encoder, Trace
-from ablate.lightning_modules.model.profiling import placed
+from ablate.lightning_modules.model.measuring import placed
 
 Batch = dict[str, torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], float]

@@ -1,10 +1,11 @@
-"""Measured cost of a model (it runs the model; accounting.py counts without running it).
+"""Measured cost of a model (it runs the model; accounting.py counts without running it): its
+latency here, its activation memory in :mod:`.memory`, both by :func:`measure`.
 
-A run measures on the device it trains on (:func:`training_device` resolves ``trainer.accelerator``
-as Lightning does) and under the autocast it trains with (``trainer.precision``), and logs where
-(:func:`describe_device`). Inputs come from a private generator and every measurement runs under
-:func:`torch.random.fork_rng` over the CPU generator and the measured CUDA device's: measuring
-never shifts a seeded run's random streams.
+A run measures on the device it trains on (:func:`~.measuring.training_device` resolves
+``trainer.accelerator`` as Lightning does) and under the autocast it trains with
+(``trainer.precision``), and logs where (:func:`~.measuring.describe_device`). Inputs come from a
+private generator and every measurement runs under :func:`torch.random.fork_rng` over the CPU
+generator and the measured CUDA device's: measuring never shifts a seeded run's random streams.
 
 Latency is the minimum of timed repeats after untimed warm-up runs (:func:`time_forward`): a busy
 machine only ever adds time, so the fastest repeat is the least disturbed figure. Beside it goes
@@ -18,20 +19,26 @@ time goes beside the latency (``latency_ms_b1_reference``), for a report to comp
 from __future__ import annotations
 
 import math
-import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
 
 from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.measuring import (
+    autocast_for,
+    describe_device,
+    forked_rng,
+    model_device,
+    placed,
+    random_batch,
+    sync,
+)
+from ablate.lightning_modules.model.memory import peak_train_memory
 from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, Workload, reference_workload
 
-FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
 LATENCY_BATCHES = (1, 32)  # the batch sizes every run times: metrics latency_ms_b1, latency_ms_b32
 SPREAD_SUFFIX = "_spread"  # latency_ms_b1_spread = (median - min) / min of latency_ms_b1's repeats
 REPEATS = 10  # timed repeats per latency (default)
@@ -74,125 +81,6 @@ class Measured:
     def as_dict(self) -> dict[str, float | str]:
         """The fields as a plain dict (JSON / MLflow ready)."""
         return asdict(self)
-
-
-def training_device(accelerator: str) -> torch.device:
-    """The device a run with ``trainer.accelerator`` = ``accelerator`` trains on (rank 0's), resolved
-    as Lightning resolves it: ``auto`` = MPS or CUDA when available, else the CPU; ``gpu`` = MPS or
-    CUDA (the CPU here when neither is: the Trainer then refuses it); ``cuda``, ``mps``, ``cpu`` as
-    named. CUDA means ``cuda:0``, the first visible device (Lightning's ``devices=N`` takes
-    ``0..N-1``). Asking does not initialise CUDA."""
-    name = accelerator.lower()
-    cuda = torch.cuda.is_available() and name in ("auto", "gpu", "cuda")
-    mps = torch.backends.mps.is_available() and name in ("auto", "gpu", "mps")
-    if mps:
-        return torch.device("mps")
-    return torch.device("cuda", 0) if cuda else torch.device("cpu")
-
-
-def describe_device(device: torch.device | str) -> str:
-    """Where a measurement ran, for the record: ``"cuda:0 (NVIDIA H100 80GB HBM3)"``,
-    ``"cpu (16 threads)"`` (torch's intra-op threads), else the device's name."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    if dev.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
-    return str(dev)
-
-
-def cpu_model() -> str:
-    """The host's CPU model, e.g. ``"Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"``: the first
-    ``model name`` of ``/proc/cpuinfo`` (Linux), else :func:`platform.processor` or the machine type."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def describe_machine(device: torch.device | str) -> str:
-    """Which machine measured, for a report: the device (:func:`describe_device`) and the host's
-    CPU model, e.g. ``"cpu (2 threads), Intel(R) Xeon(R) ..."`` or ``"cuda:0 (NVIDIA H100 80GB
-    HBM3), host CPU AMD EPYC 9454"``."""
-    dev = torch.device(device)
-    host = cpu_model()
-    return f"{describe_device(dev)}, {host}" if dev.type == "cpu" else f"{describe_device(dev)}, host CPU {host}"
-
-
-def autocast_for(precision: str, device: torch.device) -> AbstractContextManager[None]:
-    """The autocast a Lightning run with ``trainer.precision`` = ``precision`` runs its steps under
-    on ``device``: Lightning's own :class:`MixedPrecision` context for ``bf16-mixed`` and
-    ``16-mixed`` (``torch.autocast`` to bf16 / fp16, no cast cache), nothing for ``32-true``."""
-    if precision in ("bf16-mixed", "16-mixed"):
-        return MixedPrecision(precision, device=device.type).forward_context()  # type: ignore[arg-type]
-    return nullcontext()
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device  # one device per model
-
-
-def _forked_rng(device: torch.device) -> AbstractContextManager[None]:
-    """Fork the CPU generator and, on CUDA, the measured device's generator (restored on exit)."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
-
-
-@contextmanager
-def placed(model: torch.nn.Module, device: torch.device | None, train: bool) -> Iterator[torch.device]:
-    """Run with ``model`` on ``device`` in train or eval mode, uncompiled (a module's
-    :meth:`~torch.nn.Module.compile` is bypassed: measuring compiles nothing); restore device,
-    per-module modes and compiled calls after."""
-    home = _model_device(model)
-    dev = torch.device(device) if device is not None else home
-    modes = [(m, m.training) for m in model.modules()]
-    compiled = [(m, m._compiled_call_impl) for m in model.modules() if m._compiled_call_impl is not None]
-    try:
-        for m, _ in compiled:
-            m._compiled_call_impl = None
-        model.to(dev).train(train)
-        yield dev
-    finally:
-        model.to(home)
-        for m, mode in modes:
-            m.training = mode
-        for m, call in compiled:
-            m._compiled_call_impl = call
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def random_batch(
-    vocab_size: int, batch: int, seq_len: int, device: torch.device, mask_prob: float = 0.15, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """A pre-training batch of random ids in ``[5, vocab_size)``, no padding.
-
-    Returns:
-        ``input_ids``, ``token_type_ids`` (B, T) long; ``attention_mask`` (B, T) bool;
-        ``mlm_labels`` (B, T) long, -100 except about ``mask_prob`` of positions (at least one);
-        ``sentence_label`` (B,) long.
-    """
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(FIRST_ID, vocab_size, (batch, seq_len), generator=g)
-    types = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, seq_len).contiguous()  # A | B halves
-    selected = torch.rand(batch, seq_len, generator=g) < mask_prob
-    selected[:, min(1, seq_len - 1)] = True  # never an empty MLM loss
-    out = {
-        "input_ids": ids,
-        "token_type_ids": types,
-        "attention_mask": torch.ones(batch, seq_len, dtype=torch.bool),
-        "mlm_labels": torch.where(selected, ids, torch.full_like(ids, -100)),
-        "sentence_label": torch.randint(0, 2, (batch,), generator=g),
-    }
-    return {k: v.to(device) for k, v in out.items()}
 
 
 @dataclass(frozen=True)
@@ -269,7 +157,7 @@ def time_forward(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     with (
         placed(model, device, train=False) as dev,
-        _forked_rng(dev),
+        forked_rng(dev),
         torch.inference_mode(),
         autocast_for(precision, dev),
     ):
@@ -279,15 +167,15 @@ def time_forward(
             model.encoder(*args)
         times, refs = [], []
         for _ in range(repeats):
-            _sync(dev)
+            sync(dev)
             start = time.perf_counter()
             model.encoder(*args)
-            _sync(dev)
+            sync(dev)
             times.append((time.perf_counter() - start) * 1e3)
             if reference is not None:
                 start = time.perf_counter()
                 reference()
-                _sync(dev)
+                sync(dev)
                 refs.append((time.perf_counter() - start) * 1e3)
     return Latency(tuple(times), tuple(refs))
 
@@ -331,9 +219,9 @@ def measure_latencies(
     A run logs these before training (:func:`measure`); ``ablate report --remeasure`` times the
     models of a report the same way (:func:`time_forward`, :func:`latency_metrics`), in rounds.
     """
-    dev = torch.device(device) if device is not None else _model_device(model)
+    dev = torch.device(device) if device is not None else model_device(model)
     timed: dict[int, Latency] = {}
-    with _forked_rng(dev):
+    with forked_rng(dev):
         ref = reference if reference is not None else reference_workload(dev)
         for batch in LATENCY_BATCHES:  # one dedicated pass each, nothing in between
             timed[batch] = time_forward(model, vocab_size, batch, seq_len, repeats, warmup, dev, precision, ref)
@@ -351,92 +239,6 @@ def latency_metrics(timed: Mapping[int, Latency]) -> dict[str, float]:
         if lat.reference_ms:
             out[latency_metric(batch) + REFERENCE_SUFFIX] = lat.reference_median_ms
     return out
-
-
-def peak_train_memory(
-    model: PretrainingModel,
-    vocab_size: int,
-    batch: int,
-    seq_len: int,
-    mask_prob: float = 0.15,
-    device: torch.device | None = None,
-    precision: str = "32-true",
-) -> int:
-    """Activation memory in bytes of one training step (forward + backward of the full loss), eager
-    (uncompiled) and under the autocast of ``precision`` (in ``bf16-mixed`` activations are mostly
-    bf16; the bf16 copies of the weights that autocast makes for the step count too).
-
-    Method per device:
-
-    - CUDA: ``torch.cuda.max_memory_allocated`` during the step minus the memory allocated
-      before it (parameters, their gradients if any, the batch). This also counts backward
-      temporaries and the parameter gradients created by backward.
-    - CPU (and any other device): a :func:`torch.autograd.graph.saved_tensors_hooks` pack hook
-      sums the bytes of the unique storages autograd saves for backward during the forward
-      (deduplicated by storage ``data_ptr``; parameters, buffers and the batch excluded). That
-      is exactly the activation memory training keeps, dropout masks included; allocator
-      overhead and short-lived temporaries are not counted.
-
-    Runs in train mode under :func:`torch.random.fork_rng` over the CPU generator and, on CUDA,
-    the device's (dropout does not shift the global random streams). Gradients are zeroed (set to
-    ``None``) afterwards; no optimizer step.
-
-    Args:
-        model: the pre-training model; ``model(batch)`` returns an object with ``.loss``.
-        vocab_size: ids are drawn from ``[5, vocab_size)``.
-        batch: batch size B.
-        seq_len: sequence length T.
-        mask_prob: share of positions with an MLM label.
-        device: where to run; ``None`` = where the model is. The model is moved back afterwards.
-        precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
-
-    Returns:
-        Activation bytes.
-    """
-    with placed(model, device, train=True) as dev:
-        b = random_batch(vocab_size, batch, seq_len, dev, mask_prob)
-        try:
-            with _forked_rng(dev):
-                if dev.type == "cuda":
-                    before = torch.cuda.memory_allocated(dev)  # allocation stats need no sync
-                    torch.cuda.reset_peak_memory_stats(dev)
-                    with autocast_for(precision, dev):
-                        loss = model(b).loss
-                    loss.backward()  # outside autocast, as Lightning runs backward
-                    _sync(dev)
-                    return torch.cuda.max_memory_allocated(dev) - before
-                return saved_activation_bytes(
-                    lambda: _autocast_loss(model, b, precision, dev),
-                    [*model.parameters(), *model.buffers(), *b.values()],
-                )
-        finally:
-            model.zero_grad(set_to_none=True)
-
-
-def _autocast_loss(
-    model: PretrainingModel, batch: dict[str, torch.Tensor], precision: str, device: torch.device
-) -> torch.Tensor:
-    with autocast_for(precision, device):
-        loss: torch.Tensor = model(batch).loss
-        return loss
-
-
-def saved_activation_bytes(loss: Callable[[], torch.Tensor], held: Iterable[torch.Tensor]) -> int:
-    """Bytes of the unique storages autograd saves for backward while ``loss()`` runs (storages
-    of ``held`` — parameters, buffers, the batch — excluded), then runs backward."""
-    exclude = {t.untyped_storage().data_ptr() for t in held}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in exclude:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        value = loss()
-    value.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-    return sum(saved.values())
 
 
 def measure(
@@ -464,7 +266,7 @@ def measure(
         model: the pre-training model (left unchanged: device, modes, compiled call, no gradients).
         vocab_size: ids are drawn from ``[5, vocab_size)``.
         seq_len: sequence length T of every measurement.
-        device: where to run; ``None`` = where the model is (a run's: :func:`training_device`).
+        device: where to run; ``None`` = where the model is (a run's: :func:`~.measuring.training_device`).
         repeats: timed runs per latency.
         warmup: untimed runs before each latency.
         memory_batch: batch size of the memory measurement.
@@ -475,8 +277,8 @@ def measure(
     Returns:
         The :class:`Measured` costs, ``device`` described by :func:`describe_device`.
     """
-    dev = torch.device(device) if device is not None else _model_device(model)
-    with _forked_rng(dev):
+    dev = torch.device(device) if device is not None else model_device(model)
+    with forked_rng(dev):
         lat = measure_latencies(model, vocab_size, seq_len, dev, repeats, warmup, precision, reference)  # first
         mem = peak_train_memory(model, vocab_size, memory_batch, seq_len, device=dev, precision=precision)
     return Measured(

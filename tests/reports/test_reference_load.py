@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model import profiling
+from ablate.lightning_modules.model import measuring, profiling
 from ablate.lightning_modules.model.accounting import param_report
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, reference_workload
@@ -73,7 +73,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
         tags |= {"ablate.trial": str(n), "ablate.state": "COMPLETE"}
         ids[layers] = client.create_run(exp, run_name=f"L={layers}", tags=tags).info.run_id
         log_run_inputs(client, ids[layers], cfg, counts, None)
-        client.log_param(ids[layers], "measure.device", profiling.describe_device(cpu))
+        client.log_param(ids[layers], "measure.device", measuring.describe_device(cpu))
         client.set_terminated(ids[layers], "FINISHED")
     client.set_terminated(parent, "FINISHED")
     return Study(uri, ids)

@@ -17,7 +17,7 @@ from rich.console import Console
 from ablate import cli
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model import profiling
+from ablate.lightning_modules.model import measuring, profiling
 from ablate.lightning_modules.model.accounting import metric_counts
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report, render_console
@@ -129,7 +129,7 @@ def test_remeasure_replaces_the_logged_latencies_and_says_where(study: Study, tm
     res = build_report(spec(), STUDY, study.uri, tmp_path / "out", remeasure=True, progress=False)
     again = pd.read_csv(res.remeasured)
     assert sorted(again["run_id"]) == sorted(study.ids[k] for k in ("L=1", "L=4 seed=0", "L=4 seed=1"))  # not failed
-    assert set(again["device"]) == {profiling.describe_device("cpu")} and (again["machine"] != "").all()
+    assert set(again["device"]) == {measuring.describe_device("cpu")} and (again["machine"] != "").all()
     assert (again.loc[again["run_name"] != "L=1", "logged/latency_ms_b32"] == BOGUS).all()
     # the seeds share one architecture: timed once, the same figure for both
     l4 = again[again["run_name"].str.startswith("L=4")]
@@ -143,8 +143,8 @@ def test_remeasure_replaces_the_logged_latencies_and_says_where(study: Study, tm
         assert st.at[layers, "latency_ms_b1.mean"] == pytest.approx(row["latency_ms_b1"])
     md = res.markdown.read_text()
     assert f"{BOGUS:.2f}" not in md and "9999" not in res.latex.read_text()
-    machine = profiling.describe_machine("cpu")
-    assert profiling.cpu_model() in machine
+    machine = measuring.describe_machine("cpu")
+    assert measuring.cpu_model() in machine
     note = next(line for line in md.splitlines() if line.startswith("Latency re-measured"))
     assert machine in note and "load average" in note and "UTC" in note
     assert "2 models for 3 runs" in note and "3 rounds" in note and "fastest of 12 repeats" in note
@@ -214,7 +214,7 @@ def test_cli_remeasure(study: Study, tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "out"
     assert cli.main(["report", str(report), "--remeasure", "--out", str(out)]) == 0
     shown = " ".join(capsys.readouterr().out.split())  # the note is wrapped to the table's width
-    assert "Latency re-measured" in shown and profiling.describe_device("cpu") in shown and "remeasured.csv" in shown
+    assert "Latency re-measured" in shown and measuring.describe_device("cpu") in shown and "remeasured.csv" in shown
     assert (out / "remeasured.csv").is_file()
     # a report without a latency column has nothing to re-measure: one error line, nothing written
     plain = {**_spec_dict(), "tracking_uri": study.uri, "metrics": [{"name": "params.backbone"}]}

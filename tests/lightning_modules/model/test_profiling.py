@@ -12,19 +12,21 @@ import torch
 
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.profiling import (
-    Latency,
-    Measured,
+from ablate.lightning_modules.model.measuring import (
     autocast_for,
     cpu_model,
     describe_device,
     describe_machine,
+    training_device,
+)
+from ablate.lightning_modules.model.memory import peak_train_memory
+from ablate.lightning_modules.model.profiling import (
+    Latency,
+    Measured,
     measure,
     measure_latencies,
     measure_latency,
-    peak_train_memory,
     time_forward,
-    training_device,
 )
 
 ROOT = Path(__file__).resolve().parents[3]

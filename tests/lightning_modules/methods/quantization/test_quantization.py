@@ -29,7 +29,7 @@ from ablate.lightning_modules.methods.quantization.apply import (
 from ablate.lightning_modules.methods.quantization.mixed import average_bits, choose_plan, mixed_plan
 from ablate.lightning_modules.model.accounting import count, report_for
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.profiling import random_batch
+from ablate.lightning_modules.model.measuring import random_batch
 
 V = 1000
 SMALL = {
