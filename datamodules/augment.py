@@ -121,7 +121,8 @@ def _candidates(
     logits = mlm.mlm_head(hidden, mlm.encoder.embeddings.word.weight).float()  # (B, V)
     logits = logits.masked_fill(~allowed, float("-inf"))
     logits[torch.arange(len(rows), device=device), torch.tensor(words, device=device)] = float("-inf")
-    return logits.topk(top_k, dim=-1).indices.cpu().numpy()
+    top: np.ndarray = logits.topk(top_k, dim=-1).indices.cpu().numpy()
+    return top
 
 
 def augment_rows(

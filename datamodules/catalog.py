@@ -68,7 +68,7 @@ def looks_local(name: str) -> bool:
 def hub_form_problem(name: str) -> str | None:
     """What makes ``name`` no valid hub dataset name (checked offline), or None."""
     from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # a lazy, unmarked re-export
 
     path, config = parse_hub_name(name)
     try:

@@ -102,7 +102,11 @@ def _trim(la: int, lb: int, budget: int) -> tuple[int, int]:
     return m - rest // 2, m - (rest + 1) // 2
 
 
-class EncodedSplit(Dataset):
+Example = tuple[np.ndarray, int, int]
+"""One row of an :class:`EncodedSplit`: its token ids, its tokens of type 0, its label."""
+
+
+class EncodedSplit(Dataset[Example]):
     """Tokenized examples in flat arrays: ``ids[offsets[i]:offsets[i+1]]`` is row ``i``.
 
     Attributes:
@@ -118,7 +122,7 @@ class EncodedSplit(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int, int]:
+    def __getitem__(self, i: int) -> Example:
         return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.first[i]), int(self.labels[i])
 
 
@@ -156,9 +160,7 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length
     )
 
 
-def collate(
-    rows: list[tuple[np.ndarray, int, int]], pad_id: int = 0, length: int | None = None
-) -> dict[str, torch.Tensor]:
+def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> dict[str, torch.Tensor]:
     """Pad rows of :class:`EncodedSplit` to the longest one (or to ``length`` tokens, at least the
     longest): the batch dict of tensors.
 
@@ -341,7 +343,7 @@ class ClassificationDataModule(pl.LightningDataModule):
         majority = min(counts, key=lambda label: (-counts[label], label))
         return float((val.labels == majority).mean())
 
-    def _loader(self, split: EncodedSplit, shuffle: bool) -> DataLoader:
+    def _loader(self, split: EncodedSplit, shuffle: bool) -> DataLoader[Example]:
         assert self.tokenizer is not None
         if self.num_workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -357,7 +359,7 @@ class ClassificationDataModule(pl.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader[Example]:
         """Training batches, shuffled by a generator seeded with ``seed``."""
         return self._loader(self._ready()[0], shuffle=True)
 
@@ -365,6 +367,6 @@ class ClassificationDataModule(pl.LightningDataModule):
         """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader[Example]:
         """Dev batches in file order."""
         return self._loader(self._ready()[1], shuffle=False)

@@ -168,7 +168,8 @@ def _read_error(spec: CorpusSpec, exc: BaseException) -> DataError:
 
 def num_shards(data: DataConfig) -> int:
     """Shards (files, or hub data files) of ``data.corpus``: the units readers split."""
-    return open_corpus(resolve_corpus(data.corpus, data.text_field)).num_shards
+    shards: int = open_corpus(resolve_corpus(data.corpus, data.text_field)).num_shards
+    return shards
 
 
 def document_hash(doc: str) -> float:
@@ -203,7 +204,7 @@ def _clean(text: Any, builder: str) -> str:
     if not isinstance(text, str):
         return ""
     if builder == "text":  # a paragraph of a text file: single newlines are line wrapping
-        text = text.replace("\n", " ")
+        return text.replace("\n", " ").strip()
     return text.strip()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
@@ -94,7 +95,7 @@ class PretrainDataModule(pl.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def _loader(self, split: Split, max_batches: int | None) -> DataLoader:
+    def _loader(self, split: Split, max_batches: int | None) -> DataLoader[dict[str, torch.Tensor]]:
         self._ensure_ready()
         assert self.tokenizer is not None
         rank, world_size = self._rank()
@@ -157,11 +158,11 @@ class PretrainDataModule(pl.LightningDataModule):
         """On resume: the training stream skips the batches the checkpointed run consumed."""
         self.skip_train_batches = int(state.get("train_batches", 0))
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         """Endless training batches, reshuffled each epoch of the corpus (seed + epoch)."""
         return self._loader("train", None)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         """Finite, deterministic validation batches: the same pairs and masks every time."""
         return self._loader("validation", self.val_batches)
 

@@ -156,7 +156,7 @@ def collate(
     }
 
 
-class DocumentStream(torch.utils.data.IterableDataset):
+class DocumentStream(torch.utils.data.IterableDataset[str]):
     """Documents of one split; each DataLoader worker (and DDP rank) reads its own share.
 
     Args:
@@ -177,7 +177,7 @@ class DocumentStream(torch.utils.data.IterableDataset):
         )
 
 
-class PretrainStream(torch.utils.data.IterableDataset):
+class PretrainStream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
     """Batches of one split for one DDP rank; DataLoader workers split it further.
 
     Args:
