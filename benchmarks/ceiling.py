@@ -50,7 +50,7 @@ def step_flops(side: Side, batch: Batch) -> float:
     """FLOPs of one forward + backward of ``side`` on ``batch`` (the optimizer step, a few
     element-wise passes over the parameters, is not counted)."""
     with FlopCounterMode(display=False) as counter:
-        side.loss_only(batch).backward()
+        side.loss_only(batch).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     for p in side.params:
         p.grad = None
     return float(counter.get_total_flops())

@@ -84,8 +84,8 @@ def ablate_distill_side(
     """ablate's distillation step at ``case`` (the student compiled when ``compile``)."""
     module = ablate_module(case, init, max_steps, compile)
     module.to(device).train()  # the teacher stays in eval mode
-    setup = module.configure_optimizers()
-    optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    optimizer, schedule = module.optimizer_and_schedule()
+    assert schedule is not None  # pre-training's: warmup, then linear decay
     stage = module.stages[0]
 
     def loss_only(batch: Batch) -> torch.Tensor:
@@ -95,7 +95,7 @@ def ablate_distill_side(
     def step(batch: Batch) -> torch.Tensor:
         with _autocast(precision, device):
             loss = module.training_step(batch, 0)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
@@ -151,11 +151,12 @@ def hf_distill_side(case: Case, ours: PretrainModule, precision: str, device: to
                     for i, j in enumerate(lmap)
                 ]
             ).mean()
-            return s.loss + w["kd"] * kd + w["fmt"] * fmt + w["at"] * at
+            loss: torch.Tensor = s.loss + w["kd"] * kd + w["fmt"] * fmt + w["at"] * at
+            return loss
 
     def step(batch: Batch) -> torch.Tensor:
         loss = loss_only(batch)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)

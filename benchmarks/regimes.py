@@ -107,15 +107,13 @@ def module_step(module: TrainModule, device: torch.device, grad_clip: float) -> 
     (pruning's gate clamp). Nothing is logged (the loop logs every ``trainer.log_every`` steps)."""
     module.to(device).train()
     module.logs_this_step = lambda: False  # type: ignore[method-assign]
-    setup = module.configure_optimizers()
-    optimizer = setup["optimizer"] if isinstance(setup, dict) else setup
-    schedule = setup["lr_scheduler"]["scheduler"] if isinstance(setup, dict) else None
+    optimizer, schedule = module.optimizer_and_schedule()  # pruning's gates: a constant rate, no schedule
     trained = [p for group in optimizer.param_groups for p in group["params"]]
 
     def step(batch: Batch) -> torch.Tensor:
         module.on_train_batch_start(batch, 0)
         loss = module.training_step(batch, 0)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if grad_clip:
             torch.nn.utils.clip_grad_norm_([p for p in trained if p.grad is not None], grad_clip, foreach=True)
         optimizer.step()

@@ -27,7 +27,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -80,7 +80,7 @@ class Side:
     flops: float = float("nan")  # one forward + backward (FlopCounterMode)
 
 
-def _autocast(precision: str, device: torch.device):
+def _autocast(precision: str, device: torch.device) -> AbstractContextManager[None]:
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
@@ -110,16 +110,16 @@ def ablate_side(
     model.load_state_dict(init)
     module = PretrainModule(cfg, model)  # wraps the encoder in torch.compile when asked
     module.to(device).train()
-    setup = module.configure_optimizers()
-    optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    optimizer, schedule = module.optimizer_and_schedule()
+    assert schedule is not None  # pre-training's: warmup, then linear decay
     trained = [p for group in optimizer.param_groups for p in group["params"]]
 
     def step(batch: Batch) -> torch.Tensor:
         if mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are not read again
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # the last step's outputs are not read
         with _autocast(precision, device):
             loss = module.training_step(batch, 0)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if grad_clip:
             torch.nn.utils.clip_grad_norm_(trained, grad_clip, foreach=True)
         optimizer.step()
@@ -129,9 +129,10 @@ def ablate_side(
 
     def loss_only(batch: Batch) -> torch.Tensor:
         if mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         with _autocast(precision, device):
-            return module.model(batch).loss
+            loss: torch.Tensor = module.model(batch).loss
+            return loss
 
     name = (
         f"ablate {precision}" + (" compiled" if compile else "") + (" cudagraphs" if mode == "reduce-overhead" else "")
@@ -156,17 +157,18 @@ def hf_side(
 
     def loss_only(batch: Batch) -> torch.Tensor:
         with _autocast(precision, device):
-            return model(
+            loss: torch.Tensor = model(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["mlm_labels"],
                 **{label: batch["sentence_label"]},
             ).loss
+            return loss
 
     def step(batch: Batch) -> torch.Tensor:
         loss = loss_only(batch)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
@@ -198,7 +200,7 @@ def activation_mb(side: Side, batch: Batch, device: torch.device) -> float:
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        side.loss_only(batch).backward()
+        side.loss_only(batch).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
     else:

@@ -356,7 +356,8 @@ def hub_api(repo: str) -> Any:
         huggingface_hub = require("huggingface_hub", "hf")
     except AblateError as exc:
         raise ConfigError(f"--push-to-hub: {exc}") from None
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # a lazy, unmarked re-export
 
     try:
         validate_repo_id(repo)

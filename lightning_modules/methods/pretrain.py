@@ -22,7 +22,7 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
 from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
-from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, PretrainOutput, build_pretraining_model
 from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 
 
@@ -74,8 +74,9 @@ class PretrainModule(TrainModule):
         self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
         self.copied: list[str] = []  # what distill_module copies from the teacher (init_embeddings, init_layers)
 
-    def forward(self, batch: dict[str, torch.Tensor]):
-        return self.model(batch)
+    def forward(self, batch: dict[str, torch.Tensor]) -> PretrainOutput:
+        out: PretrainOutput = self.model(batch)
+        return out
 
     def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
         """MLM (+ sentence) losses; the MLM logits at the prediction slots for KD."""

@@ -12,7 +12,10 @@ gate phases (:func:`ablate.lightning_modules.methods.pruning.schubert.prune`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 from ablate.lightning_modules.config.distill import Stage
 from ablate.lightning_modules.config.experiment import ExperimentConfig
@@ -43,8 +46,9 @@ class PruneModule(PretrainModule):
 
     def release(self) -> PretrainingModel:
         """Take the gates out of the model again (its weights as they were)."""
-        detach(self.model)
-        return self.model
+        model: PretrainingModel = self.model
+        detach(model)
+        return model
 
     def trainable_modules(self) -> torch.nn.Module:
         return self.gates
@@ -59,10 +63,11 @@ class PruneModule(PretrainModule):
         """The gates' weighted L1 (``sparsity``, weighted by ``prune.gamma``) beside MLM and the sentence loss."""
         return {"sparsity": self.sparsity()}
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude
             for p in self.gates.parameters():
                 p.clamp_(min=0.0)
 
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.gates.parameters(), lr=self.cfg.prune.gate_lr)
+    def optimizer_and_schedule(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR | None]:
+        """Adam over the gates at ``prune.gate_lr``, constant."""
+        return torch.optim.Adam(self.gates.parameters(), lr=self.cfg.prune.gate_lr), None

@@ -24,13 +24,14 @@ last layer on the prediction rows only); nothing is read on the host except on l
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import nn
 
 from ablate.lightning_modules.config.distill import TRANSFER, Stage
@@ -41,14 +42,14 @@ from ablate.lightning_modules.methods.losses import kd_loss
 from ablate.lightning_modules.methods.precision import resolved
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: decay matrices, not biases, norms or embeddings' 1-d parameters."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def adamw(groups: list[dict], lr: float, eps: float = 1e-8, precision: str = "32-true") -> torch.optim.AdamW:
+def adamw(groups: list[dict[str, Any]], lr: float, eps: float = 1e-8, precision: str = "32-true") -> torch.optim.AdamW:
     """AdamW over ``groups``, fused (one kernel for every parameter) where PyTorch has the fused
     kernel for their device (CUDA, CPU), else the multi-tensor implementation. Not fused under
     ``16-mixed``: its gradient scaler must unscale before clipping (see :func:`clip_gradients`)."""
@@ -82,7 +83,7 @@ def use_tensor_cores(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def warmup_linear_decay(optim: OptimConfig, max_steps: int):
+def warmup_linear_decay(optim: OptimConfig, max_steps: int) -> Callable[[int], float]:
     """LR multiplier: linear warmup to 1, then linear decay to 0 at ``max_steps``."""
     warmup = max(optim.warmup_steps, 0)
 
@@ -157,17 +158,18 @@ class TrainModule(pl.LightningModule):
         """Compiled with CUDA graphs, a step's graph outputs are overwritten by the next replay:
         say where a step begins (nothing from an earlier step is read after this)."""
         if self.cfg.trainer.compile and self.cfg.trainer.compile_mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this step's training metrics (every ``trainer.log_every``
         steps, and the last step, whose values are the run's final ones): only then are they
         handed to Lightning, whose bookkeeping costs host time."""
-        trainer: Any = self._trainer
+        trainer = self._trainer
         if trainer is None:
             return True
         step = trainer.global_step + 1
-        return step % trainer.log_every_n_steps == 0 or 0 < trainer.max_steps <= step
+        every: int = trainer.log_every_n_steps  # type: ignore[attr-defined]  # Lightning sets it, undeclared
+        return step % every == 0 or 0 < trainer.max_steps <= step
 
     def losses(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
         """Every term ``stage`` turns on, unweighted, by name."""
@@ -304,10 +306,18 @@ class TrainModule(pl.LightningModule):
         learned = self.link.learned() if self.link is not None else []
         return self.model if not learned else nn.ModuleList([self.model, *learned])
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    def configure_optimizers(self):
+    def optimizer_and_schedule(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR | None]:
+        """The optimizer of :meth:`trainable_modules` and its learning-rate schedule, stepped every
+        step (None: a constant rate), what :meth:`configure_optimizers` hands Lightning; a
+        benchmark steps them itself."""
         o = self.optim
         optimizer = adamw(
             param_groups(self.trainable_modules(), o.weight_decay),
@@ -316,5 +326,10 @@ class TrainModule(pl.LightningModule):
             precision=self.cfg.trainer.precision,
         )
         schedule = warmup_linear_decay(OptimConfig(warmup_steps=o.warmup_steps), o.max_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        optimizer, scheduler = self.optimizer_and_schedule()
+        if scheduler is None:
+            return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
