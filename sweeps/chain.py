@@ -23,7 +23,7 @@ from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
 from ablate.lightning_modules.methods.techniques import stages_of
 from ablate.sweeps.context import ActiveRun, RunContext, RunResult, tracked_run
 from ablate.sweeps.runner import train
-from ablate.sweeps.spec import FinetuneTask
+from ablate.sweeps.study_models import FinetuneTask
 from ablate.sweeps.tracking import resolve_tracking_uri
 from ablate.sweeps.weights import RUNS
 

@@ -60,7 +60,8 @@ class RngState(Callback):
             "python": random.getstate(),
             "torch": torch.get_rng_state(),  # weights_only-safe
             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            # torch leaves torch.cuda.is_initialized unannotated
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],  # type: ignore[no-untyped-call]
         }
 
     def on_load_checkpoint(

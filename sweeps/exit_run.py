@@ -11,6 +11,7 @@ and ``fastbert/curve.png`` (the speed-accuracy curve).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.model.classifier import Classifier
-from ablate.lightning_modules.model.early_exit import Batch, SpeedPoint, full_latency_ms, speed_curve
+from ablate.lightning_modules.model.early_exit import Batch, Metric, SpeedPoint, full_latency_ms, speed_curve
 from ablate.lightning_modules.model.measuring import placed
 from ablate.sweeps.context import ActiveRun
 
@@ -31,11 +32,11 @@ def speed_key(task: str, speed: float, what: str) -> str:
     return f"{task}/speed_{speed:g}/{what}"
 
 
-def _metric(name: str, num_labels: int):
+def _metric(name: str, num_labels: int) -> Metric:
     from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
     from torchmetrics.functional.classification import multiclass_matthews_corrcoef as mcc
 
-    fns = {
+    fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
         "accuracy": lambda p, y: multiclass_accuracy(p, y, num_labels, average="micro"),
         "f1": lambda p, y: multiclass_f1_score(p, y, num_labels, average="macro"),
         "mcc": lambda p, y: mcc(p, y, num_labels),

@@ -30,7 +30,8 @@ from ablate.lightning_modules.config.metric_names import (
 )
 from ablate.lightning_modules.config.paths import output_file, output_folder
 from ablate.lightning_modules.config.run import TrainerConfig
-from ablate.sweeps.spec import PLACEHOLDER_SOURCE, StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
 MLFLOW_NAME = 250
 """The longest MLflow run name (its ``runs.name`` column)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,7 +139,7 @@ class PrunerSpec:
         return self
 
     def build(self, max_steps: int) -> optuna.pruners.BasePruner:
-        factories = {
+        factories: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
             "none": lambda: optuna.pruners.NopPruner(),
             "median": lambda: optuna.pruners.MedianPruner(self.n_startup_trials, self.n_warmup_steps),
             "percentile": lambda: optuna.pruners.PercentilePruner(

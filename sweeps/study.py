@@ -37,7 +37,7 @@ FAIL_REASON = tracking.FAIL_REASON
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
 
-class StepPruningCallback(PyTorchLightningPruningCallback):
+class StepPruningCallback(PyTorchLightningPruningCallback):  # type: ignore[misc]  # optuna-integration: no type hints
     """optuna-integration's Lightning pruning callback, reporting at the optimizer step.
 
     The library reports each validation at ``current_epoch``; ablate trains one endless
@@ -78,7 +78,7 @@ def open_study(
     Raises:
         StorageError: naming the URL, if the storage cannot be opened.
     """
-    samplers = {
+    samplers: dict[str, Callable[[], optuna.samplers.BaseSampler]] = {
         "grid": lambda: workers.QueuedGridSampler(spec.grid(), seed=0),
         "tpe": lambda: optuna.samplers.TPESampler(seed=0),
         "random": lambda: optuna.samplers.RandomSampler(seed=0),

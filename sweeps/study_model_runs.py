@@ -150,7 +150,8 @@ def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | N
             max_results=1,
         )
         if found:
-            return found[0].info.run_id
+            run_id: str = found[0].info.run_id
+            return run_id
     return None
 
 

@@ -180,7 +180,8 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
     tags = dict(tags)
     if parent_id:
         tags[PARENT] = parent_id
-    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+    run_id: str = client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+    return run_id
 
 
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:

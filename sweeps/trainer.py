@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
-from torch.multiprocessing import ProcessRaisedException
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
@@ -44,7 +44,7 @@ def lightning_strategy(t: TrainerConfig) -> str | Strategy:
     """
     if t.devices == 1 or t.strategy not in ("auto", "ddp"):
         return t.strategy
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         return DDPStrategy(start_method="spawn")
     forksafe.install()  # the ranks inherit this process's database pools (the ablate command did it already)
     return DDPStrategy(start_method="fork")

@@ -68,7 +68,7 @@ def params_of(trial: FrozenTrial) -> dict[str, Any]:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
 
 
-def key(params: dict[str, Any]) -> tuple:
+def key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(params.items()))
 
 
