@@ -119,7 +119,8 @@ class Remeasured:
         meta: dict[str, object] = {"machine": self.machine, "host": self.host, "when": self.when}
         meta |= {"rounds": self.rounds, "repeats": self.repeats, "warmup": self.warmup}
         meta |= {"load": self.load if self.load is not None else math.nan}
-        return self.frame.assign(**meta).to_csv(index=False)
+        csv: str = self.frame.assign(**meta).to_csv(index=False)
+        return csv
 
 
 def _load() -> float | None:

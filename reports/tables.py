@@ -390,7 +390,8 @@ def to_latex(table: Table) -> str:
     if notes := footnotes(table):  # "Title. Latency re-measured on .... $^\dagger$ spread over 10 \% ..."
         joined = " ".join(f"{n.rstrip('.')}." for n in notes)
         caption = f"{caption.rstrip('.')}. " + _latex_marks(latex_escape(joined).replace("--", "-{}-"))
-    return styler.to_latex(hrules=True, column_format=colfmt, caption=caption, position_float="centering")
+    latex: str = styler.to_latex(hrules=True, column_format=colfmt, caption=caption, position_float="centering")
+    return latex
 
 
 def to_csv(table: Table) -> str:
@@ -400,4 +401,5 @@ def to_csv(table: Table) -> str:
         f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n", "spread", "reference")
     ]
     cols = [c for c in cols if not c.endswith((".spread", ".reference")) or c in table.stats.columns]
-    return table.stats[cols].to_csv(index=False)
+    csv: str = table.stats[cols].to_csv(index=False)
+    return csv
