@@ -14,14 +14,19 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ablate.benchmarks.cli import positive_int
 from ablate.lightning_modules.config.errors import AblateError, ConfigError
 
+if TYPE_CHECKING:  # annotations only: the commands import what they run when they run
+    from ablate.lightning_modules.config.experiment import ExperimentConfig
+    from ablate.lightning_modules.model.profiling import Measured
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _config(target: str, overrides: list[str]):
+def _config(target: str, overrides: list[str]) -> ExperimentConfig:
     """A config from a preset name or a YAML path, with overrides."""
     from ablate.lightning_modules.config.load import build_config, load_config, parse_override
     from ablate.lightning_modules.config.presets import PRESETS
@@ -85,11 +90,13 @@ def cmd_params(args: argparse.Namespace) -> None:
     Console().print(table)
 
 
-def _measure(cfg):
+def _measure(cfg: ExperimentConfig) -> Measured:
     """Build the real model on cuda (if available) or cpu and measure latency and activation memory."""
+    from typing import cast
+
     import torch
 
-    from ablate.lightning_modules.model.heads import build_pretraining_model
+    from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
     from ablate.lightning_modules.model.profiling import measure
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -100,7 +107,8 @@ def _measure(cfg):
         from ablate.lightning_modules.model.profiling import Measured, measure_latencies
 
         cpu = torch.device("cpu")
-        lat = measure_latencies(quantize(model, cfg.quant), cfg.model.vocab_size, cfg.data.max_length, cpu)
+        quantized = cast(PretrainingModel, quantize(model, cfg.quant))  # the same model, its layers quantized
+        lat = measure_latencies(quantized, cfg.model.vocab_size, cfg.data.max_length, cpu)
         return Measured(**lat, train_activation_mb=float("nan"), device=describe_device(cpu))
     return measure(model, cfg.model.vocab_size, cfg.data.max_length, device)
 
@@ -124,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     resume: str | bool = False
     if args.resume:
         root = cfg.tracking.root if cfg is not None else "ablate-runs"
-        uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg and cfg.tracking.tracking_uri), root)
+        uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg.tracking.tracking_uri if cfg else None), root)
         cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
     assert cfg is not None
     check_run(cfg, args.checkpoints, Machine.here())  # machine, names, folders: before anything is written
