@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Type-check every ablate package with mypy as [tool.mypy] in pyproject.toml says (strict on the
-# config, the model, most methods and the interop, the modules listed there). Extra arguments go
-# to mypy. Run from anywhere; PY picks the interpreter (default .venv/bin/python, relative to the
-# repository).
+# Type-check every ablate package with mypy as [tool.mypy] in pyproject.toml says (--strict on
+# every package). Extra arguments go to mypy. Run from anywhere; PY picks the interpreter (default
+# .venv/bin/python, relative to the repository).
 #
 # The packages import as ablate.* but their folders sit at the repository's top (setuptools maps
 # them, [tool.setuptools.package-dir]); mypy cannot follow that mapping, so this links them under
