@@ -116,7 +116,7 @@ def ablate_side(
 
     def step(batch: Batch) -> torch.Tensor:
         if mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # the last step's outputs are not read
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # last step's graph outputs: not read again
         with _autocast(precision, device):
             loss = module.training_step(batch, 0)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated

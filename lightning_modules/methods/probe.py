@@ -157,7 +157,7 @@ def linear_probe(
     with torch.enable_grad():
         for _ in range(steps):
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(probe(train_x), train_y).backward()  # type: ignore[no-untyped-call]  # logits (N, 2); torch: untyped
+            F.cross_entropy(probe(train_x), train_y).backward()  # type: ignore[no-untyped-call]  # logits (N, 2); backward: untyped
             optimizer.step()
     with torch.no_grad():
         return float((probe(test_x).argmax(-1) == test_y).float().mean())
