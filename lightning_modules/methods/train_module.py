@@ -23,6 +23,7 @@ last layer on the prediction rows only); nothing is read on the host except on l
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class TaskOutput(NamedTuple):
     losses: dict[str, torch.Tensor]
 
 
-class TrainModule(pl.LightningModule):
+class TrainModule(pl.LightningModule, abc.ABC):
     """One training step for every method: model, optional teacher, weighted terms, stages.
 
     Args:
@@ -145,9 +146,10 @@ class TrainModule(pl.LightningModule):
         self._stage: Stage | None = None
 
     # -- what a task says ----------------------------------------------------------------
+    @abc.abstractmethod
     def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
-        """The task's forward of ``model`` (the student or the teacher) on ``batch``."""
-        raise NotImplementedError
+        """The task's forward of ``model`` (the student or the teacher) on ``batch``: each task's own
+        (pre-training, fine-tuning); a TrainModule without one cannot be built."""
 
     def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
         """A method's own terms in ``stage`` (none by default)."""
