@@ -374,10 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from ablate.process import prepare
-    from ablate.quiet import hide_library_notes
 
-    prepare()  # all that ablate changes in its process, once, here
-    hide_library_notes()  # and the library notes it hides: torchao's kernel libraries, Lightning's tips
+    prepare()  # all that ablate changes in its process, once, here (library notes hidden too)
     try:
         code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:

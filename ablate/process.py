@@ -9,6 +9,7 @@ import logging
 import os
 import warnings
 
+from ablate.quiet import hide_library_notes
 from ablate.sweeps import forksafe, tracking
 
 
@@ -19,7 +20,9 @@ def prepare() -> None:
       worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.forksafe`);
     * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast);
     * INFO lines of database migrations and MLflow's tracking-URI notices hidden;
-    * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters.
+    * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters;
+    * the library notes a user reads past hidden (:mod:`ablate.quiet`: torchao's kernel libraries,
+      Lightning's tips).
     """
     forksafe.install()
     for key, value in tracking.HTTP_DEFAULTS.items():
@@ -28,3 +31,4 @@ def prepare() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    hide_library_notes()

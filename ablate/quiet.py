@@ -1,6 +1,6 @@
 """Lines libraries print that a user of the ``ablate`` command reads past, and the filters that drop
-them, installed by the command at its start (:func:`hide_library_notes`, called in
-:func:`ablate.cli.main`); importing an ablate module installs nothing. Each filter drops only its
+them, installed by the command at its start (:func:`hide_library_notes`, called by
+:func:`ablate.process.prepare`); importing an ablate module installs nothing. Each filter drops only its
 own message; everything else those loggers say still shows.
 
 * torchao, on import, logs ``Failed to load .../torchao/_C_mxfp8...so`` (and ``_C_cutlass_90a``) for
