@@ -124,6 +124,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
         print(to_yaml(cfg), end="")
         return
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps import checkpoints, tracking
     from ablate.sweeps.context import RunContext
     from ablate.sweeps.plan import Machine, check_run, check_sqlite
@@ -131,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     resume: str | bool = False
     if args.resume:
-        root = cfg.tracking.root if cfg is not None else "ablate-runs"
+        root = cfg.tracking.root if cfg is not None else DEFAULT_ROOT
         uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg.tracking.tracking_uri if cfg else None), root)
         cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
     assert cfg is not None
@@ -220,6 +221,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from ablate.lightning_modules.config.paths import output_folder
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps import tracking
     from ablate.sweeps.weights import RUNS, export_run
 
@@ -232,7 +234,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
         api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
     run_id = args.run.removeprefix(RUNS).strip("/")
-    uri = tracking.resolve_tracking_uri(args.tracking_uri, "ablate-runs")
+    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
     written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub)
     extra = "; a fine-tuned sequence classifier" if written.classifier else ""
     extra += "" if written.tokenizer else "; no tokenizer: the run logged none"

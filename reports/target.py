@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.run import DEFAULT_ROOT
 from ablate.reports import catalog
 from ablate.reports.runs import parse_param
 from ablate.reports.spec import ReportSpec
@@ -24,8 +25,6 @@ from ablate.reports.tables import Expected, clean_key
 
 if TYPE_CHECKING:
     from ablate.sweeps.spec import StudySpec
-
-DEFAULT_ROOT = "ablate-runs"
 
 
 @dataclass(frozen=True)

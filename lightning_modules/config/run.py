@@ -90,6 +90,9 @@ class TrainerConfig:
     profiler: Literal["simple", "advanced", "pytorch"] | None = None
 
 
+DEFAULT_ROOT = "ablate-runs"  # where the embedded stores go, relative to the working directory
+
+
 @dataclass(frozen=True, config=STRICT)
 class TrackingConfig:
     """Where runs are recorded.
@@ -106,4 +109,4 @@ class TrackingConfig:
     tracking_uri: str | None = None
     experiment: str | None = None
     run_name: str | None = None
-    root: str = "ablate-runs"
+    root: str = DEFAULT_ROOT
