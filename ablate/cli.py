@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING
 
 from ablate.benchmarks.cli import positive_int
 from ablate.lightning_modules.config.errors import AblateError, ConfigError
+from ablate.sweeps.interrupt import Interrupted
 
 if TYPE_CHECKING:  # annotations only: the commands import what they run when they run
+    from optuna.trial import FrozenTrial
+
     from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.model.profiling import Measured
 
@@ -142,11 +145,30 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"resuming run {args.resume} from {resume}")
     uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
-    result = train(cfg, RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume))
+    ctx = RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume, reopen=args.resume or None)
+    try:
+        result = train(cfg, ctx)
+    except Interrupted as stop:
+        stop.advice = _train_advice(uri, stop.runs[-1] if stop.runs else None)
+        raise
     shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
     _after_bars(cfg.trainer.progress)
     print(f"run {result.run_id} finished: {shown}")
     _print_ui_hint(result.tracking_uri, run_id=result.run_id)
+
+
+def _train_advice(uri: str, run_id: str | None) -> str:
+    """What resumes an ``ablate train`` that a signal stopped: the run's id, or why it cannot be resumed."""
+    if run_id is None:
+        return "it was stopped before its run was created; nothing was recorded"
+    from ablate.sweeps import checkpoints, tracking
+
+    if checkpoints.resumable(tracking.existing(uri), run_id):
+        return f"run {run_id} is KILLED; resume it with: ablate train --resume {run_id}"
+    return (
+        f"run {run_id} is KILLED; it was stopped before its first validation, so it kept no checkpoint and "
+        "cannot be resumed: run the same command again to start it over"
+    )
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -180,17 +202,32 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine
     check_sqlite(args.storage, "--storage")
     check_sqlite(args.tracking_uri, "--tracking-uri")
-    from ablate.sweeps.study import run_study
+    from ablate.sweeps.study import INTERRUPTED, run_study
 
-    result = run_study(spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials)
+    try:
+        result = run_study(
+            spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials, where=args.study
+        )
+    except Interrupted as stop:
+        stores = (("--storage", args.storage), ("--tracking-uri", args.tracking_uri))
+        again = " ".join([f"ablate sweep {args.study}", *(f"{k} {tracking.redact(v)}" for k, v in stores if v)])
+        stop.advice = (
+            f"the study's running runs are KILLED; resume the study with the same command ({again}): "
+            "a trial that validated goes on from its checkpoint in the same run"
+        )
+        raise
     study = result.study
-    _after_bars(True)  # Optuna's bar, on stderr
-    counts = dict(Counter(t.state.name for t in study.trials))
+    _after_bars(True)  # the runs' bars, on stderr
+
+    def state(t: FrozenTrial) -> str:
+        return "INTERRUPTED" if INTERRUPTED in t.user_attrs else t.state.name
+
+    counts = dict(Counter(state(t) for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
     done = {workers.key(t.params) for t in study.trials if t.state in workers.DONE}
     for t in study.trials:  # failures not made good by a later trial of the same configuration
         reason = t.user_attrs.get(tracking.FAIL_REASON)
-        if t.state.name == "FAIL" and reason and workers.key(t.params) not in done:
+        if state(t) == "FAIL" and reason and workers.key(t.params) not in done:
             print(f"trial {t.number} {t.params} failed: {reason} (run the command again to retry it)")
     try:
         best = study.best_trial
@@ -266,6 +303,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ablate", description="BERT compression ablations: params, train, sweep, report, export."
     )
+    p.add_argument("--version", action="version", version=f"ablate {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("params", help="parameter counts and FLOPs/token of a preset or config")
     s.add_argument("target", help="preset name or CONFIG.yaml")
@@ -338,6 +376,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    """The installed ablate's version (``unknown`` when it runs from a tree that was not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ablate")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class UsageError(Exception):
     """A command line argparse refuses, as one line (without argparse's usage block)."""
 
@@ -383,8 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     except AblateError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: runs were marked KILLED; run the same command again to resume", file=sys.stderr)
+    except Interrupted as stop:  # SIGINT or SIGTERM: the runs it stopped are KILLED, with the signal as reason
+        print(f"\ninterrupted by {stop.name}: {stop.advice or 'no run was left RUNNING'}", file=sys.stderr)
+        return stop.exit_status
+    except KeyboardInterrupt:  # before the handlers were installed
+        print("\ninterrupted by SIGINT", file=sys.stderr)
         return 130
     except Exception as exc:  # what no check foresaw: still one line (its run is FAILED, the reason tagged)
         if os.environ.get("ABLATE_TRACEBACK"):

@@ -6,7 +6,9 @@ last chose, GenAI by default: a traces page, empty for ablate's runs. The experi
 change that in MLflow 3.17's UI; its ``workflowType=machine_learning`` query does. And the
 runs table folds a study's trials under its parent run unless it is sorted by something other
 than the start time. So the link goes to the experiment's runs page, in the model-training
-workflow, filtered to the study's trials and sorted by run name: every trial on its own row.
+workflow, filtered to the study's finished trials and sorted by run name: every trial on its own
+row. Attempts a signal or a failure stopped (KILLED, FAILED) are left out of that filter, and the
+hint says how many there are and how to see them.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ def runs_url(base: str, experiment_id: str, study: str | None = None) -> str:
     study's trial runs, sorted by name (so none is folded under the study's parent run)."""
     query = {"workflowType": "machine_learning"}
     if study is not None:
-        q = '"' if "'" in study else "'"  # MLflow's filter has no escapes
-        query["searchFilter"] = f"tags.`ablate.study` = {q}{study}{q} and tags.`ablate.role` = 'trial'"
+        query["searchFilter"] = f"{trials_filter(study)} and attributes.status = 'FINISHED'"
         query |= {"orderByKey": "tags.`mlflow.runName`", "orderByAsc": "true"}
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
+
+
+def trials_filter(study: str) -> str:
+    """MLflow's filter for the trial runs of ``study``."""
+    q = '"' if "'" in study else "'"  # MLflow's filter has no escapes
+    return f"tags.`ablate.study` = {q}{study}{q} and tags.`ablate.role` = 'trial'"
 
 
 def run_url(base: str, experiment_id: str, run_id: str) -> str:
@@ -35,16 +42,20 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
-def _locate(uri: str, study: str | None, run_id: str | None) -> tuple[str, str | None] | None:
-    """(experiment id, run id or None) of what to show; None when the store does not say."""
+def _locate(uri: str, study: str | None, run_id: str | None) -> tuple[str, str | None, int] | None:
+    """(experiment id, run id or None, the study's trial runs that did not finish) of what to show;
+    None when the store does not say."""
     from mlflow import MlflowClient
 
     try:
         client = MlflowClient(tracking_uri=uri)
         if run_id is not None:
-            return client.get_run(run_id).info.experiment_id, run_id
+            return client.get_run(run_id).info.experiment_id, run_id, 0
         exp = client.get_experiment_by_name(study) if study else None
-        return (exp.experiment_id, None) if exp is not None else None
+        if exp is None or study is None:
+            return None
+        stopped = client.search_runs([exp.experiment_id], f"{trials_filter(study)} and attributes.status != 'FINISHED'")
+        return exp.experiment_id, None, len(stopped)
     except Exception:  # noqa: BLE001 - a hint, never an error
         return None
 
@@ -61,6 +72,12 @@ def hint(uri: str, *, study: str | None = None, run_id: str | None = None) -> li
     found = _locate(uri, study, run_id)
     if found is None:
         return [lines[0] + (f" {base}" if base == uri else "")]
-    exp_id, run = found
+    exp_id, run, stopped = found
     url = run_url(base, exp_id, run) if run is not None else runs_url(base, exp_id, study)
-    return [f"{lines[0]} {url}"] if base == uri else [lines[0], f"  then open {url}"]
+    out = [f"{lines[0]} {url}"] if base == uri else [lines[0], f"  then open {url}"]
+    if stopped:
+        out.append(
+            f"  (its finished trials; {stopped} stopped or failed attempt{'s' * (stopped != 1)} not listed: "
+            "drop \"and attributes.status = 'FINISHED'\" from the search to see them)"
+        )
+    return out

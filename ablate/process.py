@@ -10,11 +10,15 @@ import os
 import warnings
 
 from ablate.quiet import hide_library_notes
-from ablate.sweeps import forksafe, tracking
+from ablate.sweeps import forksafe, interrupt, tracking
 
 
-def prepare() -> None:
+def prepare(*, signals: bool = True) -> None:
     """Set up this process for ablate's commands:
+
+    * SIGINT and SIGTERM end the working run KILLED, with the signal as its reason, and the command
+      with status 128 + the signal's number (:mod:`ablate.sweeps.interrupt`); ``signals`` False
+      leaves the process's handlers alone (a test runner's process, which handles Ctrl-C itself);
 
     * database pools refuse connections another process opened (DDP ranks are forked with the
       worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.forksafe`);
@@ -22,8 +26,10 @@ def prepare() -> None:
     * INFO lines of database migrations and MLflow's tracking-URI notices hidden;
     * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters;
     * the library notes a user reads past hidden (:mod:`ablate.quiet`: torchao's kernel libraries,
-      Lightning's tips).
+      Lightning's tips and its accelerator lines).
     """
+    if signals:
+        interrupt.install()
     forksafe.install()
     for key, value in tracking.HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -21,13 +21,15 @@ from mlflow.entities import Param
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
 from ablate.lightning_modules.methods.techniques import stages_of
+from ablate.sweeps import tracking
+from ablate.sweeps.attempts import stopped_stage
 from ablate.sweeps.context import ActiveRun, RunContext, RunResult, tracked_run
 from ablate.sweeps.runner import train
 from ablate.sweeps.study_models import FinetuneTask
 from ablate.sweeps.tracking import resolve_tracking_uri
 from ablate.sweeps.weights import RUNS
 
-STAGE = "ablate.stage"
+STAGE = tracking.STAGE
 PRETRAIN_RUN = "ablate.pretrain_run"
 
 
@@ -41,10 +43,13 @@ def chained_trial(
 ) -> RunResult:
     """Pre-train ``cfg`` (with ``ctx``'s callbacks, checkpoints and resume), then fine-tune it on each
     task (task ``i`` distilled from ``task_teachers[i]`` when it distils from the study's model,
-    augmented with ``study_model``'s MLM head when it augments), as one trial run placed as ``ctx`` says."""
+    augmented with ``study_model``'s MLM head when it augments), as one trial run placed as ``ctx`` says
+    (``ctx.reopen``: a stopped attempt's trial run, whose pre-training stage run goes on too)."""
 
     def work(trial: ActiveRun) -> dict[str, float]:
-        stage = ctx.nested(trial.run_id, f"{ctx.name} | {cfg.regime}", {STAGE: "pretrain"}, trains=True)
+        earlier = stopped_stage(trial.client, trial.run_id) if ctx.reopen else None  # went on in the trial's run
+        name = f"{ctx.name} | {cfg.regime}"
+        stage = ctx.nested(trial.run_id, name, {STAGE: "pretrain"}, trains=True, reopen=earlier)
         pre = train(cfg, stage)  # | pretrain, | distill, | prune, | quant
         trial.tag(PRETRAIN_RUN, pre.run_id)
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's

@@ -141,18 +141,26 @@ class _Mirrored(ModelCheckpoint):
             self.upload(filepath)
 
 
-def callbacks(plan: Plan, client: Any, run_id: str, on_resume: Callable[[int], None] | None = None) -> list[Callback]:
-    """Keep ``last.ckpt`` and ``best.ckpt`` in ``plan.folder``, written at each validation (and
-    ``last.ckpt`` uploaded to run ``run_id`` when ``plan.mirror``); ``on_resume(step)`` is called
-    when a fit restores one. Tags the run with the plan's folder and config digest."""
+def callbacks(
+    plan: Plan,
+    client: Any,
+    run_id: str,
+    on_resume: Callable[[int], None] | None = None,
+    *,
+    monitor: str | None = "val/loss",
+) -> list[Callback]:
+    """Keep ``last.ckpt`` (and ``best.ckpt``, lowest ``monitor``; None: no best, the module keeps its own)
+    in ``plan.folder``, written at each validation (and ``last.ckpt`` uploaded to run ``run_id`` when
+    ``plan.mirror``); ``on_resume(step)`` is called when a fit restores one. Tags the run with the plan's
+    folder and config digest."""
     client.set_tag(run_id, CONFIG, plan.digest)
     client.set_tag(run_id, WHERE, MLFLOW if plan.mirror else plan.folder)
     kwargs: dict[str, Any] = dict(
         dirpath=plan.folder,
         filename="best",
-        monitor="val/loss",
+        monitor=monitor,
         mode="min",
-        save_top_k=1,
+        save_top_k=1 if monitor is not None else 0,
         save_last=True,
         enable_version_counter=False,
     )
@@ -182,7 +190,8 @@ def _download(client: Any, run_id: str, folder: str) -> str | None:
 
 def resume_path(plan: Plan | None, client: Any, run_id: str) -> str | None:
     """``last.ckpt`` that an earlier attempt at this run's config left: in ``plan.folder``, else (with
-    ``plan.mirror``) the newest one uploaded by another run of the experiment with the same config."""
+    ``plan.mirror``) the newest one uploaded by a run of the experiment with the same config (the run
+    itself, when it goes on from its own stopped attempt)."""
     if plan is None:
         return None
     last = f"{plan.folder}/{LAST}"
@@ -194,9 +203,19 @@ def resume_path(plan: Plan | None, client: Any, run_id: str) -> str | None:
     for run in client.search_runs(
         [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
     ):
-        if run.info.run_id != run_id and (got := _download(client, run.info.run_id, plan.folder)) is not None:
+        if (got := _download(client, run.info.run_id, plan.folder)) is not None:  # its own, when it goes on
             return got
     return None
+
+
+def resumable(client: Any, run_id: str) -> bool:
+    """Whether run ``run_id`` left a ``last.ckpt`` that ``ablate train --resume`` can start from."""
+    where = client.get_run(run_id).data.tags.get(WHERE)
+    if where is None:
+        return False
+    if where != MLFLOW:
+        return _exists(f"{where}/{LAST}")
+    return any(a.path == f"{ARTIFACTS}/{LAST}" for a in client.list_artifacts(run_id, ARTIFACTS))
 
 
 def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
@@ -242,6 +261,7 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
     last = run_checkpoint(client, run_id, str(root)) if WHERE in run.data.tags else None
     if last is None:
         raise ConfigError(
-            f"--resume {run_id}: the run kept no checkpoint (it validated no step, or predates checkpoints)"
+            f"--resume {run_id}: the run kept no checkpoint (it was stopped before its first validation, or "
+            "predates checkpoints); start it again without --resume"
         )
     return theirs, last

@@ -8,8 +8,8 @@ tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume)
 for metrics logged outside Lightning's loop (inside it, ``LightningModule.log``), each name checked
 against the registry of :mod:`ablate.lightning_modules.config.metric_names`.
 
-:func:`tracked_run` runs a regime's work inside a new MLflow run, which always ends FINISHED,
-FAILED or KILLED.
+:func:`tracked_run` runs a regime's work inside a new MLflow run, which stays RUNNING until all of
+that work is done and then ends FINISHED, FAILED or KILLED (a signal: SIGINT or SIGTERM).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -31,6 +32,7 @@ from optuna import TrialPruned
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import check_name
 from ablate.sweeps import tracking
+from ablate.sweeps.interrupt import as_interrupted, signalled
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback
@@ -52,6 +54,9 @@ class RunContext:
         callbacks: Lightning callbacks of its fit (a sweep's pruning callback).
         checkpoint: where its last and best checkpoints go; None: none kept.
         resume: a ``last.ckpt`` to start from, or True: what an earlier attempt at the config left.
+        reopen: an existing run (KILLED) to continue instead of starting a new one: the attempt whose
+            checkpoint ``resume`` starts from (``ablate train --resume``, a retried trial), so that its
+            curves go on in the same run.
     """
 
     tracking_uri: str | None = None
@@ -63,21 +68,46 @@ class RunContext:
     callbacks: tuple[Callback, ...] = ()
     checkpoint: Plan | None = None
     resume: str | bool = False
+    reopen: str | None = None
 
-    def nested(self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False) -> RunContext:
+    def nested(
+        self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False, reopen: str | None = None
+    ) -> RunContext:
         """A stage run under ``parent_run_id`` in the same store and experiment; with ``trains`` it keeps
-        this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none."""
-        stage = dataclasses.replace(self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={})
+        this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none;
+        ``reopen``: the stage run of an earlier attempt to continue."""
+        stage = dataclasses.replace(
+            self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, reopen=reopen
+        )
         return stage if trains else dataclasses.replace(stage, callbacks=(), checkpoint=None, resume=False)
+
+    def checkpointing(self, run: ActiveRun, monitor: str | None) -> tuple[str | None, list[Callback]]:
+        """The checkpoint a fit of ``run`` starts from (None: from the start) and the callbacks that keep
+        its ``last.ckpt`` (and ``best.ckpt``, lowest ``monitor``) where ``self.checkpoint`` says, at each
+        validation; none without a plan. The run is tagged ``ablate.resumed_from`` (checkpoint and step)
+        when the fit restores one."""
+        from ablate.sweeps import checkpoints
+
+        plan = None if self.checkpoint is None else self.checkpoint.for_run(run.run_id)
+        start = checkpoints.resume_path(plan, run.client, run.run_id) if self.resume is True else self.resume or None
+        if plan is None:
+            return start, []
+
+        def resumed(step: int) -> None:
+            run.tag(tracking.RESUMED, f"{start} (step {step})")
+
+        return start, checkpoints.callbacks(plan, run.client, run.run_id, resumed, monitor=monitor)
 
 
 @dataclass(frozen=True)
 class ActiveRun:
-    """An MLflow run that exists: its client, id and store."""
+    """An MLflow run that exists: its client, id, store and name, and the phase it is in."""
 
     client: MlflowClient
     run_id: str
     uri: str
+    name: str = ""
+    _phase: list[str] = field(default_factory=list, repr=False)  # the phase now, once one has begun
 
     def log(self, metrics: Mapping[str, float], step: int = 0) -> None:
         """Log ``metrics`` at ``step`` in one request; every name must be one the registry knows."""
@@ -95,6 +125,23 @@ class ActiveRun:
     def text(self, text: str, artifact: str) -> None:
         """Store ``text`` as the run's artifact ``artifact`` (a path inside its artifacts)."""
         self.client.log_text(self.run_id, text, artifact)
+
+    def phase(self, name: str, detail: str = "") -> None:
+        """Say that the run begins phase ``name`` (``fine-tuning``, ``exits``, ``QAT`` ...): one status line
+        on stderr, and the run's tag ``ablate.phase``, so that a run stopped in it says where."""
+        self._phase[:] = [name]
+        self.tag(tracking.PHASE, name)
+        say(f"{self.name or self.run_id[:8]}: {name}" + (f": {detail}" if detail else ""))
+
+    @property
+    def current_phase(self) -> str | None:
+        """The phase begun last (None: none said)."""
+        return self._phase[0] if self._phase else None
+
+
+def say(line: str) -> None:
+    """One status line on stderr (beside Lightning's progress bars, which also write there)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 Work = Callable[[ActiveRun], dict[str, float]]
@@ -149,31 +196,43 @@ def tracked_run(
 ) -> RunResult:
     """Run ``work`` inside a new MLflow run placed as ``ctx`` says, which logs ``cfg``, ``inputs``
     (metrics at step 0), ``params`` and ``ctx.params`` and the tokenizer first (``tags`` beside
-    ``ctx.tags``), and always ends FINISHED, FAILED or KILLED (Ctrl-C re-raised as
-    KeyboardInterrupt; an Optuna prune ends it FINISHED and is re-raised)."""
+    ``ctx.tags``).
+
+    The run is RUNNING until ``work`` has returned: every phase, evaluation and artifact of it. It then
+    ends FINISHED; FAILED if anything raised (the reason in its ``ablate.fail_reason`` tag); KILLED if a
+    signal stopped it (SIGINT, SIGTERM: the reason ``signal SIGTERM`` and the phase it was in), which is
+    re-raised as :class:`~ablate.sweeps.interrupt.Interrupted`. An Optuna prune ends it FINISHED and is
+    re-raised."""
     client = tracking.connect(uri)
     experiment = ctx.experiment or tracking.experiment_name(cfg.tracking.experiment)
     # the params and config.yaml name the experiment the run is in, not None
     cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, experiment=experiment))
     exp_id = tracking.experiment_id(client, experiment, uri)
     name = ctx.name or cfg.tracking.run_name or cfg.name
-    run_id = tracking.start_run(client, exp_id, name, {tracking.ROLE: "run", **tags, **ctx.tags}, ctx.parent_run_id)
-    run = ActiveRun(client, run_id, uri)
+    run_tags = {tracking.ROLE: "run", **tags, **ctx.tags}
+    if ctx.reopen is not None:  # an earlier attempt's run, continued: its inputs are logged already
+        run_id = tracking.reopen_run(client, ctx.reopen, run_tags)
+    else:
+        run_id = tracking.start_run(client, exp_id, name, run_tags, ctx.parent_run_id)
+    run = ActiveRun(client, run_id, uri, name)
     sigint = signal.getsignal(signal.SIGINT)
+    rearm = True  # Lightning ignores SIGINT after an interrupt; ablate's own handler ignores a second signal
     try:
-        tracking.log_run_inputs(client, run_id, cfg, dict(inputs), tokenizer)
-        for key, value in {**(params or {}), **ctx.params}.items():  # measured_on, a study's variant
-            client.log_param(run_id, key, value)
+        if ctx.reopen is None:
+            tracking.log_run_inputs(client, run_id, cfg, dict(inputs), tokenizer)
+            for key, value in {**(params or {}), **ctx.params}.items():  # measured_on, a study's variant
+                client.log_param(run_id, key, value)
         metrics = work(run)
-    except SystemExit as exc:  # Lightning turns Ctrl-C into sys.exit(1) after cleaning up
-        tracking.end_killed(client, run_id, tracking.INTERRUPTED)
-        raise KeyboardInterrupt from exc
-    except KeyboardInterrupt:
-        tracking.end_killed(client, run_id, tracking.INTERRUPTED)
-        raise
     except TrialPruned:  # stopped early by the sweep's pruner: a finished, shorter run
         tracking.end_run(client, run_id, "FINISHED")
         raise
+    except (KeyboardInterrupt, SystemExit) as exc:  # an Interrupted; SystemExit: how Lightning ends an interrupted fit
+        stop = as_interrupted(exc)
+        rearm = signalled(exc) is None  # ours stays disarmed until the process has ended its runs
+        during = f" during {run.current_phase}" if run.current_phase else ""
+        tracking.end_killed(client, run_id, f"{stop}{during}")
+        stop.runs.append(run_id)
+        raise stop from None
     except BaseException as exc:
         with contextlib.suppress(Exception):  # why, on the run itself, unless a stage said it already
             if tracking.FAIL_REASON not in client.get_run(run_id).data.tags:
@@ -181,6 +240,7 @@ def tracked_run(
         tracking.end_run(client, run_id, "FAILED")
         raise
     finally:
-        signal.signal(signal.SIGINT, sigint)  # Lightning ignores SIGINT after an interrupt
+        if rearm:
+            signal.signal(signal.SIGINT, sigint)
     tracking.end_run(client, run_id, "FINISHED")
     return RunResult(run_id=run_id, tracking_uri=uri, metrics=metrics)

@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F  # noqa: N812
-from lightning.pytorch.callbacks import EarlyStopping
-from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from torch import nn
 
 from ablate.datamodules.classification import ClassificationDataModule
@@ -39,8 +39,8 @@ from ablate.lightning_modules.model.accounting import stored_bytes
 from ablate.sweeps import tracking
 from ablate.sweeps.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.exit_run import exit_curve, used_at
-from ablate.sweeps.quant_run import QuantPlan, plan_for, quantized_model, validate
-from ablate.sweeps.trainer import build_trainer, fit
+from ablate.sweeps.quant_run import QuantPlan, planned, quantized_model, validate
+from ablate.sweeps.trainer import build_trainer, fit, run_logger
 from ablate.sweeps.weights import (
     Source,
     check_same_tokenizer,
@@ -62,13 +62,16 @@ def quantize_classifier(
     cfg: ExperimentConfig,
     data: ClassificationDataModule,
     fp32: float,
+    run: ActiveRun | None = None,
     done: tuple[nn.Module, QuantPlan] | None = None,
 ) -> tuple[dict[str, float], QuantPlan]:
     """Quantize ``module``'s fine-tuned classifier as ``cfg.quant`` says (``weight-mixed``: layers ranked on
     training batches by the classification loss; ``done``: already quantized after quantization-aware
     training) and score the dev set with it on the CPU; the metrics and the plan."""
     f = cfg.finetune
-    quantized, plan = quantized_model(module.model, cfg, data, task_loss) if done is None else done
+    quantized, plan = quantized_model(module.model, cfg, data, task_loss, run) if done is None else done
+    if run is not None:
+        run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
     module.model = quantized  # the same dev metrics, on the quantized classifier
     scores = validate(module, cfg, data)
     out = {
@@ -140,17 +143,36 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
         module.model = prepare_qat(module.model)
     return Prepared(
         cfg=cfg,
-        work=lambda run: _fine_tune(run, cfg, module, data, source),
+        work=lambda run: _fine_tune(run, cfg, module, data, source, ctx),
         tokenizer=source.tokenizer,
         tags={tracking.SOURCE: source.run_id or source.source, **module_tags},
     )
 
 
+class StoppedEarly(Callback):
+    """A fit resumed from a checkpoint written after early stopping had decided to stop ends at once:
+    the checkpoint brings EarlyStopping's count of validations without improvement back, but not the
+    Trainer's decision, and the fit would otherwise train on to its next validation."""
+
+    def __init__(self, stop: EarlyStopping) -> None:
+        self.stop = stop
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stop.wait_count >= self.stop.patience:
+            trainer.should_stop = True
+
+
 def _fine_tune(
-    run: ActiveRun, cfg: ExperimentConfig, module: FinetuneModule, data: ClassificationDataModule, source: Source
+    run: ActiveRun,
+    cfg: ExperimentConfig,
+    module: FinetuneModule,
+    data: ClassificationDataModule,
+    source: Source,
+    ctx: RunContext,
 ) -> dict[str, float]:
-    """Fine-tune inside ``run``: the task, then FastBERT's exits, Q-BERT's quantization-aware phase and
-    the quantized classifier as the config says; the run's final metrics."""
+    """Fine-tune inside ``run``: the task (checkpointed and resumed as ``ctx`` says), then FastBERT's
+    exits, Q-BERT's quantization-aware phase and the quantized classifier as the config says; the run's
+    final metrics."""
     f = cfg.finetune
     baseline = {
         f"{f.task}/majority_accuracy": data.majority_accuracy,
@@ -159,47 +181,57 @@ def _fine_tune(
     run.log(baseline)
     if data.augment_sample is not None:
         run.text(data.augment_sample, AUGMENT_SAMPLE)
-    logger = MLFlowLogger(tracking_uri=run.uri, run_id=run.run_id, log_model=False)
+    logger = run_logger(run.uri, run.run_id)
     steps_per_epoch = max(1, len(data.train_dataloader()))
     # strict=False: the dev set is not scored while an intermediate stage trains the layers
     stop = EarlyStopping(
         monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
     )
     val_every = min(f.val_every, steps_per_epoch)
-    trainer = build_trainer(cfg, logger, [stop], max_steps=f.max_steps, val_every=val_every, val_batches=1.0)
-    metrics = {**fit(trainer, module, data), **baseline}
+    start, saving = ctx.checkpointing(run, None)  # the best validation's weights travel in last.ckpt
+    callbacks = [stop, StoppedEarly(stop), *ctx.callbacks, *saving]
+    trainer = build_trainer(
+        cfg, logger, callbacks, max_steps=f.max_steps, val_every=val_every, val_batches=1.0, checkpointing=bool(saving)
+    )
+    run.phase("fine-tuning", f"{f.task}, at most {f.max_steps} steps" + (f", from {start}" if start else ""))
+    metrics = {**fit(trainer, module, data, ckpt_path=start), **baseline}
     # the model the run leaves: the best validation's weights (early stopping's choice) ...
     module.restore_best()
-    best = metrics[f"{f.task}/best_{f.metric}"]
-    metrics[f"{f.task}/final_{f.metric}"] = best
+    best = module.best if module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
+    metrics[f"{f.task}/best_{f.metric}"] = metrics[f"{f.task}/final_{f.metric}"] = best
     step = trainer.global_step
     if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
         module.self_distillation()
         exits = build_trainer(cfg, logger, [], max_steps=f.exit_steps, val_every=f.exit_steps, val_batches=0)
+        run.phase("exits", f"FastBERT's self-distillation of the exits, {f.exit_steps} steps")
         fit(exits, module, data)
         step += exits.global_step
     if f.exits:
+        run.phase("exit curve", f"early exit at {len(f.exit_speeds)} speeds on {data.num_validation} dev examples")
         metrics.update(exit_curve(module.model, cfg, data, run, step))
     metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
     # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
     log_weights(run.client, run.run_id, module.model, cfg, tokenizer=source.tokenizer)
     done = None
     if cfg.quant.qat_steps:  # Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits
-        plan = plan_for(module.model, cfg, data, task_loss)
+        plan = planned(module.model, cfg, data, task_loss, run)
         assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
         module.quantization_aware(plan.plan)
         qat_every = min(f.val_every, cfg.quant.qat_steps)
         qat = build_trainer(cfg, logger, [], max_steps=cfg.quant.qat_steps, val_every=qat_every, val_batches=1.0)
+        run.phase("QAT", f"{cfg.quant.method} fake-quantized, {cfg.quant.qat_steps} steps")
         fit(qat, module, data)
         module.restore_best()  # the best validation of the quantization-aware phase
         step += qat.global_step
         done = (convert_weight_qat(copy.deepcopy(module.model), plan.plan, cfg.quant), plan)
     if cfg.quant.enabled:  # ... quantized: its dev score is scored again
-        scores, plan = quantize_classifier(module, cfg, data, best, done)
+        scores, plan = quantize_classifier(module, cfg, data, best, run, done)
         metrics.update(scores)
         if plan.table is not None:
             run.text(plan.table.to_csv(index=False), "quant/plan.csv")
     if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
+        at = "" if f.exit_at is None else f", early exit at speed {f.exit_at:g}"
+        run.phase("latency", f"batch-1 latency on the CPU{at}")
         metrics.update(used_at(module.model, cfg, data))
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
     keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers")

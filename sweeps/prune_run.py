@@ -11,10 +11,8 @@ and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-lay
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import MLFlowLogger
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.experiment import ExperimentConfig
@@ -22,20 +20,8 @@ from ablate.lightning_modules.methods.pruning.schubert import dims_markdown, dim
 from ablate.lightning_modules.model.accounting import metric_counts
 from ablate.sweeps.context import ActiveRun
 from ablate.sweeps.quant_run import quantize_and_log
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
+from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
 from ablate.sweeps.weights import Source, log_weights
-
-
-class _PhaseLogger(MLFlowLogger):
-    """One MLflow run across several fits: steps continue from ``offset``; the run is ended by us."""
-
-    offset = 0
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics, (step or 0) + self.offset)
-
-    def finalize(self, status: str = "success") -> None:  # Lightning would end the run after each fit
-        pass
 
 
 def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, run: ActiveRun) -> dict[str, float]:
@@ -43,7 +29,7 @@ def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule,
     client, run_id = run.client, run.run_id
     before, _ = metric_counts(source.model, source.model_cfg, cfg)  # on the training device, as the run's own
     run.log({f"source/{key}": float(value) for key, value in before.items()})
-    logger = _PhaseLogger(tracking_uri=run.uri, run_id=run_id, log_model=False)
+    logger = run_logger(run.uri, run_id)  # its offset: the steps of the phases before
 
     def train(module: pl.LightningModule, steps: int) -> dict[str, float]:
         """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""

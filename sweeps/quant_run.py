@@ -13,6 +13,10 @@ What a quantized run logs, beside what every run logs:
   (:class:`~ablate.lightning_modules.methods.quantization.apply.QuantizationNotApplied`), never scored;
 - for ``weight-mixed``, the layers' sensitivities, ranks and bits as the artifact ``quant/plan.csv``.
 
+The ``quant`` regime with ``quant.method: none`` is a comparison's float arm: the source evaluated as
+the quantized arms are (held-out MLM metrics on the CPU in float32, ``model_bytes``, CPU latency),
+``quant/layers`` 0; the check that a quantized model holds integers applies wherever a method is set.
+
 The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config:
 quantization is a deterministic function of both, redone where the model is used (a fine-tuning
 task quantizes its fine-tuned classifier the same way).
@@ -28,7 +32,6 @@ from typing import cast
 import lightning.pytorch as pl
 import pandas as pd
 import torch
-from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
@@ -48,7 +51,7 @@ from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, avera
 from ablate.lightning_modules.model.accounting import quantized_counts, stored_bytes
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.sweeps.context import ActiveRun
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
+from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
 from ablate.sweeps.weights import Source, log_weights
 
 MLM = ("val/loss", "val/mlm_loss", "val/mlm_acc")
@@ -106,11 +109,15 @@ def plan_for(model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModu
 
 
 def quantized_model(
-    model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss
+    model: nn.Module,
+    cfg: ExperimentConfig,
+    data: pl.LightningDataModule,
+    loss: BatchLoss,
+    run: ActiveRun | None = None,
 ) -> tuple[nn.Module, QuantPlan]:
-    """A quantized copy of ``model`` (left as it is) and its :class:`QuantPlan` (:func:`plan_for`)."""
+    """A quantized copy of ``model`` (left as it is) and its :class:`QuantPlan` (:func:`planned`)."""
     model = copy.deepcopy(model).cpu().eval()
-    plan = plan_for(model, cfg, data, loss)
+    plan = planned(model, cfg, data, loss, run)
     return quantize(model, cfg.quant, plan.plan), plan
 
 
@@ -127,7 +134,8 @@ def quantize_and_log(
     module's docstring) at ``step``; the metrics logged. ``fp32``: the float model's MLM metrics;
     ``done``: the model already quantized (after quantization-aware training) and its plan."""
     eval_cfg = on_cpu(cfg)
-    quantized, plan = quantized_model(model, cfg, data, mlm_loss) if done is None else done
+    quantized, plan = quantized_model(model, cfg, data, mlm_loss, run) if done is None else done
+    run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
     layers = quantized_layers(quantized)  # quantize() checked its layers; this is what is scored
     if not layers:
         raise QuantizationNotApplied(
@@ -155,26 +163,49 @@ def quant_train(
     cfg: ExperimentConfig, source: Source, data: pl.LightningDataModule, run: ActiveRun
 ) -> dict[str, float]:
     """The ``quant`` regime in ``run``: evaluate ``source``, train it with fake quantization for
-    ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it."""
+    ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it.
+
+    With ``quant.method: none`` (and float embeddings) the source is the float arm of a comparison:
+    it is evaluated as the quantized arms are (on the CPU, in float32: held-out MLM metrics, stored
+    bytes, CPU latency), and no quantized model is claimed (``quant/layers`` 0)."""
     model, eval_cfg, q = source.model, on_cpu(cfg), cfg.quant
+    run.phase("evaluation", "the source in float32 on the CPU")
     fp32 = validate(PretrainModule(eval_cfg, model), eval_cfg, data)
+    if not q.enabled:
+        metrics = {**fp32, **quantized_counts(model, eval_cfg), "quant/layers": 0.0}
+        run.log(metrics)
+        log_weights(run.client, run.run_id, model, cfg)
+        return metrics
     step, done = 0, None
-    logger = MLFlowLogger(tracking_uri=run.uri, run_id=run.run_id, log_model=False)
+    logger = run_logger(run.uri, run.run_id)
     if q.method == "qat-int8":
         model = cast(PretrainingModel, prepare_qat(model))  # prepared in place
+        run.phase("QAT", f"int8 fake-quantized, {cfg.trainer.max_steps} steps")
         fit(build_trainer(cfg, logger, [ValidateAtEnd()]), PretrainModule(cfg, model), data)
         step = cfg.trainer.max_steps
     elif q.qat_steps:  # Q-BERT: the plan on the float model, then trained fake-quantized at its bits
-        plan = plan_for(model, cfg, data, mlm_loss)
+        plan = planned(model, cfg, data, mlm_loss, run)
         assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
         model = cast(PretrainingModel, prepare_weight_qat(model, plan.plan, q))  # prepared in place
         qat_cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=q.qat_steps))
+        run.phase("QAT", f"{q.method} fake-quantized, {q.qat_steps} steps")
         fit(build_trainer(qat_cfg, logger, [ValidateAtEnd()]), PretrainModule(qat_cfg, model), data)
         step = q.qat_steps
         done = (convert_weight_qat(copy.deepcopy(model), plan.plan, q), plan)
     metrics = quantize_and_log(model, cfg, data, run, step, fp32, done)
     log_weights(run.client, run.run_id, model, cfg)  # float weights (after QAT, the trained ones)
     return metrics
+
+
+def planned(
+    model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss, run: ActiveRun | None
+) -> QuantPlan:
+    """:func:`plan_for`, said as ``run``'s phase when it measures sensitivities (``weight-mixed``)."""
+    q = cfg.quant
+    if q.method == "weight-mixed" and run is not None:
+        how = f"Hessian top eigenvalues, {q.hessian_iters} iterations" if q.sensitivity == "hessian" else "loss"
+        run.phase("sensitivity", f"each layer's {how} on {q.calib_batches} batches")
+    return plan_for(model, cfg, data, loss)
 
 
 def mlm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import cast
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import MLFlowLogger
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.config.errors import ConfigError
@@ -26,12 +25,12 @@ from ablate.lightning_modules.model.accounting import MEASURED_ON as MEASURED_ON
 from ablate.lightning_modules.model.accounting import metric_counts as metric_counts  # re-exported: benchmarks wrap it
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.measuring import placed, training_device
-from ablate.sweeps import checkpoints, tracking
+from ablate.sweeps import tracking
 from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
 from ablate.sweeps.finetune_run import prepare_finetune
 from ablate.sweeps.prune_run import prune_train
 from ablate.sweeps.quant_run import quant_train, quantize_and_log
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit
+from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
 from ablate.sweeps.weights import (
     Source,
     check_positions,
@@ -41,8 +40,7 @@ from ablate.sweeps.weights import (
     student_vocabulary,
 )
 
-# short names for run names: "E=64 sharing=all F=1 seed=0"
-RESUMED = "ablate.resumed_from"  # on a run that continued a killed attempt: its checkpoint and step
+RESUMED = tracking.RESUMED  # re-exported: tests and tools read the tag by this name
 MATMUL_PRECISION = "measure.matmul_precision"  # param: the fp32 matmul precision the run trained and was timed at
 
 SHORT = {
@@ -53,6 +51,9 @@ SHORT = {
     "model.num_ffn": "F",
     "model.ffn_dim": "ffn",
 }
+"""Short names for run names: ``E=64 sharing=all F=1 seed=0``."""
+PHASES: Mapping[Regime, str] = {"pretrain": "pre-training", "distill": "distillation", "quant": "QAT"}
+"""The name of a fit's phase, by its regime, in status lines and the ``ablate.phase`` tag."""
 
 
 def run_name(changes: dict[str, object]) -> str:
@@ -191,18 +192,11 @@ def _fit_run(
     from ``ctx.resume`` (a ``last.ckpt``; True: whatever an earlier attempt at this config left),
     then log its weights; the final metrics."""
     client, run_id = run.client, run.run_id
-    logger = MLFlowLogger(tracking_uri=run.uri, run_id=run_id, log_model=False, synchronous=False)  # no wait
-    plan = None if ctx.checkpoint is None else ctx.checkpoint.for_run(run_id)
-    start = checkpoints.resume_path(plan, client, run_id) if ctx.resume is True else ctx.resume or None
-    saving = (
-        []
-        if plan is None
-        else checkpoints.callbacks(
-            plan, client, run_id, on_resume=lambda step: run.tag(RESUMED, f"{start} (step {step})")
-        )
-    )
+    logger = run_logger(run.uri, run_id, synchronous=False)  # no wait
+    start, saving = ctx.checkpointing(run, "val/loss")
     callbacks = list(ctx.callbacks)
     trainer = build_trainer(cfg, logger, [ValidateAtEnd(), *callbacks, *saving], checkpointing=bool(saving))
+    run.phase(PHASES[cfg.regime or "pretrain"], f"{cfg.trainer.max_steps} steps" + (f", from {start}" if start else ""))
     metrics = fit(trainer, module, data, ckpt_path=start)
     if start and not any(k.startswith("val/") for k in metrics):
         # resumed from the checkpoint of a finished training (a retried trial whose later stage failed):
@@ -216,6 +210,7 @@ def _fit_run(
             check_pruned()
     if cfg.trainer.intrinsic:  # the same probes for every model, whatever its own objective
         # eager, on the training device (Lightning hands the model back on the CPU after fit)
+        run.phase("probes", "MLM, NSP and SOP probes on the frozen encoder")
         with placed(module.model, training_device(cfg.trainer.accelerator), train=False):
             streams = probe_streams(cfg.data, cfg.model.vocab_size, seed=cfg.seed)
             scores = intrinsic_eval(module.model, streams, seed=cfg.seed).as_metrics()
@@ -240,8 +235,9 @@ def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  
     precision (``trainer.matmul_precision``) holds from its preparation (latency is measured
     there) to its end, and the process's own is restored after.
 
-    Corpus, store, teacher and source problems raise before the MLflow run is created. Any
-    failure marks the run FAILED; Ctrl-C marks it KILLED and re-raises KeyboardInterrupt.
+    Corpus, store, teacher and source problems raise before the MLflow run is created. The run is
+    RUNNING until its last phase, evaluation and artifact are done; any failure marks it FAILED, a
+    signal (SIGINT, SIGTERM) KILLED, re-raised as :class:`~ablate.sweeps.interrupt.Interrupted`.
     """
     assert cfg.regime is not None  # resolved by the config's validation
     uri = tracking.resolve_tracking_uri(ctx.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)

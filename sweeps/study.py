@@ -12,7 +12,7 @@ unchanged): :mod:`~ablate.sweeps.study_model_runs`.
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +25,18 @@ from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
-from ablate.sweeps import checkpoints, study_model_runs, tracking, workers
+from ablate.sweeps import attempts, checkpoints, study_model_runs, tracking, workers
 from ablate.sweeps.chain import chained_trial
 from ablate.sweeps.context import RunContext
+from ablate.sweeps.definition import check_unchanged
+from ablate.sweeps.interrupt import as_interrupted
 from ablate.sweeps.runner import run_name, train
 from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config, trial_config
 from ablate.sweeps.weights import RUNS
 
 DONE = workers.DONE
 FAIL_REASON = tracking.FAIL_REASON
+INTERRUPTED = "ablate.interrupted"  # user attr of a trial a signal stopped (Optuna's state: FAIL): the signal
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
 
@@ -141,9 +144,11 @@ def run_study(
     storage: str | None = None,
     tracking_uri: str | None = None,
     n_trials: int | None = None,
+    where: str = "study",
 ) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
-    worker has run ``n_trials`` more trials."""
+    worker has run ``n_trials`` more trials. A study whose name has trials of another definition
+    (edited since they ran) is refused before anything is written (``where``: its file, for the message)."""
     base_cfg = corner_configs(spec, base)[0]  # where the study is tracked (a trial's own settings)
     preflight(spec, base)
     root = base_cfg.tracking.root
@@ -158,11 +163,11 @@ def run_study(
     url = storage or default_storage(root)
     tracking.sqlite_wal(url)
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
+    study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
+    check_unchanged(study, spec, base, where)  # an edited study is refused before its experiment is touched
     exp_id = tracking.experiment_id(client, spec.name, uri)
     killed.append(study_model_runs.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
-    study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     parent = workers.shared_parent(
         study,
         created,
@@ -185,22 +190,21 @@ def run_study(
             place = study_model_runs.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s=poll_s)
             study_model = study_model_runs.ensure_study_model(place)
             task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
-            objective = trial_objective(spec, base, client, exp_id, uri, parent, study_model, task_teachers)
+            objective = trial_objective(place, study_model, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
             catch = (FloatingPointError, workers.DuplicateTrial)
             if n_trials is not None:
-                study.optimize(objective, n_trials=n_trials, callbacks=callbacks, catch=catch, show_progress_bar=True)
-            else:  # n_trials = what is left now (for the progress bar); the callback stops when drained
+                study.optimize(objective, n_trials=n_trials, callbacks=callbacks, catch=catch)
+            else:  # n_trials = what is left now; the callback stops when drained
                 while True:  # then wait for other workers' trials; a dead one's retry is taken here
                     if left := _count_left(study, spec):
-                        study.optimize(
-                            objective, n_trials=left, callbacks=callbacks, catch=catch, show_progress_bar=True
-                        )
+                        study.optimize(objective, n_trials=left, callbacks=callbacks, catch=catch)
                     if not workers.wait_for_others(study, min(5.0, spec.heartbeat), _CONSOLE.print):
                         break
-    except KeyboardInterrupt:
-        tracking.end_killed(client, parent, tracking.INTERRUPTED)
-        raise
+    except (KeyboardInterrupt, SystemExit) as exc:  # SIGINT, SIGTERM: the trial's runs are KILLED already
+        stop = as_interrupted(exc)
+        tracking.end_killed(client, parent, str(stop))
+        raise stop from None
     except BaseException:
         tracking.end_run(client, parent, "FAILED")
         raise
@@ -224,19 +228,14 @@ def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
 
 
 def trial_objective(
-    spec: StudySpec,
-    base: dict[str, Any],
-    client: Any,
-    exp_id: str,
-    uri: str,
-    parent: str,
-    study_model: str | None,
-    task_teachers: dict[int, str] | None = None,
+    place: study_model_runs.StudyPlace, study_model: str | None, task_teachers: dict[int, str] | None = None
 ) -> Callable[[optuna.Trial], float]:
-    """The Optuna objective: train the sampled config as an MLflow run nested under ``parent``
-    (from ``study_model``, the study's model, when given: distilled from it, pruning it or
-    quantizing it; each fine-tuning task distilled from its ``task_teachers`` entry) and return
-    the metric the study optimizes."""
+    """The Optuna objective: train the sampled config as an MLflow run nested under the study's parent
+    (from ``study_model``, the study's model, when given: distilled from it, pruning it or quantizing
+    it; each fine-tuning task distilled from its ``task_teachers`` entry) and return the metric the
+    study optimizes. Each trial says its number, configuration and, when it ends, its time; a retry of
+    a stopped attempt that left a checkpoint goes on in that attempt's run."""
+    spec, client, exp_id, uri = place.spec, place.client, place.exp_id, place.uri
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
@@ -245,7 +244,7 @@ def trial_objective(
         except workers.DuplicateTrial as exc:
             trial.set_user_attr(FAIL_REASON, str(exc))
             raise
-        cfg = trial_config(base, spec, params, study_model)
+        cfg = trial_config(place.base, spec, params, study_model)
         tags = {
             tracking.ROLE: "trial",
             tracking.STUDY: spec.name,
@@ -257,22 +256,27 @@ def trial_objective(
         pruning = StepPruningCallback(trial, monitor=spec.optimize.metric)
         where = checkpoints.location(spec.checkpoints, uri, cfg.tracking.root)
         ckpt = checkpoints.trial_plan(where, cfg.tracking.root, spec.name, cfg)
-        run_tags = {**tags, tracking.STATE: "RUNNING"}
+        variant = params.get("variant")
+        mine = [i for i, task in enumerate(spec.tasks) if task.runs_for(variant)]  # this trial's tasks
+        earlier = attempts.stopped_attempt(client, exp_id, ckpt, chained=bool(spec.tasks))
         ctx = RunContext(
             tracking_uri=uri,
             experiment=spec.name,
-            parent_run_id=parent,
+            parent_run_id=place.parent,
             name=run_name(params),
-            tags=run_tags,
+            tags={**tags, tracking.STATE: "RUNNING"},
             params={"variant": params["variant"]} if "variant" in params else {},
             callbacks=(pruning,),
             checkpoint=ckpt,
             resume=True,
+            reopen=earlier,
         )
+        done = sum(t.state in DONE for t in trial.study.get_trials(deepcopy=False))
+        again = f" (going on in run {earlier} from its checkpoint)" if earlier else ""
+        _CONSOLE.print(f"trial {trial.number} [{done + 1}/{spec.total_trials()}]: {ctx.name}{again}", markup=False)
+        began = time.monotonic()
         try:
             # with fine-tuning tasks: pretrain -> (intrinsic) -> fine-tune, each stage a run nested in the trial's
-            variant = params.get("variant")
-            mine = [i for i, task in enumerate(spec.tasks) if task.runs_for(variant)]  # this trial's tasks
             teachers_of = {j: (task_teachers or {})[i] for j, i in enumerate(mine) if i in (task_teachers or {})}
             if spec.tasks:
                 tasks = [spec.tasks[i] for i in mine]
@@ -281,10 +285,18 @@ def trial_objective(
                 result = train(cfg, ctx)
         except optuna.TrialPruned:
             _tag_last_run(client, exp_id, spec.name, trial, "PRUNED")
+            _ended(trial, "PRUNED", began)
             raise
+        except (KeyboardInterrupt, SystemExit) as exc:  # SIGINT, SIGTERM: its runs are KILLED; Optuna fails it
+            stop = as_interrupted(exc)
+            trial.set_user_attr(INTERRUPTED, stop.name)
+            _tag_last_run(client, exp_id, spec.name, trial, "INTERRUPTED")  # its reason: the run's own
+            _ended(trial, f"interrupted by {stop.name}", began)
+            raise stop from None
         except BaseException as exc:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             _tag_last_run(client, exp_id, spec.name, trial, "FAIL", reason)
+            _ended(trial, "FAILED", began)
             raise
         trial.set_user_attr("mlflow_run_id", result.run_id)
         client.set_tag(result.run_id, tracking.STATE, "COMPLETE")
@@ -292,9 +304,24 @@ def trial_objective(
             raise KeyError(
                 f"optimize.metric: {spec.optimize.metric!r} was not logged; logged: {', '.join(sorted(result.metrics))}"
             )
-        return result.metrics[spec.optimize.metric]
+        value = result.metrics[spec.optimize.metric]
+        _ended(trial, f"COMPLETE, {spec.optimize.metric} {value:.4g}", began)
+        return value
 
     return objective
+
+
+def _ended(trial: optuna.Trial, how: str, began: float) -> None:
+    """The line that says how a trial ended and how long it took."""
+    _CONSOLE.print(f"trial {trial.number}: {how} after {_took(time.monotonic() - began)}", markup=False)
+
+
+def _took(seconds: float) -> str:
+    """``41.2 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(round(seconds), 60)
+    return f"{minutes} min {sec:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _tag_last_run(

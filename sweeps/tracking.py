@@ -12,7 +12,7 @@ import socket
 import sqlite3
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,9 @@ STUDY_MODEL = "ablate.study_model_run"  # on a study's parent and trials: its te
 PARENT = "mlflow.parentRunId"
 FAIL_REASON = "ablate.fail_reason"  # on a failed trial (Optuna user attr) and its MLflow run (tag)
 WORKER = "ablate.worker"  # on a trial run: host:pid of the process that ran it
+PHASE = "ablate.phase"  # on a run: the phase it began last (fine-tuning, exits, QAT ...)
+STAGE = "ablate.stage"  # on a chained trial's runs: trial, pretrain, finetune:<task>
+RESUMED = "ablate.resumed_from"  # on a run that went on from a checkpoint: the checkpoint and its step
 
 # the user's choice, read before MLflow's own set_tracking_uri (called by Lightning's logger)
 # writes the variable into this process's environment
@@ -184,12 +187,19 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
     return run_id
 
 
+def reopen_run(client: MlflowClient, run_id: str, tags: dict[str, str]) -> str:
+    """Make the ended run ``run_id`` RUNNING again, to go on where it stopped: its fail reason goes,
+    ``tags`` are set (the new attempt's trial number, worker ...). Returns ``run_id``."""
+    client.update_run(run_id, status="RUNNING")
+    with suppress(MlflowException):  # the reason it was stopped no longer holds
+        client.delete_tag(run_id, FAIL_REASON)
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    return run_id
+
+
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     """Mark a run FINISHED / FAILED / KILLED, whatever state it was left in."""
     client.set_terminated(run_id, status)
-
-
-INTERRUPTED = "interrupted (Ctrl-C); run the same command again to resume"
 
 
 def end_killed(client: MlflowClient, run_id: str, reason: str = "worker died (heartbeat stale); retried") -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -21,6 +22,32 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.lightning_modules.methods.loop import loop_callbacks
 from ablate.sweeps import forksafe, tracking
+
+
+class RunLogger(MLFlowLogger):
+    """Lightning's MLflow logger for a run ablate owns: it logs, and never ends the run.
+
+    Lightning's logger marks its run FINISHED (or FAILED) when a fit ends; a run of ablate has more
+    to do after a fit (validation of the quantized model, the exit curve, another phase, its
+    weights), and only its owner (:func:`ablate.sweeps.context.tracked_run`) ends it, once all of
+    that is done. At the end of each fit the logger sends what it queued. ``offset`` moves the steps
+    of a later fit of the same run on (a pruning run's phases).
+    """
+
+    offset = 0
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, (step or 0) + self.offset)
+
+    def finalize(self, status: str = "success") -> None:
+        if self._initialized:  # sent, not ended
+            self.experiment._tracking_client.store.flush_async_logging()
+
+
+def run_logger(uri: str, run_id: str, *, synchronous: bool = True) -> RunLogger:
+    """The logger of run ``run_id`` in store ``uri`` (``synchronous`` False: metrics are sent in the
+    background during the fit, flushed when it ends)."""
+    return RunLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
 
 
 class ValidateAtEnd(Callback):

@@ -78,7 +78,8 @@ def one_thread():
 @pytest.fixture(scope="session", autouse=True)
 def ablate_process() -> None:
     """The test process set up as the ``ablate`` command sets up its own (:func:`ablate.process.prepare`):
-    tests that call runs in-process then run them as the command does."""
+    tests that call runs in-process then run them as the command does; its signals stay pytest's (the
+    signal handling is tested through the command, in subprocesses)."""
     from ablate.process import prepare
 
-    prepare()
+    prepare(signals=False)

@@ -26,8 +26,17 @@ def test_torchao_kernel_notes_are_hidden_and_its_other_warnings_are_not() -> Non
     assert "a real warning" in hidden
 
 
-def test_lightning_cloud_tips_are_hidden() -> None:
-    trainer = "import lightning.pytorch as pl; pl.Trainer(accelerator='cpu', logger=True, enable_progress_bar=False)"
-    assert "💡 Tip: For seamless cloud" in _stderr(trainer)
+def test_lightning_notes_are_hidden_and_its_other_lines_are_not() -> None:
+    """Lightning's cloud tips, its accelerator lines and its note on a batch limit print for every
+    Trainer (a run has one per phase): hidden; a line Lightning logs about anything else still shows."""
+    trainer = (
+        "import lightning.pytorch as pl, logging; "
+        "pl.Trainer(accelerator='cpu', logger=True, enable_progress_bar=False, limit_val_batches=1); "
+        "logging.getLogger('lightning.pytorch.utilities.rank_zero').info('a real note')"
+    )
+    plain = _stderr(trainer)
+    for note in ("💡 Tip: For seamless cloud", "GPU available: ", "TPU available: ", "`Trainer(limit_val_batches=1)`"):
+        assert note in plain
     hidden = _stderr(HIDE + trainer)
-    assert "Tip" not in hidden and "GPU available" in hidden  # Lightning's other lines stay
+    assert "Tip" not in hidden and "available" not in hidden and "configured so" not in hidden
+    assert "a real note" in hidden

@@ -100,6 +100,15 @@ class FinetuneModule(TrainModule):
             out[name] = metric
         return out
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The best validation so far and its weights go with the checkpoint: a resumed fit leaves the same model."""
+        checkpoint["ablate_best"] = {"value": self.best, "state": self.best_state}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        best = checkpoint.get("ablate_best")
+        if best is not None:
+            self.best, self.best_state = best["value"], best["state"]
+
     def restore_best(self) -> None:
         """Load the weights of the best validation so far (early stopping's choice) into the model."""
         if self.best_state is not None:
@@ -135,6 +144,7 @@ class FinetuneModule(TrainModule):
         says) fake-quantized at their bits, group-wise. The best validation is then that of this phase."""
         q, f, o = self.cfg.quant, self.cfg.finetune, self.optim
         self.restore_best()
+        self.model.requires_grad_(True)  # the whole classifier trains, after a phase that froze it (FastBERT's exits)
         prepare_weight_qat(self.model, plan, q)
         self.best, self.best_state = None, None
         stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, ("pd",))

@@ -101,16 +101,23 @@ def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
     path = tmp_path / "run.yaml"
     path.write_text(to_yaml(cfg))
     capsys.readouterr()
-    assert main(["train", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 0
-    assert f"resuming run {killed.info.run_id}" in capsys.readouterr().out
-    resumed = next(r for r in client.search_runs([killed.info.experiment_id]) if r.info.run_id != killed.info.run_id)
-    assert resumed.info.status == "FINISHED" and resumed.data.tags[RESUMED].endswith("(step 4)")
-    assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
     # a config that is not the run's is refused, naming the first key that differs
     assert main(["train", str(path), "optim.lr=0.5", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: --resume {killed.info.run_id}: optim.lr: 0.5 here, 0.001 in the run to resume"
     )
+    assert main(["train", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 0
+    assert f"resuming run {killed.info.run_id}" in capsys.readouterr().out
+    # the same run goes on: one run, FINISHED, its curve continued from the step-4 checkpoint
+    (resumed,) = client.search_runs([killed.info.experiment_id])
+    assert resumed.info.run_id == killed.info.run_id
+    assert resumed.info.status == "FINISHED" and resumed.data.tags[RESUMED].endswith("(step 4)")
+    assert "ablate.fail_reason" not in resumed.data.tags
+    assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
+    assert max(m.step for m in client.get_metric_history(resumed.info.run_id, "train/loss")) >= 10
+    # a finished run has nothing to resume
+    assert main(["train", "--resume", killed.info.run_id, "--tracking-uri", uri]) == 2
+    assert "the run is FINISHED" in capsys.readouterr().err
     assert main(["train", "--resume", "0" * 32, "--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.startswith(f"error: --resume {'0' * 32}: no such run")
 

@@ -109,6 +109,7 @@ def test_a_source_with_shared_layers_is_refused_before_the_run(tmp_path, wiki_va
     path.write_text(yaml.safe_dump(_pruned(base, f"runs:/{source.run_id}", method="schubert-f")))
     client = MlflowClient(source.tracking_uri)
     before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    capsys.readouterr()  # the source's training said its phase
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: prune.source: model.sharing:"), err

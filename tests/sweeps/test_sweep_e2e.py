@@ -91,7 +91,11 @@ def test_same_seed_same_numbers(tmp_path, wiki_validation):
     assert other.metrics["val/loss"] != first.metrics["val/loss"]
 
 
-def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
+def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wiki_validation, capsys):
+    """SIGTERM (a cluster's preemption) once the second trial has kept a checkpoint: the command ends with
+    143 and says what resumes the study; the trial's run is KILLED with the signal and its phase as the
+    reason, the Optuna trial is counted INTERRUPTED; the same command again goes on in that run from its
+    checkpoint, and the link it prints lists the finished trials."""
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
     path = write_study(
         tmp_path, wiki_validation, name="interrupted", search=search, trainer={"max_steps": 400, "val_every": 100}
@@ -104,33 +108,54 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # a shell's background job ignores SIGINT, and Python keeps an inherited SIG_IGN
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+    checkpoints = tmp_path / "runs" / "checkpoints" / "interrupted"
     try:
-        deadline, second_started = time.time() + 240, False
-        while time.time() < deadline and proc.poll() is None and not second_started:  # wait for trial 1 to run
+        deadline, second_checkpointed = time.time() + 300, False
+        while time.time() < deadline and proc.poll() is None and not second_checkpointed:
             try:
                 trials = optuna.load_study(study_name="interrupted", storage=storage).trials
-                second_started = any(t.number >= 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials)
+                second = any(t.number == 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials)
+                second_checkpointed = second and len(list(checkpoints.glob("*/last.ckpt"))) >= 2
             except Exception:  # noqa: BLE001 - the study or its database is not there yet
                 pass
-            time.sleep(0.3)
-        assert second_started, "the second trial was never seen running"
-        time.sleep(3)  # inside the second trial's training
-        proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        assert second_checkpointed, "the second trial was never seen with a checkpoint"
+        proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, output
+    assert proc.returncode == 143, output
     assert "Traceback" not in output
+    assert (
+        "interrupted by SIGTERM: the study's running runs are KILLED; resume the study with the same command "
+        f"(ablate sweep {path})" in output
+    )
+    assert (
+        "trial 0 [1/4]: " in output
+        and "trial 1 [2/4]: " in output
+        and "trial 1: interrupted by SIGTERM after" in output
+    )
     exp = client.get_experiment_by_name("interrupted")
-    statuses = [r.info.status for r in client.search_runs([exp.experiment_id])]
-    assert "RUNNING" not in statuses and "KILLED" in statuses
+    runs = client.search_runs([exp.experiment_id])
+    assert "RUNNING" not in {r.info.status for r in runs}
+    (killed,) = [r for r in runs if r.data.tags.get("ablate.role") == "trial" and r.info.status == "KILLED"]
+    assert killed.data.tags["ablate.fail_reason"] == "signal SIGTERM during pre-training"
+    assert killed.data.tags["ablate.state"] == "INTERRUPTED"
+    (parent,) = [r for r in runs if r.data.tags.get("ablate.role") == "study"]
+    assert parent.info.status == "KILLED" and parent.data.tags["ablate.fail_reason"] == "signal SIGTERM"
+    (stopped,) = [t for t in optuna.load_study(study_name="interrupted", storage=storage).trials if t.number == 1]
+    assert stopped.state == optuna.trial.TrialState.FAIL and stopped.user_attrs["ablate.interrupted"] == "SIGTERM"
 
+    capsys.readouterr()
     assert main(["sweep", str(path)]) == 0
-    study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
+    out = capsys.readouterr()
+    assert "study interrupted: {" in out.out and "'COMPLETE': 4" in out.out and "'INTERRUPTED': 1" in out.out
+    assert "'FAIL'" not in out.out
+    assert f"(going on in run {killed.info.run_id} from its checkpoint)" in out.err
+    assert "and%20attributes.status%20%3D%20%27FINISHED%27" in out.out  # the link lists the finished trials
+    study = optuna.load_study(study_name="interrupted", storage=storage)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert sorted((t.params["model.sharing"], t.params["model.num_ffn"]) for t in complete) == [
         ("all", 1),
@@ -139,9 +164,44 @@ def test_ctrl_c_then_resume_counts_every_trial_once(tmp_path, wiki_validation):
         ("none", 2),
     ]
     runs = client.search_runs([exp.experiment_id])
-    assert "RUNNING" not in {r.info.status for r in runs}
-    finished = [r for r in runs if r.data.tags.get("ablate.state") == "COMPLETE"]
-    assert len(finished) == 4 and all(r.info.status == "FINISHED" for r in finished)
+    trials = [r for r in runs if r.data.tags.get("ablate.role") == "trial"]
+    assert len(trials) == 4 and {r.info.status for r in trials} == {"FINISHED"}  # no second run for the trial
+    resumed = client.get_run(killed.info.run_id)
+    assert resumed.data.tags["ablate.state"] == "COMPLETE" and resumed.data.tags["ablate.resumed_from"]
+    steps = [m.step for m in client.get_metric_history(killed.info.run_id, "train/loss")]
+    assert min(steps) < 100 and max(steps) >= 390  # one curve, from the first attempt to the end
+
+
+def test_an_edited_study_is_refused_naming_what_changed(tmp_path, wiki_validation, capsys):
+    """The same study name with other settings than its trials ran with: one line naming the change,
+    exit 2, nothing run; the unchanged study still resumes (nothing left to do)."""
+    path = write_study(tmp_path, wiki_validation, name="edited", trainer={"measure": False})
+    assert main(["sweep", str(path)]) == 0
+    storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+    client, _ = _client(tmp_path)
+    exp = client.get_experiment_by_name("edited")
+    before = len(client.search_runs([exp.experiment_id]))
+    edited = write_study(tmp_path, wiki_validation, name="edited", trainer={"measure": False, "max_steps": 3})
+    capsys.readouterr()
+    assert main(["sweep", str(edited)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {edited}: study 'edited' was edited since its 2 trials ran: base trainer.max_steps: 3 here, 6 in "
+        "them; running it would mix them with the edited study's: give the edited study a new name (name:)"
+    )
+    searched = write_study(
+        tmp_path,
+        wiki_validation,
+        name="edited",
+        trainer={"measure": False},
+        search={"model.sharing": {"choices": ["all"]}},
+    )
+    assert main(["sweep", str(searched)]) == 2
+    assert "search model.sharing.choices: ['all'] here, ['all', 'none'] in them" in capsys.readouterr().err
+    assert len(client.search_runs([exp.experiment_id])) == before
+    assert len(optuna.load_study(study_name="edited", storage=storage).trials) == 2
+    write_study(tmp_path, wiki_validation, name="edited", trainer={"measure": False})  # as it was
+    assert main(["sweep", str(path)]) == 0
 
 
 def test_pruned_trials_are_recorded_and_count_as_done(tmp_path, wiki_validation):

@@ -20,6 +20,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm import tqdm
 
 B = TypeVar("B")
 
@@ -132,6 +133,14 @@ def top_eigenvalues(
     values: dict[str, list[float]] = {name: [] for name in weights}
     if not weights:
         return {}
+    bar = tqdm(
+        total=len(batches) * len(weights),
+        desc="Hessian eigenvalues",
+        unit="layer",
+        delay=1.0,
+        leave=False,
+        disable=None,
+    )
     try:
         model.eval()
         for w in weights.values():
@@ -149,7 +158,9 @@ def top_eigenvalues(
                     if largest and eigenvalue < 0:  # the most negative: the largest is H - eigenvalue*I's top
                         eigenvalue = _power_iteration(g, w, iters, tol, seed, shift=eigenvalue)
                     values[name].append(eigenvalue)
+                    bar.update()
     finally:
+        bar.close()
         for m, training in modes:
             m.training = training
         for w, flag in flags:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from ablate.lightning_modules.config.quant import QuantConfig
 from ablate.lightning_modules.methods.quantization.apply import Plan, quantize_weights, targets
@@ -43,7 +44,7 @@ def sensitivity(model: nn.Module, loss: Loss, bits: int, group_size: int) -> dic
     """Per target layer, ``loss`` with that layer alone at ``bits`` minus ``loss`` of ``model``."""
     base = loss(model)
     out: dict[str, float] = {}
-    for name in targets(model):
+    for name in tqdm(targets(model), desc="layer sensitivity", unit="layer", delay=1.0, leave=False, disable=None):
         trial = quantize_weights(copy.deepcopy(model), {name: bits}, group_size)
         out[name] = loss(trial) - base
     return out

@@ -1,0 +1,68 @@
+"""A trial's earlier attempts: the run a retried trial goes on in.
+
+A trial stopped by a signal (or whose worker died) leaves its MLflow run KILLED and, once it had
+validated, a ``last.ckpt`` in the folder of its config (:func:`ablate.sweeps.checkpoints.trial_plan`).
+Its retry resumes from that checkpoint and goes on in the same run, so that the trial's curves are one
+curve: the run becomes RUNNING again, tagged with the new trial number and ``ablate.resumed_from``, and
+ends as the retry ends. A chained trial goes on in its trial run and its pre-training stage run; a
+task's stage that was stopped stays KILLED beside the new one. An attempt stopped before its first
+validation left no checkpoint: the retry starts a new run, and the KILLED one stays (outside the
+study's link, which lists the finished trials).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ablate.sweeps import checkpoints, tracking
+from ablate.sweeps.checkpoints import Plan
+
+
+def _killed_with(client: Any, exp_id: str, digest: str) -> list[Any]:
+    """The KILLED runs that kept checkpoints of config ``digest``, newest first."""
+    return list(
+        client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{checkpoints.CONFIG}` = '{digest}' and attributes.status = 'KILLED'",
+            order_by=["attributes.start_time DESC"],
+        )
+    )
+
+
+def _has_checkpoint(plan: Plan, client: Any, run_id: str) -> bool:
+    """Whether the run's ``last.ckpt`` is where a retry looks: the plan's folder, or its upload."""
+    if not plan.mirror:
+        return bool(checkpoints.resume_path(plan, client, run_id))
+    return checkpoints.resumable(client, run_id)
+
+
+def stopped_attempt(client: Any, exp_id: str, plan: Plan | None, *, chained: bool) -> str | None:
+    """The run (a trial's, in experiment ``exp_id``) that a retry of the trial checkpointed by ``plan``
+    goes on in: the newest KILLED run of the same config that left a checkpoint (for a ``chained`` trial
+    the checkpoint is its pre-training stage's, and the run its parent, the trial run); None: a new run."""
+    if plan is None:
+        return None
+    for run in _killed_with(client, exp_id, plan.digest):
+        if not _has_checkpoint(plan, client, run.info.run_id):
+            continue
+        if not chained:
+            return str(run.info.run_id)
+        parent = run.data.tags.get(tracking.PARENT)
+        if parent is not None and client.get_run(parent).info.status == "KILLED":
+            return str(parent)
+    return None
+
+
+def stopped_stage(client: Any, trial_run: str) -> str | None:
+    """The KILLED pre-training stage run of a chained trial's run, to go on in (None: none)."""
+    exp_id = client.get_run(trial_run).info.experiment_id
+    found = client.search_runs(
+        [exp_id],
+        filter_string=(
+            f"tags.`{tracking.PARENT}` = '{trial_run}' and tags.`{tracking.STAGE}` = 'pretrain' "
+            "and attributes.status = 'KILLED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return str(found[0].info.run_id) if found else None
