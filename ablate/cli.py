@@ -164,7 +164,11 @@ def _train_advice(uri: str, run_id: str | None) -> str:
     from ablate.sweeps import checkpoints, tracking
 
     if checkpoints.resumable(tracking.existing(uri), run_id):
-        return f"run {run_id} is KILLED; resume it with: ablate train --resume {run_id}"
+        from ablate.lightning_modules.config.run import DEFAULT_ROOT
+
+        elsewhere = uri != tracking.resolve_tracking_uri(None, DEFAULT_ROOT)  # not where --resume looks by itself
+        store = f" --tracking-uri {tracking.redact(uri)}" if elsewhere else ""
+        return f"run {run_id} is KILLED; resume it with: ablate train --resume {run_id}{store}"
     return (
         f"run {run_id} is KILLED; it was stopped before its first validation, so it kept no checkpoint and "
         "cannot be resumed: run the same command again to start it over"
