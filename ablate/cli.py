@@ -14,7 +14,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ablate.benchmarks.cli import positive_int
 from ablate.lightning_modules.config.errors import AblateError, ConfigError
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: the commands import what they run when th
 
     from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.model.profiling import Measured
+    from ablate.sweeps.spec import StudySpec
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -175,7 +176,31 @@ def _train_advice(uri: str, run_id: str | None) -> str:
     )
 
 
-def cmd_sweep(args: argparse.Namespace) -> None:
+def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> int:
+    """``ablate sweep --smoke``: the study's smoke run (:mod:`ablate.sweeps.smoke`), or, where this machine
+    cannot run its trials, every arm built on the meta device; 1 when a run of the smoke failed."""
+    from ablate.sweeps.arms import check_arms
+    from ablate.sweeps.plan import Machine, check_study
+    from ablate.sweeps.smoke import run_smoke
+
+    given = [name for name in ("storage", "tracking_uri", "n_trials", "check", "print_config") if getattr(args, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag}: not with --smoke (a smoke runs the whole study in a store of its own)")
+    check_study(spec, base, args.study, None)
+    n = check_arms(spec, base, args.study)
+    try:
+        check_study(spec, base, args.study, Machine.here())
+    except ConfigError as exc:  # a study for another machine: its models checked, not trained
+        print(
+            f"smoke of study {spec.name}: not run on this machine ({exc}); the models of its {n} trials and its "
+            "study model were built on the meta device and what their methods need checked"
+        )
+        return 0
+    return run_smoke(spec, base, args.study)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int | None:
     from ablate.reports.catalog import study_report
     from ablate.sweeps import tracking, workers
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
@@ -183,8 +208,13 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     spec, base = load_study(args.study)
     report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
+    if args.smoke:
+        return _smoke(args, spec, base)
     if args.check:
         check_study(spec, base, args.study, None)  # every trial's config, paths and names
+        from ablate.sweeps.arms import check_arms
+
+        check_arms(spec, base, args.study)  # every arm's models, built on the meta device
         model = spec.study_model
         uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
         tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
@@ -196,14 +226,17 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         except ConfigError as exc:
             here = f"; not runnable on this machine ({exc})"
         print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
-        return
+        return None
     if args.print_config:  # the config of the first grid point (a placeholder for the study model's run)
         from ablate.lightning_modules.config.experiment import to_yaml
         from ablate.sweeps.spec import corner_configs
 
         print(to_yaml(corner_configs(spec, base)[0]), end="")
-        return
+        return None
     check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine
+    from ablate.sweeps.arms import check_arms
+
+    check_arms(spec, base, args.study)  # every arm's models, built on the meta device
     check_sqlite(args.storage, "--storage")
     check_sqlite(args.tracking_uri, "--tracking-uri")
     from ablate.sweeps.study import INTERRUPTED, run_study
@@ -239,6 +272,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     except ValueError:
         pass
     _print_ui_hint(result.tracking_uri, study=spec.name)
+    return None
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -337,6 +371,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--check", action="store_true", help="validate the study (every trial's config, tasks, report) only")
     s.add_argument(
         "--print-config", action="store_true", help="print the config of the study's first grid point as YAML and exit"
+    )
+    s.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run every arm, task, teacher and phase of the study for a few steps on a little data, in "
+        "<tracking.root>/smoke/STUDY (a GPU study on a machine without one: its models built on the meta device)",
     )
     s.set_defaults(func=cmd_sweep)
     s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")

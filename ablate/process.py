@@ -22,7 +22,8 @@ def prepare(*, signals: bool = True) -> None:
 
     * database pools refuse connections another process opened (DDP ranks are forked with the
       worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.forksafe`);
-    * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast);
+    * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast), and
+      its background logging batched by the second (a run ends without waiting on its idle poll);
     * INFO lines of database migrations and MLflow's tracking-URI notices hidden;
     * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters;
     * the library notes a user reads past hidden (:mod:`ablate.quiet`: torchao's kernel libraries,
@@ -31,7 +32,7 @@ def prepare(*, signals: bool = True) -> None:
     if signals:
         interrupt.install()
     forksafe.install()
-    for key, value in tracking.HTTP_DEFAULTS.items():
+    for key, value in tracking.MLFLOW_DEFAULTS.items():
         os.environ.setdefault(key, value)
     for name in tracking.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -318,7 +318,7 @@ class ClassificationDataModule(pl.LightningDataModule):
             return
         self.tokenizer = self._load_tokenizer()
         train = self._encode(self._train_src, self.limit_train, augment=True)
-        self.val_set, self.train_set = self._encode(self._val_src, None), train
+        self.val_set, self.train_set = self._encode(self._val_src, self.cfg.validation_examples), train
 
     def _ready(self) -> tuple[EncodedSplit, EncodedSplit]:
         self.setup()

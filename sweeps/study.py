@@ -145,10 +145,12 @@ def run_study(
     tracking_uri: str | None = None,
     n_trials: int | None = None,
     where: str = "study",
+    keep_going: bool = False,
 ) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
     worker has run ``n_trials`` more trials. A study whose name has trials of another definition
-    (edited since they ran) is refused before anything is written (``where``: its file, for the message)."""
+    (edited since they ran) is refused before anything is written (``where``: its file, for the message).
+    A trial that fails stops the study, unless ``keep_going`` (a smoke study: every trial runs)."""
     base_cfg = corner_configs(spec, base)[0]  # where the study is tracked (a trial's own settings)
     preflight(spec, base)
     root = base_cfg.tracking.root
@@ -163,11 +165,11 @@ def run_study(
     url = storage or default_storage(root)
     tracking.sqlite_wal(url)
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
     check_unchanged(study, spec, base, where)  # an edited study is refused before its experiment is touched
     exp_id = tracking.experiment_id(client, spec.name, uri)
     killed.append(study_model_runs.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     parent = workers.shared_parent(
         study,
         created,
@@ -192,7 +194,9 @@ def run_study(
             task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
             objective = trial_objective(place, study_model, task_teachers)
             callbacks = [workers.stop_when_drained(spec)]
-            catch = (FloatingPointError, workers.DuplicateTrial)
+            catch: tuple[type[Exception], ...] = (
+                (Exception,) if keep_going else (FloatingPointError, workers.DuplicateTrial)
+            )
             if n_trials is not None:
                 study.optimize(objective, n_trials=n_trials, callbacks=callbacks, catch=catch)
             else:  # n_trials = what is left now; the callback stops when drained

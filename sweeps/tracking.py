@@ -41,9 +41,16 @@ RESUMED = "ablate.resumed_from"  # on a run that went on from a checkpoint: the 
 USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 QUIET_LOGGERS = ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent")
 """Loggers whose INFO lines (database migrations, the tracking URI) the ablate command hides."""
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-"""An unreachable tracking server fails in seconds, not after MLflow's default minutes of retries
-(set by the ablate command unless the user set them)."""
+MLFLOW_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS": "1",
+}
+"""MLflow settings the ablate command makes unless the user set them: an unreachable tracking server
+fails in seconds, not after MLflow's default minutes of retries; and the background logging of a
+run's training metrics sends them once a second, so that ending a fit or a run does not wait for its
+idle poll (without buffering, MLflow's logging thread waits up to a second for a metric that never
+comes each time a run's logging is flushed or ended: about 0.5 s per fit and per run)."""
 
 
 @contextmanager

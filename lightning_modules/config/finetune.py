@@ -33,6 +33,8 @@ class FinetuneConfig:
         validation_split: the split of the dev hub dataset; None: ``validation``. Not for a local file.
         train_examples: use only the first N training examples (a low-resource task; what
             ``augment_copies`` then enlarges); None = all of them.
+        validation_examples: score only the first N dev examples (a quick look; ``--smoke``); None =
+            the whole dev set, which is what a result to report is scored on.
         text_fields: one column (single sentence) or two (sentence pair).
         label_field: the integer label column.
         num_labels: classes.
@@ -69,6 +71,7 @@ class FinetuneConfig:
     train_split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
     validation_split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
     train_examples: Annotated[int, Field(gt=0)] | None = None
+    validation_examples: Annotated[int, Field(gt=0)] | None = None
     text_fields: tuple[str, ...] = Field(default=("sentence",), min_length=1, max_length=2)
     label_field: str = "label"
     num_labels: Annotated[int, Field(ge=2)] = 2

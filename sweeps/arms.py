@@ -1,0 +1,152 @@
+"""Every arm of a study, built on the meta device: the models its runs would make, at the study's own
+shapes, with what each method asks of its model checked, in well under a second and without memory.
+
+``ablate sweep --check`` and every sweep do this before anything is written, and ``--smoke`` does it
+instead of running a study this machine cannot run (a GPU study on a CPU machine). Per trial (every
+grid point or range corner and variant), by its regime (:data:`ARMS`):
+
+- pre-training: the model;
+- distillation: the student, joined to the study's teacher (layer and head maps, projections, the
+  layers and embeddings it starts from) unless the student has a vocabulary of its own (its map to the
+  teacher's is made from the two tokenizers, at run time);
+- pruning: the source can be pruned by the method (per-layer modules);
+- quantization: the group size fits the source, and the source has layers the method quantizes;
+- a quantized trial of another regime: its model has layers to quantize;
+- each fine-tuning task: the classifier (with FastBERT's exits), joined to its fine-tuned teacher
+  where it distils from the study's model.
+
+The study's model (teacher, prune_source, reference) is built once; a model given as a ``source``
+exists already and is checked when it is loaded, before its runs exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
+from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
+from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
+from ablate.lightning_modules.methods.pretrain import distill_module
+from ablate.lightning_modules.methods.pruning.gates import check_supported
+from ablate.lightning_modules.methods.quantization.apply import embedding_tables, targets
+from ablate.lightning_modules.model.classifier import build_classifier
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model.vocab_bridge import own_vocabulary
+from ablate.sweeps.runner import run_name
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask
+
+
+@dataclass(frozen=True)
+class Source:
+    """The study's model as a trial sees it: its config and its model (None: given, not built here)."""
+
+    cfg: ExperimentConfig | None
+    model: PretrainingModel | None
+
+
+def _quantizable(model: PretrainingModel, q: QuantConfig, what: str) -> None:
+    """A model whose method quantizes something has layers that method quantizes."""
+    if not q.enabled:
+        return
+    names = [
+        *(targets(model) if q.method != "none" else ()),
+        *(embedding_tables(model) if q.embeddings != "none" else ()),
+    ]
+    if not names:
+        raise ConfigError(f"quant.method: {q.method}: {what} has no layer it quantizes")
+
+
+def _pretrain(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
+    model = build_pretraining_model(cfg.model, cfg.objective)
+    _quantizable(model, cfg.quant, "the model")
+    return model
+
+
+def _distill(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
+    student = build_pretraining_model(cfg.model, cfg.objective)
+    if source.cfg is not None and source.model is not None and not own_vocabulary(cfg.model, source.cfg.model):
+        student = distill_module(cfg, source.model, source.cfg.model, student).model
+    _quantizable(student, cfg.quant, "the student")
+    return student
+
+
+def _prune(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
+    if source.cfg is not None:
+        if cfg.prune.method != "fewer-layers":
+            try:
+                check_supported(source.cfg.model)
+            except ConfigError as exc:
+                raise ConfigError(f"prune.source: {exc}") from None
+        if source.model is not None:
+            _quantizable(source.model, cfg.quant, "the pruned model")
+    return None  # its shape is found by the pruning
+
+
+def _quant(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
+    if source.cfg is not None:
+        try:
+            check_group_size(cfg.quant, source.cfg.model)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the model of quant.source)") from None
+    if source.model is not None:
+        _quantizable(source.model, cfg.quant, "the source")
+    return source.model
+
+
+def _finetune(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
+    return None  # a fine-tuning study's source is given: checked when it is loaded
+
+
+ARMS: Mapping[Regime, Callable[[ExperimentConfig, Source], PretrainingModel | None]] = {
+    "pretrain": _pretrain,
+    "distill": _distill,
+    "prune": _prune,
+    "quant": _quant,
+    "finetune": _finetune,
+}
+"""What is built and checked for a trial of each regime; the model its tasks fine-tune (None: not known here)."""
+
+
+def _task(task: FinetuneTask, cfg: ExperimentConfig, pretrained: PretrainingModel, source: Source) -> None:
+    """The task's fine-tuning module on ``pretrained`` (its classifier, exits, teacher link)."""
+    ft = task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
+    if task.study_teacher and source.cfg is not None and source.model is not None:
+        teacher = build_classifier(
+            source.model, ft.finetune.num_labels, source.cfg.model.dropout, source.cfg.model.init_std
+        )
+        task_distill_module(ft, pretrained, teacher, source.cfg.model)
+    else:
+        FinetuneModule(ft, pretrained)
+
+
+def check_arms(spec: StudySpec, base: dict[str, Any], where: str) -> int:
+    """Build every arm of the study on the meta device as the module's docstring says; the number of
+    trials checked. ConfigError (naming the study file, the trial and the field) for an arm that cannot run."""
+    model = spec.study_model
+    with torch.device("meta"):
+        source = Source(None, None)
+        if model is not None and model.model is not None:
+            cfg = study_model_config(base, spec)
+            source = Source(cfg, build_pretraining_model(cfg.model, cfg.objective))
+        trials = corner_trials(spec, base)
+        for params, cfg in trials:
+            assert cfg.regime is not None  # resolved by the config's validation
+            try:
+                pretrained = ARMS[cfg.regime](cfg, source)
+                if pretrained is None:
+                    continue
+                if cfg.regime == "quant" and source.cfg is not None:  # what it fine-tunes is the source, as it is
+                    cfg = dataclasses.replace(cfg, model=source.cfg.model)
+                for task in spec.tasks:
+                    if task.runs_for(params.get("variant")):
+                        _task(task, cfg, pretrained, source)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: trial {run_name(params)}: {exc}") from None
+    return len(trials)
