@@ -310,7 +310,8 @@ def cmd_export(args: argparse.Namespace) -> None:
         api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
     run_id = args.run.removeprefix(RUNS).strip("/")
     uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
-    written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub)
+    labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
+    written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
     extra = "; a fine-tuned sequence classifier" if written.classifier else ""
     extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
     print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
@@ -409,6 +410,11 @@ def parser() -> argparse.ArgumentParser:
         help="auto (default): a transformers checkpoint when expressible, else ablate safetensors",
     )
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.add_argument(
+        "--labels",
+        metavar="NAME,NAME,...",
+        help="a classifier's class names in label-id order, as its id2label (default LABEL_0, LABEL_1, ...)",
+    )
     s.add_argument("--push-to-hub", metavar="REPO", help="then upload the folder to this Hugging Face Hub repo")
     s.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     s.set_defaults(func=cmd_export)

@@ -61,6 +61,11 @@ for _name in ("datasets.packaged_modules.json.json", "datasets.packaged_modules.
     logging.getLogger(_name).addFilter(_QuietReadFailures())
 
 _READ_BATCH = 256  # documents per Arrow batch pulled from `datasets`
+JSON_CHUNK = 1 << 20
+"""Bytes of JSON Lines `datasets` parses at once (its default: 10 MB). A stream's first documents
+then arrive after 1 MB is read and parsed, not 10 (each run opens its training and validation
+streams, and `datasets` reads a first chunk to learn the columns): a run starts about 0.1 s sooner
+per stream, and the throughput of a long run is the same."""
 DOC_SHUFFLE_BUFFER = 256
 """Documents in the `datasets` shuffle buffer of the training stream (bounded memory)."""
 DOC_SHUFFLE_SHARDS = 1
@@ -82,7 +87,10 @@ def open_corpus(spec: CorpusSpec) -> datasets.IterableDataset:
                 "text", data_files=list(spec.files), sample_by="paragraph", split="train", streaming=True
             )
         elif spec.is_local:
-            ds = datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train", streaming=True)
+            chunks = {"chunksize": JSON_CHUNK} if spec.builder == "json" else {}
+            ds = datasets.load_dataset(
+                spec.builder, data_files=list(spec.files), split="train", streaming=True, **chunks
+            )
         else:
             ds = datasets.load_dataset(spec.builder, spec.config_name, split="train", streaming=True)
     except DataError:

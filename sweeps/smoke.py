@@ -52,7 +52,8 @@ def _at_most(n: int) -> Rule:
 RULES: Mapping[str, Rule] = {
     "trainer.max_steps": _steps,
     "trainer.val_every": _steps,
-    "trainer.val_batches": _at_most(2),
+    "trainer.val_batches": _at_most(1),
+    "trainer.measure": lambda value, k: False,  # latency and memory: of a model a few steps old, meaningless
     "optim.warmup_steps": _steps,
     "distill.stage_steps": _steps,
     "prune.gate_steps": _steps,
@@ -68,7 +69,7 @@ RULES: Mapping[str, Rule] = {
     "finetune.val_every": _steps,
     "finetune.exit_steps": _steps,
     "finetune.train_examples": _at_most(64),
-    "finetune.validation_examples": _at_most(64),
+    "finetune.validation_examples": _at_most(32),
     "finetune.batch_size": _at_most(8),
     "finetune.augment_copies": _at_most(1),
     "prune.rounds": _at_most(2),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -285,11 +286,18 @@ class Exported:
     classifier: bool = False
 
 
-def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo: str | None = None) -> Exported:  # noqa: A002
+def export_run(
+    uri: str,
+    run_id: str,
+    out_dir: Path,
+    format: str = "auto",  # noqa: A002 - the CLI's word
+    repo: str | None = None,
+    labels: Sequence[str] | None = None,
+) -> Exported:
     """``ablate export``: run ``run_id``'s ``model/`` weights, its tokenizer and a model card with
     its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`; a
     fine-tuning run's classifier becomes a sequence classifier (``format`` auto: a transformers
-    ``*ForSequenceClassification`` when expressible)."""
+    ``*ForSequenceClassification`` when expressible; ``labels``: its class names)."""
     with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:
         cfg, model = _load_run(uri, run_id, "any")
         client = _client(uri)
@@ -309,6 +317,7 @@ def export_run(uri: str, run_id: str, out_dir: Path, format: str = "auto", repo:
                 metrics=dict(run.data.metrics),
                 source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
                 repo=repo,
+                labels=labels,
             )
             if out_dir.is_dir():
                 out_dir.rmdir()  # new or empty (checked before anything was read)

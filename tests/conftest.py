@@ -41,6 +41,9 @@ def data_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | No
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each
     torch.set_num_threads(1)
+    # and the processes a test starts (ablate commands, workers) too: two workers' children with two
+    # OpenMP threads each on two cores spin against each other and run several times slower
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # GPU-only tests: ``@requires_cuda`` (or ``pytestmark = requires_cuda``) marks a test ``cuda``; a
 # ``cuda`` test is skipped where CUDA is not available (CI has no GPU). On a GPU machine:

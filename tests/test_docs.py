@@ -91,3 +91,31 @@ def test_site_builds_strict(tmp_path):
     for module in modules:
         assert f'id="{module}"' in api, f"{module}: not rendered on the API page"
         assert f'id="{module}.' in api, f"{module}: rendered without members"
+
+
+def _command_lists() -> dict[Path, str]:
+    """The command block of the README and of docs/index.md (the fenced block whose lines start ``ablate``)."""
+    found = {}
+    for page in (README, DOCS / "index.md"):
+        for block in re.findall(r"```\n(ablate --version\n.*?)```", page.read_text(encoding="utf-8"), re.S):
+            found[page] = block
+    return found
+
+
+def test_the_command_lists_name_every_command_and_option():
+    """Each command's every option (as ``ablate COMMAND --help`` has it) is in the README's and the
+    overview's command list, and the lists name no option the commands lack."""
+    from ablate.cli import parser
+
+    lists = _command_lists()
+    assert set(lists) == {README, DOCS / "index.md"}, "a command list (starting 'ablate --version') is gone"
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    for name, command in sub.choices.items():  # type: ignore[union-attr]
+        options = {o for a in command._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        for page, block in lists.items():
+            lines = [line for line in block.splitlines() if line.startswith(f"ablate {name}")]
+            lines += [line for line in block.splitlines() if line.startswith(" ") and name == "bench"]
+            named = set(re.findall(r"--[a-z][a-z0-9-]*", "\n".join(lines)))
+            assert lines, f"{page.name}: no line for ablate {name}"
+            assert options <= named, f"{page.name}: ablate {name} lacks {sorted(options - named)}"
+            assert named <= options, f"{page.name}: ablate {name} has no {sorted(named - options)}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +151,7 @@ def model_card(
     metrics: Mapping[str, float] | None = None,
     source: str | None = None,
     repo: str | None = None,
+    labels: Sequence[str] | None = None,
 ) -> str:
     """The ``README.md`` of an export folder.
 
@@ -166,6 +167,7 @@ def model_card(
         metrics: the run's final metrics (learning rates, ``epoch`` and the counts left out).
         source: where the weights come from (``runs:/RUN_ID``).
         repo: the name to load it by in the usage example (a Hub repository), else the folder.
+        labels: a classifier's class names, as written in its ``id2label`` (None: ``LABEL_i``).
     """
     from ablate.lightning_modules.model.classifier import Classifier
 
@@ -184,7 +186,7 @@ def model_card(
     name = f"{'An' if family == 'albert' else 'A'} {_FAMILY_NAMES.get(family or '', 'BERT-family')}"
     lines = [*front, f"# {title}", ""]
     if isinstance(model, Classifier):
-        lines += _classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where)
+        lines += _classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where, labels)
     else:
         lines += [
             f"{name} encoder trained with ablate (regime `{cfg.regime}`)"
@@ -257,6 +259,13 @@ def model_card(
     return "\n".join(lines)
 
 
+def _names(num_labels: int, labels: Sequence[str] | None) -> str:
+    """How the card names the classes: the names given at export, or transformers' ``LABEL_i``."""
+    if labels is None:
+        return "`LABEL_i`; `ablate export --labels` names them"
+    return ", ".join(f"{i} `{name}`" for i, name in enumerate(labels))
+
+
 def _classifier_use(
     model: Classifier,
     cfg: ExperimentConfig,
@@ -266,6 +275,7 @@ def _classifier_use(
     metrics: Mapping[str, float],
     source: str | None,
     where: str,
+    labels: Sequence[str] | None = None,
 ) -> list[str]:
     """A classifier card's description and ``## Use`` section."""
     f = cfg.finetune
@@ -296,7 +306,7 @@ def _classifier_use(
     lines += [
         "",
         f"Class `i` is label `i` of the task's `{f.label_field}` column"
-        + (" (`id2label`: `LABEL_i` unless named at export)." if hf_class else ".")
+        + (f" (`id2label`: {_names(model.num_labels, labels)})." if hf_class else ".")
         + f" {exits}",
         "",
         "## Use",

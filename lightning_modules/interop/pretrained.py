@@ -214,6 +214,14 @@ def export(
         )
     if classifier and cfg.regime != "finetune":
         raise ConfigError(f"regime: {cfg.regime!r}; a classifier is exported with its fine-tuning run's config")
+    if labels is not None:
+        if not isinstance(model, Classifier):
+            raise ConfigError("--labels: only for a fine-tuned classifier (a fine-tuning run's export)")
+        if len(labels) != model.num_labels or len(set(labels)) != len(labels) or not all(labels):
+            raise ConfigError(
+                f"--labels: {', '.join(labels)}: give {model.num_labels} different names, one per class, in "
+                f"the order of the task's label ids"
+            )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: already exists and is not an empty folder")
     if format not in ("auto", "transformers", "ablate"):
@@ -264,6 +272,7 @@ def export(
             metrics=metrics,
             source=source,
             repo=repo,
+            labels=labels if hf is not None else None,
         )
         (tmp / CARD).write_text(card, encoding="utf-8")
         if out.exists():

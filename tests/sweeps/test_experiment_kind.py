@@ -53,14 +53,23 @@ def test_the_link_shows_the_trials_of_the_study_unfolded(uri: str) -> None:
         tracking.start_run(client, exp_id, f"E={e}", {tracking.ROLE: "trial", tracking.STUDY: "quickstart"}, parent)
         for e in (32, 128)
     }
+    for run_id in trials:
+        tracking.end_run(client, run_id, "FINISHED")
+    stopped = tracking.start_run(client, exp_id, "E=32", {tracking.ROLE: "trial", tracking.STUDY: "quickstart"}, parent)
+    tracking.end_killed(client, stopped, "signal SIGTERM during pre-training")  # an attempt a later one replaced
     url = runs_url(DEFAULT_UI, exp_id, "quickstart")
     q = _query(url)
     assert url.startswith(f"{DEFAULT_UI}/#/experiments/{exp_id}/runs?") and q["path"] == f"/experiments/{exp_id}/runs"
     assert q["workflowType"] == "machine_learning"  # not the GenAI traces page MLflow 3 opens by default
     # sorted by anything but the start time, the UI lists nested runs on their own rows
     assert q["orderByKey"] == "tags.`mlflow.runName`" and q["orderByAsc"] == "true"
-    # the filter is one MLflow accepts, and it finds exactly the study's trials
+    # the filter is one MLflow accepts, and it finds exactly the study's finished trials
     assert {r.info.run_id for r in client.search_runs([exp_id], q["searchFilter"])} == trials
+    *_, note = hint(uri, study="quickstart")  # and the hint says what it leaves out
+    assert note == (
+        "  (its finished trials; 1 stopped or failed attempt not listed: drop \"and attributes.status = 'FINISHED'\" "
+        "from the search to see them)"
+    )
     assert _query(run_url(DEFAULT_UI, exp_id, parent))["path"] == f"/experiments/{exp_id}/runs/{parent}"
 
 

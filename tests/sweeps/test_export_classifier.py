@@ -132,6 +132,7 @@ def test_the_cli_exports_a_finetune_run_as_a_transformers_text_classifier(finetu
     assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"} and config["label2id"] == {"LABEL_0": 0, "LABEL_1": 1}
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card and f"`runs:/{run_id}`" in card
+    assert "(`id2label`: `LABEL_i`; `ablate export --labels` names them)" in card
     assert "sequence classifier fine-tuned with ablate on the task `sst2` (2 labels" in card
     assert (
         "Dev accuracy (`finetune.metric`): **" in card and "exits (`finetune.exits`), which are never exported" in card
@@ -151,6 +152,26 @@ def test_the_cli_exports_a_finetune_run_as_a_transformers_text_classifier(finetu
     predicted = [auto.config.label2id[r["label"]] for r in classify(dev_text, truncation=True, batch_size=50)]
     assert predicted == logits.argmax(-1).tolist()
     assert len(set(predicted)) == 2  # a classifier that tells the sentences apart, not a constant
+
+
+def test_export_names_the_classes_it_is_given(finetuned, capsys):
+    """``--labels`` names the classes in ``id2label`` (and the card); a count that is not the classifier's
+    is refused before anything is written."""
+    tmp, uri, _, run_id, _, _, dev_text, _, logits = finetuned
+    out = tmp / "named"
+    assert main(["export", run_id, str(out), "--tracking-uri", uri, "--labels", "negative,positive,neutral"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --labels: negative, positive, neutral: give 2 different names, one per class, in the order of the "
+        "task's label ids"
+    )
+    assert not out.exists() or not any(out.iterdir())
+    assert main(["export", run_id, str(out), "--tracking-uri", uri, "--labels", "negative, positive"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert "(`id2label`: 0 `negative`, 1 `positive`)" in (out / "README.md").read_text()
+    classify = transformers.pipeline("text-classification", model=str(out))
+    names = [r["label"] for r in classify(dev_text[:20], truncation=True)]
+    assert names == [("negative", "positive")[i] for i in logits[:20].argmax(-1).tolist()]
 
 
 def test_an_ablate_format_export_and_the_run_load_back_as_the_classifier(finetuned):

@@ -108,8 +108,9 @@ def test_sigkill_mid_trial_then_another_machine_resumes_and_counts_once(tmp_path
     step = int(resumed.data.tags["ablate.resumed_from"].rsplit("step ", 1)[1].rstrip(")"))
     assert 0 < step < 120
     history = client.get_metric_history(resumed.info.run_id, "train/loss")
-    # one curve: the first attempt's steps up to the kill, then the retry's from the checkpoint on
-    assert min(m.step for m in history) < step < max(m.step for m in history) and max(m.step for m in history) >= 110
+    # one curve: (what the first attempt had sent before it was killed, then) the retry's, from the checkpoint on
+    after = sorted(m.step for m in history if m.step > step)
+    assert after and after[0] <= step + 2 and after[-1] >= 110
     assert str(second_dir) in resumed.data.tags["ablate.resumed_from"]  # downloaded there from the first's upload
     ckpts = sorted(p.name for p in (second_dir / "runs" / "checkpoints" / "killed").rglob("*.ckpt"))
     assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt"]  # only last and best per trial

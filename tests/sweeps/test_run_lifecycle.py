@@ -25,7 +25,8 @@ PHASES = ("fine-tuning", "exits", "exit curve", "sensitivity", "QAT", "quantized
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory, wiki_validation) -> Path:
-    """A fine-tuning run of a tiny pre-trained model on 600 SST-2 sentences, with exits and Q-BERT's QAT."""
+    """A fine-tuning run of a tiny pre-trained model on 400 SST-2 sentences (scored on 96), with exits and
+    Q-BERT's QAT."""
     if not (SST2 / "train.tsv").is_file():
         pytest.skip(f"shared test data not found at {SST2}")
     tmp = tmp_path_factory.mktemp("lifecycle")
@@ -37,26 +38,27 @@ def config(tmp_path_factory, wiki_validation) -> Path:
         "task": "sst2",
         "train": str(SST2 / "train.tsv"),
         "validation": str(SST2 / "validation.tsv"),
-        "train_examples": 600,
+        "train_examples": 400,
+        "validation_examples": 96,
         "max_length": 48,
         "batch_size": 16,
-        "max_steps": 24,
+        "max_steps": 16,
         "val_every": 8,
         "patience": 3,
         "exits": True,
-        "exit_steps": 12,
+        "exit_steps": 6,
         "exit_speeds": [0.0, 0.5, 0.9],
     }
     tree["quant"] = {
         "method": "weight-mixed",
         "sensitivity": "hessian",
-        "hessian_iters": 10,
+        "hessian_iters": 5,
         "calib_batches": 2,
         "low_bits": 2,
         "high_bits": 4,
         "high_fraction": 0.5,
         "group_size": 16,
-        "qat_steps": 12,
+        "qat_steps": 6,
     }
     path = tmp / "finetune.yaml"
     path.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
@@ -131,7 +133,7 @@ def test_ctrl_c_after_a_validation_resumes_in_the_same_run_and_ends_finished(con
 
     code, err = _run(config, *advice.split()[2:])  # the command it says
     assert code == 0, err[-2000:]
-    assert "fine-tuning: sst2, at most 24 steps, from " in err  # from the checkpoint its fit kept
+    assert "fine-tuning: sst2, at most 16 steps, from " in err  # from the checkpoint its fit kept
     run = _last_run(config)
     assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
     assert "ablate.fail_reason" not in run.data.tags and run.data.tags["ablate.resumed_from"]
