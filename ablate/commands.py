@@ -1,0 +1,329 @@
+"""What each ``ablate`` command does (:mod:`ablate.cli` reads the command line and calls one): params,
+train, sweep, report, export. Each imports what it runs when it runs, so that ``ablate --help`` and a
+config error answer before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.sweeps.interrupt import Interrupted
+
+if TYPE_CHECKING:  # annotations only
+    from optuna.trial import FrozenTrial
+
+    from ablate.lightning_modules.config.experiment import ExperimentConfig
+    from ablate.lightning_modules.model.profiling import Measured
+    from ablate.sweeps.spec import StudySpec
+
+
+def _config(target: str, overrides: list[str]) -> ExperimentConfig:
+    """A config from a preset name or a YAML path, with overrides."""
+    from ablate.lightning_modules.config.load import build_config, load_config, parse_override
+    from ablate.lightning_modules.config.presets import PRESETS
+
+    if target in PRESETS:
+        return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
+    if not target.endswith((".yaml", ".yml")) and not Path(target).exists():
+        raise ConfigError(f"{target}: neither a preset ({', '.join(PRESETS)}) nor a config file")
+    return load_config(target, overrides)
+
+
+def cmd_params(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = _config(args.target, args.overrides)  # config errors answer before torch is imported
+    from ablate.lightning_modules.methods.quantization.apply import quantized_report
+
+    report = quantized_report(cfg.model, cfg.objective, cfg.data.max_length, cfg.quant)
+    measured = _measure(cfg) if args.measure else None
+    if args.json:
+        print(json.dumps({**report.as_dict(), **(measured.as_dict() if measured else {})}))
+        return
+    m = cfg.model
+    table = Table(
+        title=f"{args.target}: V={m.vocab_size} E={m.embed_dim} H={m.hidden_dim} L={m.num_layers} "
+        f"A={m.num_heads} ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing}"
+    )
+    table.add_column("part")
+    table.add_column("parameters", justify="right")
+    table.add_column("", justify="right")
+    rows = [
+        ("backbone (embeddings + encoder)", report.backbone),
+        ("  embedding", report.embedding),
+        ("  encoder", report.encoder),
+        ("heads (not in backbone)", report.heads),
+        ("  MLM head (decoder tied)", report.mlm_head),
+        ("  sentence head (pooler + classifier)", report.sentence_head),
+        ("backbone + pooler (ALBERT paper / HF rule)", report.paper_count),
+    ]
+    for name, n in rows:
+        table.add_row(name, f"{n:,}", f"{n / 1e6:.2f}M")
+    q = cfg.quant
+    parts = [
+        *([q.method] if q.method != "none" else []),
+        *([f"embeddings {q.embeddings}"] if q.embeddings != "none" else []),
+    ]
+    stored = "stored model, bytes" + (f" ({', '.join(parts)})" if parts else " (each tensor at its dtype)")
+    table.add_row(stored, f"{report.model_bytes:,}", f"{report.model_bytes / 2**20:.1f} MiB")
+    table.add_row(
+        f"forward FLOPs/token (T={report.seq_len})",
+        f"{report.flops_per_token:,}",
+        f"{report.flops_per_token / 1e6:.2f}M",
+    )
+    if measured:
+        on = f"{measured.device}, T={report.seq_len}"
+        table.add_row(f"encoder latency, batch 1 ({on})", f"{measured.latency_ms_b1:,.2f}", "ms")
+        table.add_row(f"encoder latency, batch 32 ({on})", f"{measured.latency_ms_b32:,.2f}", "ms")
+        if measured.train_activation_mb == measured.train_activation_mb:  # NaN for a quantized model: it does not train
+            table.add_row(f"train activation memory, batch 32 ({on})", f"{measured.train_activation_mb:,.1f}", "MiB")
+    Console().print(table)
+
+
+def _measure(cfg: ExperimentConfig) -> Measured:
+    """Build the real model on cuda (if available) or cpu and measure latency and activation memory."""
+    from typing import cast
+
+    import torch
+
+    from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+    from ablate.lightning_modules.model.profiling import measure
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_pretraining_model(cfg.model, cfg.objective).to(device)
+    if cfg.quant.enabled:  # a quantized model runs on the CPU and does not train: its latency only
+        from ablate.lightning_modules.methods.quantization.apply import quantize
+        from ablate.lightning_modules.model.measuring import describe_device
+        from ablate.lightning_modules.model.profiling import Measured, measure_latencies
+
+        cpu = torch.device("cpu")
+        quantized = cast(PretrainingModel, quantize(model, cfg.quant))  # the same model, its layers quantized
+        lat = measure_latencies(quantized, cfg.model.vocab_size, cfg.data.max_length, cpu)
+        return Measured(**lat, train_activation_mb=float("nan"), device=describe_device(cpu))
+    return measure(model, cfg.model.vocab_size, cfg.data.max_length, device)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    cfg = _config(args.config, args.overrides) if args.config else None  # config errors answer before torch
+    if cfg is None and not args.resume:
+        raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
+    if args.print_config:  # the resolved config (loadable by load_config), before torch is imported
+        from ablate.lightning_modules.config.experiment import to_yaml
+
+        if cfg is None:
+            raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
+        print(to_yaml(cfg), end="")
+        return
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.sweeps import checkpoints, tracking
+    from ablate.sweeps.context import RunContext
+    from ablate.sweeps.plan import Machine, check_run, check_sqlite
+    from ablate.sweeps.runner import train
+
+    resume: str | bool = False
+    if args.resume:
+        root = cfg.tracking.root if cfg is not None else DEFAULT_ROOT
+        uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg.tracking.tracking_uri if cfg else None), root)
+        cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
+    assert cfg is not None
+    check_run(cfg, args.checkpoints, Machine.here())  # machine, names, folders: before anything is written
+    check_sqlite(args.tracking_uri, "--tracking-uri")
+    if resume:
+        print(f"resuming run {args.resume} from {resume}")
+    uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
+    plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    ctx = RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume, reopen=args.resume or None)
+    try:
+        result = train(cfg, ctx)
+    except Interrupted as stop:
+        stop.advice = _train_advice(uri, stop.runs[-1] if stop.runs else None)
+        raise
+    shown = {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith(("train/", "lr-", "epoch"))}
+    _after_bars(cfg.trainer.progress)
+    print(f"run {result.run_id} finished: {shown}")
+    _print_ui_hint(result.tracking_uri, run_id=result.run_id)
+
+
+def _train_advice(uri: str, run_id: str | None) -> str:
+    """What resumes an ``ablate train`` that a signal stopped: the run's id, or why it cannot be resumed."""
+    if run_id is None:
+        return "it was stopped before its run was created; nothing was recorded"
+    from ablate.sweeps import checkpoints, tracking
+
+    if checkpoints.resumable(tracking.existing(uri), run_id):
+        from ablate.lightning_modules.config.run import DEFAULT_ROOT
+
+        elsewhere = uri != tracking.resolve_tracking_uri(None, DEFAULT_ROOT)  # not where --resume looks by itself
+        store = f" --tracking-uri {tracking.redact(uri)}" if elsewhere else ""
+        return f"run {run_id} is KILLED; resume it with: ablate train --resume {run_id}{store}"
+    return (
+        f"run {run_id} is KILLED; it was stopped before its first validation, so it kept no checkpoint and "
+        "cannot be resumed: run the same command again to start it over"
+    )
+
+
+def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> int:
+    """``ablate sweep --smoke``: the study's smoke run (:mod:`ablate.sweeps.smoke`), or, where this machine
+    cannot run its trials, every arm built on the meta device; 1 when a run of the smoke failed."""
+    from ablate.sweeps.arms import check_arms
+    from ablate.sweeps.plan import Machine, check_study
+    from ablate.sweeps.smoke import run_smoke
+
+    given = [name for name in ("storage", "tracking_uri", "n_trials", "check", "print_config") if getattr(args, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag}: not with --smoke (a smoke runs the whole study in a store of its own)")
+    check_study(spec, base, args.study, None)
+    n = check_arms(spec, base, args.study)
+    try:
+        check_study(spec, base, args.study, Machine.here())
+    except ConfigError as exc:  # a study for another machine: its models checked, not trained
+        print(
+            f"smoke of study {spec.name}: not run on this machine ({exc}); the models of its {n} trials and its "
+            "study model were built on the meta device and what their methods need checked"
+        )
+        return 0
+    return run_smoke(spec, base, args.study)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int | None:
+    from ablate.reports.catalog import study_report
+    from ablate.sweeps import tracking, workers
+    from ablate.sweeps.plan import Machine, check_sqlite, check_study
+    from ablate.sweeps.spec import load_study
+
+    spec, base = load_study(args.study)
+    report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
+    if args.smoke:
+        return _smoke(args, spec, base)
+    if args.check:
+        check_study(spec, base, args.study, None)  # every trial's config, paths and names
+        from ablate.sweeps.arms import check_arms
+
+        check_arms(spec, base, args.study)  # every arm's models, built on the meta device
+        model = spec.study_model
+        uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
+        tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
+        optimize = f", {spec.optimize.direction.removesuffix('e')}ing {spec.optimize.metric}"
+        title, n = report.title if report else "none", spec.total_trials()
+        try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here
+            check_study(spec, base, args.study, Machine.here())
+            here = ""
+        except ConfigError as exc:
+            here = f"; not runnable on this machine ({exc})"
+        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
+        return None
+    if args.print_config:  # the config of the first grid point (a placeholder for the study model's run)
+        from ablate.lightning_modules.config.experiment import to_yaml
+        from ablate.sweeps.spec import corner_configs
+
+        print(to_yaml(corner_configs(spec, base)[0]), end="")
+        return None
+    check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine
+    from ablate.sweeps.arms import check_arms
+
+    check_arms(spec, base, args.study)  # every arm's models, built on the meta device
+    check_sqlite(args.storage, "--storage")
+    check_sqlite(args.tracking_uri, "--tracking-uri")
+    from ablate.sweeps.study import INTERRUPTED, run_study
+
+    try:
+        result = run_study(
+            spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials, where=args.study
+        )
+    except Interrupted as stop:
+        stores = (("--storage", args.storage), ("--tracking-uri", args.tracking_uri))
+        again = " ".join([f"ablate sweep {args.study}", *(f"{k} {tracking.redact(v)}" for k, v in stores if v)])
+        stop.advice = (
+            f"the study's running runs are KILLED; resume the study with the same command ({again}): "
+            "a trial that validated goes on from its checkpoint in the same run"
+        )
+        raise
+    study = result.study
+    _after_bars(True)  # the runs' bars, on stderr
+
+    def state(t: FrozenTrial) -> str:
+        return "INTERRUPTED" if INTERRUPTED in t.user_attrs else t.state.name
+
+    counts = dict(Counter(state(t) for t in study.trials))
+    print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
+    done = {workers.key(t.params) for t in study.trials if t.state in workers.DONE}
+    for t in study.trials:  # failures not made good by a later trial of the same configuration
+        reason = t.user_attrs.get(tracking.FAIL_REASON)
+        if state(t) == "FAIL" and reason and workers.key(t.params) not in done:
+            print(f"trial {t.number} {t.params} failed: {reason} (run the command again to retry it)")
+    try:
+        best = study.best_trial
+        print(f"best trial {best.number}: {spec.optimize.metric}={best.value:.4f} {best.params}")
+    except ValueError:
+        pass
+    _print_ui_hint(result.tracking_uri, study=spec.name)
+    return None
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from ablate.lightning_modules.config.paths import output_folder
+    from ablate.reports.build import build_report, render_console
+    from ablate.reports.target import resolve_target
+    from ablate.sweeps import tracking
+
+    target = resolve_target(args.spec, args.study)  # a study, report file, shipped report or shipped study
+    uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
+    out = Path(args.out) if args.out else Path(target.root) / "reports" / target.study
+    output_folder(out, "--out")  # before the store is read
+    result = build_report(
+        target.report, target.study, uri, out, remeasure=args.remeasure, expected=target.expected, sweep=target.sweep
+    )
+    render_console(result)
+    extra = ", remeasured.csv" if result.remeasured is not None else ""
+    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
+    _print_ui_hint(uri, study=target.study)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from ablate.lightning_modules.config.paths import output_folder
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.sweeps import tracking
+    from ablate.sweeps.weights import RUNS, export_run
+
+    out = output_folder(args.out_dir, "out_dir", empty=True)  # before downloading anything
+    if args.private and not args.push_to_hub:
+        raise ConfigError("--private: only with --push-to-hub REPO")
+    api = None
+    if args.push_to_hub:
+        from ablate.lightning_modules.interop.export import hub_api
+
+        api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
+    run_id = args.run.removeprefix(RUNS).strip("/")
+    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
+    labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
+    written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
+    extra = "; a fine-tuned sequence classifier" if written.classifier else ""
+    extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
+    print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
+    if api is not None:
+        from ablate.lightning_modules.interop.export import push_to_hub
+
+        print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
+
+
+def _after_bars(shown: bool) -> None:
+    """End the line a progress bar may have left the cursor on (its last frame after a ``\\r``, or a
+    cleared line), so that what the command prints next starts a line of its own, in a terminal and
+    in a log file alike."""
+    sys.stderr.flush()
+    if shown:
+        print(flush=True)
+
+
+def _print_ui_hint(uri: str, *, study: str | None = None, run_id: str | None = None) -> None:
+    from ablate.mlflow_ui import hint
+
+    print("\n".join(hint(uri, study=study, run_id=run_id)))
