@@ -6,6 +6,14 @@ special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0..4. It is trained on 
 first ``data.tokenizer_docs`` training documents and saved as one JSON file under
 ``<cache>/tokenizers/``, named by a fingerprint of everything that determines it, so a
 second run with the same corpus and settings loads it instead of retraining.
+
+The same documents give the same tokenizer in any process: the trainer of ``tokenizers`` collects
+the alphabet in a hash map seeded anew by each process, so the ids of its characters, and of merges
+whose counts tie, came out in another order each time it was trained (about 200 of 8192 ids for
+the quickstart's corpus), and a model's embedding rows with them: the same seed gave other numbers
+in a second process. The vocabulary it learns is the same set every time; after training, the ids
+are given in one order (the special tokens, then every other token sorted by its text), which
+WordPiece's longest-match tokenization does not depend on.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from ablate.lightning_modules.config.experiment import DataConfig
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Special tokens, at ids 0..4 in this order."""
 NUM_SPECIAL = len(SPECIAL_TOKENS)
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 """Bumped whenever the training recipe changes, so stale cached tokenizers miss."""
 _TRAIN_BATCH = 256  # documents per batch handed to the Rust trainer
 _PROGRESS_DELAY_S = 3.0  # the progress bar appears only if reading takes longer
@@ -131,6 +139,9 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, lowercase: bool) 
     tok.train_from_iterator(batches, trainer=trainer)
     if tok.get_vocab_size() > vocab_size:
         raise ConfigError(f"model.vocab_size: {vocab_size} is too small for this corpus's alphabet")
+    learned = sorted(token for token in tok.get_vocab() if token not in SPECIAL_TOKENS)
+    ids = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *learned])}  # one order, whatever the process
+    tok.model = models.WordPiece(ids, unk_token="[UNK]", continuing_subword_prefix="##")
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -91,3 +91,32 @@ def test_small_vocab_is_respected(wiki_data: Callable[..., DataConfig], tmp_path
     assert load_or_train_tokenizer(data, 64)[0].get_vocab_size() <= 64
     with pytest.raises(ConfigError, match="^model.vocab_size: 6 is too small"):
         load_or_train_tokenizer(data, 6)
+
+
+_TRAIN_IN_A_PROCESS = """
+import sys
+from ablate.datamodules.tokenizer import load_or_train_tokenizer
+from ablate.lightning_modules.config.experiment import DataConfig
+_, path = load_or_train_tokenizer(DataConfig(corpus="norvig-big", tokenizer_docs=2000, cache_dir=sys.argv[1]), 4000)
+print(path)
+"""
+
+
+def test_the_same_documents_give_the_same_tokenizer_in_every_process(tmp_path: Path) -> None:
+    """`tokenizers` collects its alphabet in a hash map seeded per process: trained in two processes, the
+    ids of a few hundred tokens came out in other orders (and a model's numbers with them). The file a
+    second process trains is the first one's, byte for byte."""
+    import subprocess
+    import sys
+
+    files = []
+    for i in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_A_PROCESS, str(tmp_path / f"cache{i}")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        files.append(Path(out.stdout.strip().splitlines()[-1]))
+    assert files[0].name == files[1].name
+    assert files[0].read_bytes() == files[1].read_bytes()
