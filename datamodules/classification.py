@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -302,6 +303,12 @@ class ClassificationDataModule(pl.LightningDataModule):
         }
 
         def compute() -> list[list[str]]:
+            print(  # the status line of a phase before the run exists; a progress bar follows on a terminal
+                f"{cfg.task}: augmenting {len(rows)} training examples, {cfg.augment_copies} copies each "
+                f"(TinyBERT's augmentation; candidates from the masked LM {self.mlm_id}); cached for later runs",
+                file=sys.stderr,
+                flush=True,
+            )
             args = (cfg.augment_copies, cfg.augment_prob, cfg.augment_top_k, self.seed, lowercase)
             return augment_rows(rows, tok, mlm, *args)
 
