@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import math
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +248,8 @@ def run_smoke(spec: StudySpec, base: dict[str, Any], where: str) -> int:
     runs = client.search_runs([exp.experiment_id]) if exp is not None else []
     runs = [r for r in runs if r.data.tags.get("ablate.role") != "study"]
     bad = [r for r in runs if r.info.status != "FINISHED"]
+    sys.stderr.flush()
+    print(flush=True)  # a line of its own after the runs' progress bars
     for run in bad:
         reason = run.data.tags.get("ablate.fail_reason", "no reason recorded")
         print(f"  {run.info.status} {run.info.run_name}: {reason}")
