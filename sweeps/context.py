@@ -31,13 +31,11 @@ from optuna import TrialPruned
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import check_name
-from ablate.sweeps import tracking
+from ablate.sweeps import checkpoints, tracking
 from ablate.sweeps.interrupt import as_interrupted, signalled
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback
-
-    from ablate.sweeps.checkpoints import Plan
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class RunContext:
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
     callbacks: tuple[Callback, ...] = ()
-    checkpoint: Plan | None = None
+    checkpoint: checkpoints.Plan | None = None
     resume: str | bool = False
     reopen: str | None = None
 
@@ -86,8 +84,6 @@ class RunContext:
         its ``last.ckpt`` (and ``best.ckpt``, lowest ``monitor``) where ``self.checkpoint`` says, at each
         validation; none without a plan. The run is tagged ``ablate.resumed_from`` (checkpoint and step)
         when the fit restores one."""
-        from ablate.sweeps import checkpoints
-
         plan = None if self.checkpoint is None else self.checkpoint.for_run(run.run_id)
         start = checkpoints.resume_path(plan, run.client, run.run_id) if self.resume is True else self.resume or None
         if plan is None:

@@ -99,6 +99,27 @@ def test_a_quant_run_quantizes_its_source(source, quantized):
     assert {"model/model.safetensors", "model/config.yaml", "model/tokenizer.json"} <= names
 
 
+def test_quant_method_none_evaluates_the_source_as_the_float_arm(source, quantized):
+    """The uncompressed arm of a quantization study (``quant.method: none``): the source evaluated as the
+    quantized arms are, on the CPU in float32, its bytes and latency measured; nothing claimed quantized;
+    its weights kept, so that its tasks fine-tune it like any arm's."""
+    _, base, src = source
+    tree = _tree(base, quant={"source": f"runs:/{src.run_id}", "method": "none"})
+    tree["trainer"]["measure"] = True
+    result = train(build_config(tree))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and m["quant/layers"] == 0.0
+    assert m["model_bytes"] == client.get_run(src.run_id).data.metrics["model_bytes"]  # the float model's
+    assert m["latency_ms_b32"] > 0 and 0.0 <= m["val/mlm_acc"] <= 1.0
+    # scored as the dynamic-int8 arm scores its float model: the same batches, the same numbers
+    assert m["val/mlm_loss"] == client.get_run(quantized.run_id).data.metrics["quant/fp32_mlm_loss"]
+    assert not any(k.startswith("quant/fp32_") or k == "quant/avg_bits" for k in m)
+    names = {a.path for a in client.list_artifacts(result.run_id, "model")}
+    assert {"model/model.safetensors", "model/config.yaml"} <= names
+
+
 def test_the_quant_run_evaluates_the_float_model_as_its_source_run_did(source, quantized):
     """The same validation batches: the float model scores what its own run scored at its end."""
     _, _, src = source
