@@ -58,9 +58,9 @@ def _encode(tokenizer_file, sentences: list[str]) -> dict[str, torch.Tensor]:
     }
 
 
-def _fine_tune(model: Classifier, batch: dict[str, torch.Tensor], labels: torch.Tensor, steps: int = 40) -> None:
+def _fine_tune(model: Classifier, batch: dict[str, torch.Tensor], labels: torch.Tensor, steps: int = 120) -> None:
     """A few real optimizer steps on SST-2 training sentences, so that the classifier's labels mean something."""
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     model.train()
     for _ in range(steps):

@@ -119,9 +119,9 @@ def test_params_measure_json_has_measured_keys() -> None:
 
 
 def test_params_measure_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from ablate import cli
+    from ablate import cli, commands
 
-    monkeypatch.setattr(cli, "_measure", lambda cfg: Measured(1.25, 31.5, 42.0, "cpu"))  # rendering only: fast
+    monkeypatch.setattr(commands, "_measure", lambda cfg: Measured(1.25, 31.5, 42.0, "cpu"))  # rendering only: fast
     assert cli.main(["params", "albert-tiny", "--measure"]) == 0
     table = capsys.readouterr().out
     assert "latency, batch 1" in table and "latency, batch 32" in table and "activation memory" in table
