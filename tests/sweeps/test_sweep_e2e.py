@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import torch
@@ -92,6 +93,22 @@ def test_same_seed_same_numbers(tmp_path, wiki_validation):
     assert other.metrics["val/loss"] != first.metrics["val/loss"]
 
 
+def _second_trial_checkpointed(storage: str, checkpoints: Path) -> bool:
+    """Whether trial 1 is RUNNING and has kept a checkpoint from before its last step (so it is still
+    pre-training)."""
+    try:
+        trials = optuna.load_study(study_name="interrupted", storage=storage).trials
+        if not any(t.number == 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials):
+            return False
+        kept = sorted(checkpoints.glob("*/last.ckpt"), key=lambda f: f.stat().st_mtime)
+        if len(kept) < 2:
+            return False
+        step = torch.load(kept[-1], map_location="cpu", weights_only=False)["global_step"]
+        return bool(step < 200)
+    except Exception:  # noqa: BLE001 - the study, its database or the checkpoint is not (wholly) there yet
+        return False
+
+
 def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wiki_validation, capsys):
     """SIGTERM (a cluster's preemption) once the second trial has kept a checkpoint: the command ends with
     143 and says what resumes the study; the trial's run is KILLED with the signal and its phase as the
@@ -115,15 +132,16 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     try:
         deadline, second_checkpointed = time.time() + 300, False
         while time.time() < deadline and proc.poll() is None and not second_checkpointed:
-            try:
-                trials = optuna.load_study(study_name="interrupted", storage=storage).trials
-                second = any(t.number == 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials)
-                second_checkpointed = second and len(list(checkpoints.glob("*/last.ckpt"))) >= 2
-            except Exception:  # noqa: BLE001 - the study or its database is not there yet
-                pass
+            if _second_trial_checkpointed(storage, checkpoints):
+                # stopped while looked at, so that the signal lands where the look saw the sweep (a busy
+                # machine could otherwise finish the trial between the look and the signal)
+                proc.send_signal(signal.SIGSTOP)
+                second_checkpointed = _second_trial_checkpointed(storage, checkpoints)
+                if second_checkpointed:
+                    proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGCONT)
             time.sleep(0.2)
         assert second_checkpointed, "the second trial was never seen with a checkpoint"
-        proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
