@@ -14,6 +14,9 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config.errors import STRICT
 
 Metric = Literal["accuracy", "f1", "mcc"]
+Kind = Literal["classification", "regression", "span"]
+"""What a task predicts: a class (cross-entropy), a number (one output, MSE; GLUE's STS-B) or an answer
+span in a context (SQuAD's start and end logits)."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -25,6 +28,10 @@ class FinetuneConfig:
             whose tokenizer is used), an ``ablate export`` folder or a transformers checkpoint.
             None: no fine-tuning.
         task: the task's name: metrics are logged as ``<task>/accuracy`` etc.
+        kind: what the task predicts: ``classification`` (``num_labels`` classes), ``regression``
+            (one output; ``num_labels`` 1) or ``span`` (SQuAD-style question answering).
+        label_names: each label's name, in label order (``negative``, ``positive`` for SST-2); the
+            exported model's ``id2label``. None: ``LABEL_0`` ...
         train: training data: a local ``.tsv``/``.csv``/``.jsonl`` file, or a ``datasets``
             hub name (``nyu-mll/glue:sst2``; its ``train`` split), read from local copies where the
             data catalog (``ABLATE_DATA_CATALOG``) maps it.
@@ -66,6 +73,8 @@ class FinetuneConfig:
 
     source: str | None = None
     task: str = Field(default="sst2", pattern=r"^[\w.-]+$")
+    kind: Kind = "classification"
+    label_names: tuple[str, ...] | None = Field(default=None, min_length=1)
     train: str | None = None
     validation: str | None = None
     train_split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
