@@ -21,7 +21,7 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config.distill import DistillConfig, schedule
 from ablate.lightning_modules.config.errors import STRICT, FieldError
 from ablate.lightning_modules.config.fields import NonNegFloat, NonNegInt, PosInt
-from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.finetune import SPAN_METRICS, FinetuneConfig
 from ablate.lightning_modules.config.model import SHARES as SHARES
 from ablate.lightning_modules.config.model import Activation as Activation
 from ablate.lightning_modules.config.model import LayerSpec as LayerSpec
@@ -301,6 +301,11 @@ class ExperimentConfig:
             )
         if f.exit_at is not None and not f.exits:
             raise FieldError("finetune.exit_at", "a speed to use the model at needs FastBERT's exits (finetune.exits)")
+        if (f.kind == "span") != (f.metric in SPAN_METRICS) and f.metric != "f1":
+            what = "a span task is scored by exact or f1" if f.kind == "span" else "exact is for a span task"
+            raise FieldError("finetune.metric", f"{f.metric!r} with finetune.kind {f.kind}: {what} (SQuAD's EM, F1)")
+        if f.kind == "span" and f.exits:
+            raise FieldError("finetune.exits", "FastBERT's exits classify [CLS]; a span task (kind span) has none")
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data

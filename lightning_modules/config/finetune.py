@@ -13,7 +13,9 @@ from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.config.errors import STRICT
 
-Metric = Literal["accuracy", "f1", "mcc"]
+Metric = Literal["accuracy", "f1", "mcc", "exact"]
+SPAN_METRICS = ("exact", "f1")
+"""A span task's metrics: SQuAD's exact match and token F1 (``f1`` scores classification too: macro F1)."""
 Kind = Literal["classification", "regression", "span"]
 """What a task predicts: a class (cross-entropy), a number (one output, MSE; GLUE's STS-B) or an answer
 span in a context (SQuAD's start and end logits)."""
@@ -69,6 +71,13 @@ class FinetuneConfig:
         exit_at: the speed the fine-tuned model is used at (FastBERT's product: the model with
             its threshold): the run's ``<task>/final_<metric>`` and ``<task>/latency_ms`` are early
             exit's at that speed; None = the full model's.
+        doc_stride: a span task: a context longer than ``max_length`` is read in windows that start
+            this many tokens apart (BERT's ``doc_stride``).
+        max_query_length: a span task: questions are cut to this many tokens.
+        max_answer_length: a span task: the longest answer predicted, in tokens.
+        n_best: a span task: the best start and end positions a window's answers are chosen among.
+        no_answer: a span task with unanswerable questions (SQuAD 2.0): [CLS]'s span is the no-answer
+            score, compared with the best span against a threshold chosen on the dev set.
     """
 
     source: str | None = None
@@ -99,3 +108,8 @@ class FinetuneConfig:
     exit_steps: Annotated[int, Field(ge=0)] = 0
     exit_speeds: tuple[Annotated[float, Field(ge=0.0, le=1.0)], ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.8)
     exit_at: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    doc_stride: Annotated[int, Field(ge=1)] = 128
+    max_query_length: Annotated[int, Field(ge=1)] = 64
+    max_answer_length: Annotated[int, Field(ge=1)] = 30
+    n_best: Annotated[int, Field(ge=1)] = 20
+    no_answer: bool = False
