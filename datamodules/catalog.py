@@ -10,6 +10,12 @@ config writes it, with its splits as local files::
         train: sst2/train.tsv
         validation: sst2/validation.tsv
 
+A catalog may also map hub model names (checkpoints and tokenizers: ``finetune.source``,
+``distill.teacher``, ``data.tokenizer`` ...) to local folders::
+
+    models:
+      bert-base-uncased: models/bert-base-uncased   # config.json, model.safetensors, vocab.txt ...
+
 Relative paths are resolved against the catalog file's folder (``~`` is expanded). A name is
 matched by what it names, the hub path and config, however it is spelled (``nyu-mll/glue:sst2``,
 ``nyu-mll/glue/sst2``). A name in the catalog is read from its files (``data.corpus`` its ``train``
@@ -23,11 +29,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, DataError, format_error
@@ -80,6 +86,18 @@ def hub_form_problem(name: str) -> str | None:
     return None
 
 
+def model_name_problem(name: str) -> str | None:
+    """What makes ``name`` no valid hub model name (``name`` or ``owner/name``, checked offline), or None."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # a lazy, unmarked re-export
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as exc:
+        return f"not a hub model name ({name!r}: {str(exc).split(': ')[0]})"
+    return None
+
+
 def _problem(file: Path, message: str) -> ConfigError:
     return ConfigError(f"{ENV}: {file}: {message}")
 
@@ -95,9 +113,11 @@ def _paths(value: object) -> list[str]:
 
 @pydantic_dataclass(frozen=True, config=STRICT)
 class _CatalogFile:
-    """The catalog file as written: ``datasets``, hub name -> split -> path(s)."""
+    """The catalog file as written: ``datasets``, hub name -> split -> path(s); ``models``, hub model
+    name -> folder."""
 
-    datasets: dict[str, dict[str, Annotated[list[str], BeforeValidator(_paths)]]]
+    datasets: dict[str, dict[str, Annotated[list[str], BeforeValidator(_paths)]]] = Field(default_factory=dict)
+    models: dict[str, str] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,11 +128,17 @@ class Catalog:
         file: the catalog file (absolute).
         names: each dataset's name as the catalog writes it, by what it names.
         entries: each dataset's splits, as absolute paths or globs, by what it names.
+        models: each hub model name's local folder (absolute), by the name as written.
     """
 
     file: Path
     names: Mapping[HubName, str]
     entries: Mapping[HubName, Mapping[str, tuple[str, ...]]]
+    models: Mapping[str, Path] = field(default_factory=dict)
+
+    def model(self, name: str) -> Path | None:
+        """The local folder the catalog maps hub model ``name`` to, or None when it does not."""
+        return self.models.get(name.strip())
 
     def has(self, name: str) -> bool:
         """Whether the hub name ``name`` is in the catalog."""
@@ -153,7 +179,7 @@ def load_catalog(file: str | Path) -> Catalog:
     if file.exists() and not os.access(file, os.R_OK):
         raise _problem(file, "cannot be read")
     try:
-        raw = read_yaml(file, what="a catalog: datasets: {HUB_NAME: {SPLIT: FILES}}")
+        raw = read_yaml(file, what="a catalog: datasets: {HUB_NAME: {SPLIT: FILES}}, models: {HUB_NAME: FOLDER}")
         parsed = _CatalogFile(**raw)
     except ConfigError as exc:
         raise ConfigError(f"{ENV}: {exc}") from None
@@ -181,7 +207,16 @@ def load_catalog(file: str | Path) -> Catalog:
                 raise _problem(file, f"{where}.{split}: empty; give a file, glob or folder")
             entries[hub][split] = tuple(_absolute(file, p) for p in given)
         names[hub] = name
-    return Catalog(file, names, entries)
+    models: dict[str, Path] = {}
+    for name, folder in parsed.models.items():
+        where = f"models.{name}"
+        problem = "a local path, not a hub model name" if looks_local(name) else model_name_problem(name)
+        if problem:
+            raise _problem(file, f"{where}: {problem}")
+        if not folder.strip():
+            raise _problem(file, f"{where}: empty; give the model's local folder")
+        models[name.strip()] = Path(_absolute(file, folder))
+    return Catalog(file, names, entries, models)
 
 
 _loaded: dict[tuple[str, int, int], Catalog] = {}
@@ -215,3 +250,83 @@ def hub_hint(name: str) -> str:
     if catalog is None:
         return f" (without the hub, map it to local files with {ENV})"
     return f" ({name} is not in {ENV} {catalog.file})"
+
+
+RUNS = "runs:/"
+"""A source named by its MLflow run (``runs:/RUN_ID``), not by a folder or hub name."""
+MODEL_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "model.safetensors",
+)
+"""What is fetched of a hub model: its config, tokenizer files and safetensors weights (never the
+TensorFlow, Flax or ONNX copies many repositories also hold)."""
+
+
+def _mapped(name: str, field: str) -> Path | None:
+    """The catalog's folder for hub model ``name`` (checked to exist), or None when it maps none."""
+    catalog = active_catalog()
+    folder = catalog.model(name) if catalog is not None else None
+    if catalog is not None and folder is not None and not folder.is_dir():
+        raise DataError(f"{field}: {name}: {ENV}: {catalog.file}: models.{name}: {folder}: no such folder")
+    return folder
+
+
+def check_model(name: str, field: str) -> None:
+    """Offline: ``name`` (a checkpoint or tokenizer ``field`` names) is an existing folder, the data
+    catalog's model entry of an existing folder, a well-formed hub model name or ``runs:/RUN_ID``.
+
+    Raises:
+        DataError: the catalog maps ``name`` to a missing folder.
+        ConfigError: a name written as a path is no folder; a name that is no hub model name either.
+    """
+    if name.startswith(RUNS) or Path(name).expanduser().is_dir() or _mapped(name, field) is not None:
+        return
+    kind = "tokenizer" if field.endswith("tokenizer") else "checkpoint"
+    problem = f"no such {kind} folder" if looks_local(name) else model_name_problem(name)
+    if problem:
+        raise ConfigError(f"{field}: {name}: {problem}")
+
+
+def resolve_model(name: str, field: str, weights: bool = True) -> Path:
+    """The local folder of the checkpoint or tokenizer ``name`` (``field`` names it in errors): a
+    folder as it is, else the data catalog's ``models:`` entry, else a hub model from the hub cache,
+    downloaded there (config, tokenizer files and, with ``weights``, the weights) unless the hub is
+    offline (``HF_HUB_OFFLINE``).
+
+    Raises:
+        ConfigError / DataError: as :func:`check_model`; a hub name the cache lacks while offline, or
+            the hub does not give.
+    """
+    check_model(name, field)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder
+    mapped = _mapped(name, field)
+    if mapped is not None:
+        return mapped
+    from huggingface_hub import constants, snapshot_download
+
+    files = list(MODEL_FILES if weights else MODEL_FILES[:-1])
+    try:  # the hub cache first: no network
+        return Path(snapshot_download(name, allow_patterns=files, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or incompletely): fetch it, where the hub is reachable
+        if constants.is_offline_mode():
+            raise ConfigError(
+                f"{field}: {name}: not in the hub cache and the hub is offline (HF_HUB_OFFLINE); map it to a "
+                f"local folder in the data catalog's models: ({ENV})"
+            ) from None
+    try:
+        found = Path(snapshot_download(name, allow_patterns=files))
+        if weights and not (found / MODEL_FILES[-1]).is_file():  # an older repository: PyTorch's pickle only
+            found = Path(snapshot_download(name, allow_patterns=[*files, "pytorch_model.bin"]))
+    except Exception as exc:  # noqa: BLE001 - unreachable, unknown, gated: one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        hint = hub_hint(name)
+        raise ConfigError(
+            f"{field}: {name}: not a local folder, and the hub does not give it ({first}){hint}"
+        ) from None
+    return found

@@ -39,7 +39,8 @@ class PretrainDataModule(pl.LightningDataModule):
     Args:
         data: corpus, tokenizer and batching settings.
         objective: sentence task (``sop|nsp|none``) and masking strategy.
-        vocab_size: ``model.vocab_size``, the size of the trained tokenizer.
+        vocab_size: ``model.vocab_size``, the size of the trained tokenizer (of ``data.tokenizer``:
+            checked; None there: its own, for a run whose model is its source's, :func:`vocab_size`).
         seed: run seed (shuffling, pairs and masking derive from it).
         val_batches: cap on batches per validation pass (per rank); None = every
             held-out document once.
@@ -53,7 +54,7 @@ class PretrainDataModule(pl.LightningDataModule):
         self,
         data: DataConfig,
         objective: ObjectiveConfig,
-        vocab_size: int,
+        vocab_size: int | None,
         seed: int,
         val_batches: int | None = None,
     ) -> None:

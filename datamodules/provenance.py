@@ -3,13 +3,16 @@
 :func:`check_data` resolves a config's data names (the corpus of a pre-training, distillation,
 pruning or quantization run; a fine-tuning run's ``finetune.train`` and ``finetune.validation``)
 without reading them: local files, and the data catalog's copies of hub names, must exist; other
-hub names are checked for their form only (no network). :func:`data_tags` says, as MLflow tags,
+hub names are checked for their form only (no network), and so are the checkpoints and tokenizer it
+names (a folder, the catalog's ``models:`` entry, a hub model name). :func:`data_tags` says, as MLflow tags,
 what those names resolved to: the catalog in effect and, per name, its hub dataset or its files.
 """
 
 from __future__ import annotations
 
-from ablate.datamodules.catalog import ENV, active_catalog
+from pathlib import Path
+
+from ablate.datamodules.catalog import ENV, active_catalog, check_model
 from ablate.datamodules.sources import CorpusSpec, TaskData, resolve_corpus, resolve_task
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -18,6 +21,8 @@ CATALOG_TAG = "ablate.data.catalog"
 """The data catalog file in effect for the run (absent without one)."""
 CORPUS_TAG = "ablate.data.corpus"
 """What ``data.corpus`` resolved to."""
+TOKENIZER_TAG = "ablate.data.tokenizer"
+"""Where ``data.tokenizer`` was read from (a folder, the catalog's model entry, the hub)."""
 TASK_TAG = "ablate.data.finetune.{key}"
 """What ``finetune.train`` / ``finetune.validation`` resolved to."""
 MAX_TAG = 8000
@@ -45,6 +50,35 @@ def check_data(cfg: ExperimentConfig) -> None:
         task_data(cfg.finetune)
     else:
         resolve_corpus(cfg.data.corpus, cfg.data.text_field)
+    for field, name in checkpoint_names(cfg).items():
+        check_model(name, field)
+
+
+def checkpoint_names(cfg: ExperimentConfig) -> dict[str, str]:
+    """The checkpoints and tokenizer ``cfg`` names, by field: ``data.tokenizer``, ``init_from`` and the
+    sources of its regime (``distill.teacher``, ``prune.source``, ``quant.source``, ``finetune.source``,
+    ``finetune.augment_model``)."""
+    named = {
+        "data.tokenizer": cfg.data.tokenizer,
+        "init_from": cfg.init_from,
+        "distill.teacher": cfg.distill.teacher,
+        "prune.source": cfg.prune.source,
+        "quant.source": cfg.quant.source,
+        "finetune.source": cfg.finetune.source,
+        "finetune.augment_model": cfg.finetune.augment_model,
+    }
+    return {field: name for field, name in named.items() if name is not None}
+
+
+def describe_model(name: str) -> str:
+    """One line: where the checkpoint or tokenizer ``name`` is read from (without fetching it)."""
+    catalog = active_catalog()
+    folder = catalog.model(name) if catalog is not None else None
+    if Path(name).expanduser().is_dir():
+        return f"folder {Path(name).expanduser().absolute()}"
+    if catalog is not None and folder is not None:
+        return f"{name} via {ENV} ({catalog.file}): folder {folder}"
+    return f"hub model {name}"
 
 
 def describe(data: CorpusSpec | TaskData) -> str:
@@ -79,4 +113,6 @@ def data_tags(cfg: ExperimentConfig) -> dict[str, str]:
             tags[TASK_TAG.format(key=data.key.rsplit(".", 1)[-1])] = describe(data)
     else:
         tags[CORPUS_TAG] = describe(resolve_corpus(cfg.data.corpus, cfg.data.text_field))
+    if cfg.data.tokenizer is not None:
+        tags[TOKENIZER_TAG] = describe_model(cfg.data.tokenizer)
     return tags

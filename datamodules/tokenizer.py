@@ -7,6 +7,10 @@ first ``data.tokenizer_docs`` training documents and saved as one JSON file unde
 ``<cache>/tokenizers/``, named by a fingerprint of everything that determines it, so a
 second run with the same corpus and settings loads it instead of retraining.
 
+With ``data.tokenizer`` the run takes an existing tokenizer instead (a public checkpoint's:
+:func:`given_tokenizer`), a transformers ``tokenizer.json`` or a ``vocab.txt`` read as BERT's
+WordPiece tokenizer (:func:`checkpoint_tokenizer`), copied into the same cache.
+
 The same documents give the same tokenizer in any process: the trainer of ``tokenizers`` collects
 the alphabet in a hash map seeded anew by each process, so the ids of its characters, and of merges
 whose counts tie, came out in another order each time it was trained (about 200 of 8192 ids for
@@ -30,9 +34,10 @@ from typing import NamedTuple
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
+from ablate.datamodules.catalog import resolve_model
 from ablate.datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
 from ablate.lightning_modules.config.errors import ConfigError, DataError
-from ablate.lightning_modules.config.experiment import DataConfig
+from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Special tokens, at ids 0..4 in this order."""
@@ -163,8 +168,17 @@ def _save_atomic(tok: Tokenizer, path: Path) -> None:
         raise
 
 
-def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenizer, Path]:
-    """Load the cached tokenizer for this corpus and settings, or train and cache it.
+def run_vocab_size(cfg: ExperimentConfig) -> int | None:
+    """The vocabulary size a run's tokenizer must have: ``model.vocab_size`` where the run trains that
+    model (pre-training, distillation) or trains its tokenizer; None for a given ``data.tokenizer`` in
+    a run whose model is its source's (its source's tokenizer is what it is checked against)."""
+    own_model = cfg.regime in ("pretrain", "distill")
+    return cfg.model.vocab_size if own_model or cfg.data.tokenizer is None else None
+
+
+def load_or_train_tokenizer(data: DataConfig, vocab_size: int | None) -> tuple[Tokenizer, Path]:
+    """Load the cached tokenizer for this corpus and settings, or train and cache it; with
+    ``data.tokenizer``, that tokenizer (:func:`given_tokenizer`).
 
     Training reads the first ``data.tokenizer_docs`` training documents, with a
     progress bar when that takes more than a few seconds, and writes the cache file
@@ -172,7 +186,8 @@ def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenize
 
     Args:
         data: corpus, ``lowercase``, ``tokenizer_docs``, ``cache_dir``.
-        vocab_size: ``model.vocab_size``.
+        vocab_size: ``model.vocab_size``; None: a given tokenizer's own size (a run whose model is
+            its source's), never None when one is trained.
 
     Returns:
         The tokenizer and the path of its JSON file (log it as a run artifact).
@@ -180,6 +195,10 @@ def load_or_train_tokenizer(data: DataConfig, vocab_size: int) -> tuple[Tokenize
     Raises:
         DataError: the corpus is missing, unreadable or has no training document.
     """
+    if data.tokenizer is not None:
+        return given_tokenizer(data, vocab_size)
+    if vocab_size is None:
+        raise ValueError("a trained tokenizer needs its vocab_size")
     spec = resolve_corpus(data.corpus, data.text_field)
     path = tokenizer_path(data, vocab_size, spec)
     try:  # an unusable cache folder fails now, not after training the tokenizer
@@ -254,3 +273,122 @@ def vocabulary_map(student: Tokenizer, teacher: Tokenizer) -> list[int]:
     for token, idx in student.get_vocab().items():
         out[idx] = theirs.get(token, -1)
     return out
+
+
+VOCAB_FILE = "vocab.txt"
+_CONFIG_FILE = "tokenizer_config.json"
+
+
+def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, strip_accents: bool | None = None) -> Tokenizer:
+    """BERT's WordPiece tokenizer over a ``vocab.txt`` (one token a line, its id the line's index), as
+    transformers' ``BertTokenizerFast`` builds it: BERT's normalizer (``lowercase``; accents stripped
+    with it unless ``strip_accents`` says), pre-tokenizer, ``##`` pieces, ``[CLS] A [SEP] B [SEP]``."""
+    tok = new_tokenizer(lowercase)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=True,
+        strip_accents=lowercase if strip_accents is None else strip_accents,
+        lowercase=lowercase,
+    )
+    vocab = models.WordPiece.read_file(str(vocab_file))
+    tok.model = models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
+    special_ids(tok)  # ValueError without BERT's special tokens
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    return tok
+
+
+def _casing(folder: Path, lowercase: bool) -> tuple[bool, bool | None]:
+    """``do_lower_case`` and ``strip_accents`` of a folder's ``tokenizer_config.json``; ``lowercase``
+    (``data.lowercase``) where it has none."""
+    try:
+        config = json.loads((folder / _CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return lowercase, None
+    if not isinstance(config, dict):
+        return lowercase, None
+    lower = config.get("do_lower_case", lowercase)
+    accents = config.get("strip_accents")
+    return bool(lower), None if accents is None else bool(accents)
+
+
+def checkpoint_tokenizer(folder: str | Path, out_dir: Path, lowercase: bool = True) -> Path | None:
+    """The tokenizer of a checkpoint or tokenizer folder as a ``tokenizers`` JSON file: its
+    ``tokenizer.json``, else its ``vocab.txt`` read as BERT's WordPiece (:func:`wordpiece_from_vocab`,
+    casing from ``tokenizer_config.json``, else ``lowercase``) and written into ``out_dir``, named by
+    its content; None when it has neither.
+
+    Raises:
+        ConfigError: ``vocab.txt`` lacks BERT's special tokens.
+    """
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return folder / "tokenizer.json"
+    vocab = folder / VOCAB_FILE
+    if not vocab.is_file():
+        return None
+    lower, accents = _casing(folder, lowercase)
+    try:
+        tok = wordpiece_from_vocab(vocab, lower, accents)
+    except Exception as exc:  # noqa: BLE001 - unreadable, no specials
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(f"{vocab}: not BERT's vocabulary ({first})") from None
+    key = hashlib.blake2b(tok.to_str().encode(), digest_size=10).hexdigest()
+    path = out_dir / f"vocab-{key}.json"
+    if not path.is_file():
+        _save_atomic(tok, path)
+    return path
+
+
+def given_tokenizer(data: DataConfig, vocab_size: int | None) -> tuple[Tokenizer, Path]:
+    """``data.tokenizer`` (a hub name or folder: :func:`~ablate.datamodules.catalog.resolve_model`)
+    as the run's tokenizer, copied into the cache (``given-<digest>.json``, no truncation or padding).
+
+    Raises:
+        ConfigError: the folder has no vocabulary (``data.tokenizer``), its tokenizer is unreadable or
+            lacks ``[PAD] [UNK] [CLS] [SEP] [MASK]``, or its size is not ``vocab_size``
+            (``model.vocab_size``).
+        DataError: the cache folder cannot be written.
+    """
+    assert data.tokenizer is not None
+    cache = cache_root(data) / "tokenizers"
+    folder = resolve_model(data.tokenizer, "data.tokenizer", weights=False)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"data.cache_dir: cannot create the tokenizer cache folder {cache}: {exc.strerror}") from None
+    try:
+        source = checkpoint_tokenizer(folder, cache, data.lowercase)
+    except ConfigError as exc:
+        raise ConfigError(f"data.tokenizer: {exc}") from None
+    if source is None:
+        raise ConfigError(
+            f"data.tokenizer: {data.tokenizer}: no vocabulary in {folder} (neither tokenizer.json nor {VOCAB_FILE})"
+        )
+    try:
+        tok = Tokenizer.from_file(str(source))
+        special_ids(tok)
+    except Exception as exc:  # noqa: BLE001 - truncated, not a tokenizer, another model's specials
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(
+            f"data.tokenizer: {source}: not a BERT WordPiece tokenizer ablate can use ({first})"
+        ) from None
+    tok.no_truncation()
+    tok.no_padding()
+    size = tok.get_vocab_size()
+    if vocab_size is not None and size != vocab_size:
+        raise ConfigError(
+            f"model.vocab_size: {vocab_size}, but data.tokenizer {data.tokenizer} has {size} tokens (set "
+            f"model.vocab_size={size})"
+        )
+    text = tok.to_str()
+    path = cache / f"given-{hashlib.blake2b(text.encode(), digest_size=10).hexdigest()}.json"
+    if not path.is_file():
+        try:
+            _save_atomic(tok, path)
+        except OSError as exc:
+            raise DataError(f"data.cache_dir: cannot write the tokenizer {path}: {exc.strerror or exc}") from None
+    return tok, path

@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping
 from torch import nn
 
 from ablate.datamodules.classification import ClassificationDataModule
+from ablate.datamodules.tokenizer import given_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
@@ -117,10 +118,15 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     assert f.source is not None  # a fine-tuning run's regime is resolved from its source
     source = load_source(f.source, uri, tmp, field="finetune.source", quantized=True)
+    if cfg.data.tokenizer is not None:  # given: the source's own (checked), or the one it lacks
+        _, given = given_tokenizer(cfg.data, None)
+        if source.tokenizer is not None:
+            check_same_tokenizer(source, given, field="finetune.source")
+        source = replace(source, tokenizer=given)
     if source.tokenizer is None:
         raise ConfigError(
-            f"finetune.source: {f.source} has no tokenizer.json beside its weights; fine-tuning "
-            f"needs the tokenizer it was pre-trained with"
+            f"finetune.source: {f.source} has no tokenizer (tokenizer.json or vocab.txt) beside its weights; "
+            f"fine-tuning needs the tokenizer it was pre-trained with (name it: data.tokenizer)"
         )
     cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
     try:

@@ -11,11 +11,14 @@ from typing import cast
 
 import lightning.pytorch as pl
 
+from ablate.datamodules.catalog import resolve_model
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
+from ablate.datamodules.tokenizer import checkpoint_tokenizer, run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
 from ablate.lightning_modules.config.quant import check_group_size
-from ablate.lightning_modules.interop.pretrained import initial_model
+from ablate.lightning_modules.interop.export import same_vocabulary
+from ablate.lightning_modules.interop.pretrained import different_tokenizer, initial_model
 from ablate.lightning_modules.methods.precision import matmul_precision, resolved
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
@@ -64,7 +67,7 @@ def run_name(changes: dict[str, object]) -> str:
 def _corpus(cfg: ExperimentConfig) -> PretrainDataModule:
     """The run's corpus stream, tokenizer trained or read from the cache, ready to fit."""
     data = PretrainDataModule(
-        cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed, val_batches=cfg.trainer.val_batches
+        cfg.data, cfg.objective, run_vocab_size(cfg), cfg.seed, val_batches=cfg.trainer.val_batches
     )
     data.prepare_data()
     data.setup("fit")
@@ -74,11 +77,24 @@ def _corpus(cfg: ExperimentConfig) -> PretrainDataModule:
 def _student(cfg: ExperimentConfig, tokenizer: Path) -> PretrainingModel | None:
     """The model a pre-training or distillation run trains: ``init_from``'s weights (None: the module
     builds it from random weights), fake-quantized from the first step with ``quant.method: qat-int8``."""
-    student = initial_model(cfg, tokenizer)
+    student = initial_model(cfg, tokenizer, _init_folder(cfg, tokenizer))
     if cfg.quant.method != "qat-int8":
         return student
     model = student if student is not None else build_pretraining_model(cfg.model, cfg.objective)
     return cast(PretrainingModel, prepare_qat(model))  # prepared in place: the same model
+
+
+def _init_folder(cfg: ExperimentConfig, tokenizer: Path) -> Path | None:
+    """Where ``init_from`` (a folder, the data catalog's model entry or a hub name) is, its tokenizer
+    (``tokenizer.json`` or ``vocab.txt``) checked to be the run's; None without ``init_from``."""
+    if cfg.init_from is None:
+        return None
+    folder = resolve_model(cfg.init_from, "init_from")
+    with tempfile.TemporaryDirectory(prefix="ablate-init-") as tmp:
+        theirs = checkpoint_tokenizer(folder, Path(tmp))
+        if theirs is not None and not same_vocabulary(theirs, tokenizer):
+            raise ConfigError(different_tokenizer("init_from", cfg.init_from))
+    return folder
 
 
 def _tokenizer(data: PretrainDataModule) -> Path:

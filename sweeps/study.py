@@ -24,6 +24,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
 from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
 from ablate.sweeps import attempts, checkpoints, study_model_runs, tracking, workers
 from ablate.sweeps.chain import chained_trial
@@ -134,7 +135,7 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
         key = (cfg.data, cfg.model.vocab_size)
         if key not in seen:
             seen.add(key)
-            PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed).prepare_data()
+            PretrainDataModule(cfg.data, cfg.objective, run_vocab_size(cfg), cfg.seed).prepare_data()
 
 
 def run_study(

@@ -24,11 +24,13 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from ablate.datamodules.catalog import resolve_model
+from ablate.datamodules.tokenizer import checkpoint_tokenizer
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.interop.classifier import WEIGHTS
-from ablate.lightning_modules.interop.export import TOKENIZER_FILE, folder_tokenizer, load_tokenizer, save_tokenizer
+from ablate.lightning_modules.interop.export import TOKENIZER_FILE, load_tokenizer, save_tokenizer
 from ablate.lightning_modules.interop.pretrained import export, load_classifier, load_pretrained, state_dict
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
@@ -188,9 +190,10 @@ def load_run_classifier(uri: str, run_id: str) -> tuple[ExperimentConfig, Classi
     return cfg, model
 
 
-def _folder_tokenizer(folder: str, model_cfg: ModelConfig) -> Path | None:
-    """A checkpoint folder's ``tokenizer.json`` (None without one), checked to fit the model's vocabulary."""
-    tok = folder_tokenizer(folder)
+def _folder_tokenizer(folder: Path, model_cfg: ModelConfig, workdir: Path) -> Path | None:
+    """A checkpoint folder's tokenizer (its ``tokenizer.json``, else its ``vocab.txt`` as BERT's WordPiece,
+    written into ``workdir``; None without either), checked to fit the model's vocabulary."""
+    tok = checkpoint_tokenizer(folder, workdir)
     if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
         raise ConfigError(f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)")
     return tok
@@ -220,9 +223,10 @@ def load_source(
     A quantized run's ``model/`` artifacts are its float weights: only a fine-tuning run, which
     quantizes its classifier the same way, takes it (``quantized``); others are refused."""
     try:
-        if not source.startswith(RUNS):
-            model_cfg, model = load_pretrained(source)
-            return Source(source, model_cfg, model, _folder_tokenizer(source, model_cfg))
+        if not source.startswith(RUNS):  # a folder, the data catalog's model entry or a hub name
+            folder = resolve_model(source, field)
+            model_cfg, model = load_pretrained(folder)
+            return Source(source, model_cfg, model, _folder_tokenizer(folder, model_cfg, workdir))
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
@@ -259,8 +263,9 @@ def load_classifier_source(
     a quantized run (whose artifacts hold its float weights) only when ``quantized``."""
     try:
         if not source.startswith(RUNS):
-            model_cfg, model = load_classifier(source)
-            tok = _folder_tokenizer(source, model_cfg)
+            folder = resolve_model(source, field)
+            model_cfg, model = load_classifier(folder)
+            tok = _folder_tokenizer(folder, model_cfg, workdir)
             return ClassifierSource(source, model_cfg, model, model.num_labels, tok)
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
@@ -351,8 +356,8 @@ def check_same_tokenizer(
     if theirs.get_vocab() != mine.get_vocab():
         raise ConfigError(
             f"{field}: {source.source} was trained with a different tokenizer than this run's "
-            f"(data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size must match "
-            f"those it was trained with)"
+            f"(set data.tokenizer to its tokenizer, or data.corpus, data.lowercase, data.tokenizer_docs and "
+            f"model.vocab_size to those it was trained with)"
         )
 
 

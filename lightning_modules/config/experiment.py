@@ -98,7 +98,12 @@ class DataConfig:
             paragraphs are single lines still give pairs that fill ``max_length``;
             0 = one paragraph per document.
         max_length: tokens per packed sequence, [CLS] and [SEP]s included.
-        lowercase: lowercase and strip accents before WordPiece.
+        lowercase: lowercase and strip accents before WordPiece (with ``tokenizer``: only for a
+            folder with ``vocab.txt`` and no ``tokenizer_config.json`` saying ``do_lower_case``).
+        tokenizer: an existing tokenizer instead of one trained for the run: a hub model name
+            (``bert-base-uncased``, or the data catalog's ``models:`` entry of that name) or a local
+            folder (a transformers tokenizer folder with ``tokenizer.json``, or ``vocab.txt`` alone);
+            ``model.vocab_size`` must be its size. None: a WordPiece tokenizer is trained on the corpus.
         tokenizer_docs: documents read to train the WordPiece tokenizer.
         val_fraction: fraction of documents held out for validation (by hash).
         short_seq_prob: probability of a shorter target length (BERT's trick).
@@ -117,6 +122,7 @@ class DataConfig:
     text_doc_chars: NonNegInt = 4000
     max_length: Annotated[int, Field(ge=16)] = 128
     lowercase: bool = True
+    tokenizer: str | None = Field(default=None, min_length=1)
     tokenizer_docs: PosInt = 20000
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.02
     short_seq_prob: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
@@ -309,7 +315,7 @@ class ExperimentConfig:
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data
-        if m.vocab_size < MIN_VOCAB:  # the run trains its WordPiece tokenizer of this size
+        if m.vocab_size < MIN_VOCAB and data.tokenizer is None:  # the run trains its WordPiece tokenizer of this size
             raise FieldError(
                 "model.vocab_size",
                 f"{m.vocab_size} tokens cannot hold the 5 special tokens and a corpus's "

@@ -39,6 +39,7 @@ from ablate.lightning_modules.interop.classifier import (
     WEIGHTS,
     ablate_checkpoint,
     checkpoint_folder,
+    export_labels,
     hf_checkpoint,
     load_weights,
     to_transformers_classifier,
@@ -48,6 +49,7 @@ from ablate.lightning_modules.interop.classifier import (
 from ablate.lightning_modules.interop.classifier import (
     load_classifier as load_classifier,  # re-exported: the loaders side by side
 )
+from ablate.lightning_modules.interop.classifier_card import tokenizer_length
 from ablate.lightning_modules.interop.export import (
     CARD,
     folder_tokenizer,
@@ -201,8 +203,10 @@ def export(
     ``tokenizer.json`` + ``tokenizer_config.json``). ``auto`` picks transformers when expressible.
     ``source`` (``runs:/RUN_ID``) and ``repo`` (the Hub repository it is meant for) go in the card.
     A fine-tuned :class:`Classifier` (``cfg``: its fine-tuning run's config, whose ``model`` is its
-    encoder's) becomes a ``*ForSequenceClassification`` (``id2label``: ``labels``, else ``LABEL_i``)
-    or our state dict, without FastBERT's exits either way; its card names the task and dev metric.
+    encoder's) becomes a ``*ForSequenceClassification`` (``id2label``: ``labels``, else
+    ``finetune.label_names``, else ``LABEL_i``; ``problem_type`` by ``finetune.kind``; its tokenizer's
+    ``model_max_length`` ``finetune.max_length``) or our state dict, without FastBERT's exits either
+    way; its card names the task and dev metric and shows the pipeline that scores as ablate did.
     Written to a temporary sibling and renamed, so a failure leaves nothing behind.
     """
     out, classifier = Path(out_dir), isinstance(model, Classifier)
@@ -214,14 +218,10 @@ def export(
         )
     if classifier and cfg.regime != "finetune":
         raise ConfigError(f"regime: {cfg.regime!r}; a classifier is exported with its fine-tuning run's config")
-    if labels is not None:
-        if not isinstance(model, Classifier):
-            raise ConfigError("--labels: only for a fine-tuned classifier (a fine-tuning run's export)")
-        if len(labels) != model.num_labels or len(set(labels)) != len(labels) or not all(labels):
-            raise ConfigError(
-                f"--labels: {', '.join(labels)}: give {model.num_labels} different names, one per class, in "
-                f"the order of the task's label ids"
-            )
+    if labels is not None and not isinstance(model, Classifier):
+        raise ConfigError("--labels: only for a fine-tuned classifier (a fine-tuning run's export)")
+    if isinstance(model, Classifier):  # --labels, else finetune.label_names, else None (LABEL_i)
+        labels = export_labels(cfg.finetune, model.num_labels, labels)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: already exists and is not an empty folder")
     if format not in ("auto", "transformers", "ablate"):
@@ -236,7 +236,7 @@ def export(
     hf = None  # ConfigError says why not expressible
     if format == "transformers":
         hf = (
-            to_transformers_classifier(model, cfg.model, labels)
+            to_transformers_classifier(model, cfg.model, labels, cfg.finetune.kind)
             if isinstance(model, Classifier)
             else to_transformers(model, cfg.model)
         )
@@ -245,7 +245,8 @@ def export(
     try:
         tokens = None
         if tokenizer is not None:  # without transformers, an ablate export copies the tokenizer file
-            tokens = save_tokenizer(tokenizer, tmp, cfg.data.lowercase, cfg.model.max_position, required=hf is not None)
+            length = tokenizer_length(cfg, classifier)  # a classifier's: finetune.max_length
+            tokens = save_tokenizer(tokenizer, tmp, cfg.data.lowercase, length, required=hf is not None)
             if tokens > cfg.model.vocab_size:
                 raise ConfigError(
                     f"{tokenizer}: {tokens} tokens, more than model.vocab_size={cfg.model.vocab_size} "
@@ -312,6 +313,14 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
     return exp.model, model.eval()
 
 
+def different_tokenizer(field: str, theirs: str | Path) -> str:
+    """The error of a run whose tokenizer is not that of the checkpoint ``field`` starts it from."""
+    return (
+        f"{field}: {theirs} is a different tokenizer than this run's (set data.tokenizer to the checkpoint's, "
+        "or data.corpus, data.lowercase, data.tokenizer_docs and model.vocab_size to those it was trained with)"
+    )
+
+
 # fields that may differ between a run's config and its init_from checkpoint
 _FREE = {"dropout", "init_std"}
 
@@ -330,9 +339,12 @@ def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
     return out
 
 
-def initial_model(cfg: ExperimentConfig, tokenizer: str | Path | None = None) -> PretrainingModel | None:
+def initial_model(
+    cfg: ExperimentConfig, tokenizer: str | Path | None = None, folder: str | Path | None = None
+) -> PretrainingModel | None:
     """The model a run starts from: None without ``init_from``, else ``cfg``'s model with the
-    checkpoint's weights.
+    checkpoint's weights, read from ``folder`` (where ``init_from``, a hub name, was resolved to;
+    None: ``init_from`` is the folder).
 
     ``model`` must describe the checkpoint's architecture (``dropout`` and ``init_std`` may
     differ): otherwise ConfigError listing the ``model.key=value`` overrides that match it.
@@ -343,8 +355,9 @@ def initial_model(cfg: ExperimentConfig, tokenizer: str | Path | None = None) ->
     """
     if cfg.init_from is None:
         return None
+    folder = cfg.init_from if folder is None else folder
     try:
-        have, ckpt = load_pretrained(cfg.init_from)
+        have, ckpt = load_pretrained(folder)
     except ConfigError as exc:
         raise ConfigError(f"init_from: {exc}") from None
     differences = _arch_differences(cfg.model, have)
@@ -352,12 +365,9 @@ def initial_model(cfg: ExperimentConfig, tokenizer: str | Path | None = None) ->
         raise ConfigError(
             f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
         )
-    theirs = folder_tokenizer(cfg.init_from)
+    theirs = folder_tokenizer(folder)
     if tokenizer is not None and theirs is not None and not same_vocabulary(theirs, tokenizer):
-        raise ConfigError(
-            f"init_from: {theirs} is a different tokenizer than this run's (data.corpus, data.lowercase, "
-            "data.tokenizer_docs and model.vocab_size must match those the checkpoint was trained with)"
-        )
+        raise ConfigError(different_tokenizer("init_from", theirs))
     model = build_pretraining_model(cfg.model, cfg.objective)
     state = state_dict(ckpt)
     if model.sentence_head is None:
