@@ -24,6 +24,7 @@ from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig, Kind
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.interop.maps import (
     CLASSIFIER_CLASSES,
@@ -44,6 +45,10 @@ EXITS = "exits"  # Classifier.exits: FastBERT's exit heads, never exported
 WEIGHTS, EXPORT_YAML = "model.safetensors", "ablate.yaml"
 
 
+# transformers' ``problem_type`` of each kind of task a sequence classifier is exported for
+PROBLEM_TYPES: dict[Kind, str] = {"classification": "single_label_classification", "regression": "regression"}
+
+
 def label_names(num_labels: int, labels: Sequence[str] | None = None) -> list[str]:
     """The class names written as ``id2label``: ``labels``, else ``LABEL_0`` ... (transformers' default)."""
     names = [f"LABEL_{i}" for i in range(num_labels)] if labels is None else [str(n) for n in labels]
@@ -52,24 +57,45 @@ def label_names(num_labels: int, labels: Sequence[str] | None = None) -> list[st
     return names
 
 
+def export_labels(f: FinetuneConfig, num_labels: int, given: Sequence[str] | None = None) -> list[str] | None:
+    """The names an exported classifier's ``id2label`` gives its ``num_labels`` outputs: ``given`` (``ablate
+    export --labels``), else the run's ``finetune.label_names``, else None (``LABEL_i``). ConfigError naming
+    whichever does not give ``num_labels`` different, non-empty names."""
+    for field, names in (("--labels", given), ("finetune.label_names", f.label_names)):
+        if names is None:
+            continue
+        if len(names) != num_labels or len(set(names)) != len(names) or not all(names):
+            what = "one name" if num_labels == 1 else f"{num_labels} different names, one per class,"
+            raise ConfigError(f"{field}: {', '.join(names)}: give {what} in the order of the task's label ids")
+        return [str(n) for n in names]
+    return None
+
+
 def without_exits(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` less FastBERT's exit heads."""
     return {k: v for k, v in state.items() if not k.startswith(EXITS + ".")}
 
 
-def to_transformers_classifier(model: Classifier, cfg: ModelConfig, labels: Sequence[str] | None = None) -> Any:
+def to_transformers_classifier(
+    model: Classifier, cfg: ModelConfig, labels: Sequence[str] | None = None, kind: Kind = "classification"
+) -> Any:
     """The equivalent transformers ``*ForSequenceClassification`` (by :func:`family`), weights copied.
 
     ``num_labels`` is the head's, ``id2label``/``label2id`` name the classes (``labels``, else
-    ``LABEL_i``). ``cfg`` must describe ``model.encoder`` (ConfigError when not expressible).
-    The exits, if any, are left out.
+    ``LABEL_i``); ``problem_type`` is ``kind``'s (a regression model: one output, ``regression``, so
+    that transformers' pipeline returns the raw score). ``cfg`` must describe ``model.encoder``
+    (ConfigError when not expressible). The exits, if any, are left out.
     """
+    if kind not in PROBLEM_TYPES:
+        raise ConfigError(f"finetune.kind: {kind}: not a sequence classifier ({', '.join(PROBLEM_TYPES)})")
+    if kind == "regression" and model.num_labels != 1:
+        raise ConfigError(f"finetune.kind: regression needs one output; the model has {model.num_labels}")
     name = family(cfg)
     names = label_names(model.num_labels, labels)
     p = float(model.head.dropout.p)
     dropout = {"classifier_dropout_prob": p} if name == "albert" else {"classifier_dropout": p}
     labelled = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
-    config = hf_config(cfg, name, **labelled, problem_type="single_label_classification", **dropout)
+    config = hf_config(cfg, name, **labelled, problem_type=PROBLEM_TYPES[kind], **dropout)
     hf = hf_class(name, CLASSIFIER_CLASSES)(config)
     hf.train(model.training)
     ours = without_exits({k.replace("_orig_mod.", ""): v for k, v in model.named_parameters()})
@@ -106,8 +132,9 @@ def _dropout(name: str, hf_cfg: Any) -> float:
 def from_transformers_classifier(hf: Any) -> tuple[ModelConfig, Classifier]:
     """Our config and :class:`Classifier` (no exits) for a transformers ``*ForSequenceClassification``.
 
-    ConfigError for an architecture ablate cannot express, another model class, a regression
-    (``num_labels`` 1) or multi-label model.
+    A regression model (one output, ``problem_type`` ``regression``) comes back as a one-output
+    classifier. ConfigError for an architecture ablate cannot express, another model class or a
+    multi-label model.
     """
     name, cfg = model_config(hf.config)
     if not isinstance(hf, hf_class(name, CLASSIFIER_CLASSES)):
@@ -116,9 +143,13 @@ def from_transformers_classifier(hf: Any) -> tuple[ModelConfig, Classifier]:
             "AutoModelForSequenceClassification)"
         )
     C, problem = int(hf.config.num_labels), getattr(hf.config, "problem_type", None)
-    if C < 2 or problem in ("regression", "multi_label_classification"):
-        kind = "regression" if C < 2 or problem == "regression" else "multi-label classification"
-        raise ConfigError(f"problem_type: {kind} is not supported (ablate's classifiers pick one of 2 or more labels)")
+    regression = C == 1 and problem in (None, "regression")  # transformers regresses on one output
+    if problem == "multi_label_classification" or (C < 2 and not regression) or (problem == "regression" and C != 1):
+        kind = "multi-label classification" if problem == "multi_label_classification" else f"{problem}, {C} outputs"
+        raise ConfigError(
+            f"problem_type: {kind} is not supported (ablate's classifiers pick one of 2 or more labels, or regress "
+            "one score)"
+        )
     if name == "albert":
         check_albert_identity_in(hf, cfg)
     model = Classifier(build_encoder(cfg), new_head(cfg.hidden_dim, C, _dropout(name, hf.config), cfg.init_std))

@@ -9,7 +9,8 @@
   (``tokenizers.Tokenizer.from_file``) read the same ``tokenizer.json``.
 - :func:`model_card`: the folder's ``README.md`` (Hub metadata, how to load it, parameter and
   FLOP counts, the run's final metrics, the resolved config); for a fine-tuned classifier also
-  its task, labels and dev metric, and that FastBERT's exits are not exported.
+  its task, labels and dev metric, an example that runs as written, and that FastBERT's exits are
+  not exported (:mod:`~ablate.lightning_modules.interop.classifier_card`).
 - :func:`hub_api` / :func:`push_to_hub`: upload the folder with ``huggingface_hub`` (imported
   only when asked for).
 """
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
+from ablate.lightning_modules.interop.classifier_card import classifier_use, tokenizer_length
 
 if TYPE_CHECKING:  # torch, tokenizers and transformers are imported when used: Hub checks answer without them
     from tokenizers import Tokenizer
@@ -186,7 +188,7 @@ def model_card(
     name = f"{'An' if family == 'albert' else 'A'} {_FAMILY_NAMES.get(family or '', 'BERT-family')}"
     lines = [*front, f"# {title}", ""]
     if isinstance(model, Classifier):
-        lines += _classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where, labels)
+        lines += classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where, labels)
     else:
         lines += [
             f"{name} encoder trained with ablate (regime `{cfg.regime}`)"
@@ -235,7 +237,7 @@ def model_card(
         )
         lines.append(
             f"WordPiece, {tokens:,} tokens, {'lowercased' if cfg.data.lowercase else 'cased'}, "
-            f"`model_max_length` {m.max_position}; {origin}."
+            f"`model_max_length` {tokenizer_length(cfg, classifier)}; {origin}."
         )
     else:
         lines.append("None saved: use the tokenizer the model was trained with.")
@@ -257,79 +259,6 @@ def model_card(
         lines += ["| metric | value |", "|---|---:|", *rows]
     lines += ["", "## Configuration", "", "```yaml", redact(to_yaml(cfg)).rstrip(), "```", ""]
     return "\n".join(lines)
-
-
-def _names(num_labels: int, labels: Sequence[str] | None) -> str:
-    """How the card names the classes: the names given at export, or transformers' ``LABEL_i``."""
-    if labels is None:
-        return "`LABEL_i`; `ablate export --labels` names them"
-    return ", ".join(f"{i} `{name}`" for i, name in enumerate(labels))
-
-
-def _classifier_use(
-    model: Classifier,
-    cfg: ExperimentConfig,
-    name: str,
-    what: str,
-    hf_class: str | None,
-    metrics: Mapping[str, float],
-    source: str | None,
-    where: str,
-    labels: Sequence[str] | None = None,
-) -> list[str]:
-    """A classifier card's description and ``## Use`` section."""
-    f = cfg.finetune
-    pair = len(f.text_fields) == 2
-    inputs = "sentence pairs (" + ", ".join(f"`{t}`" for t in f.text_fields) + ")" if pair else "single sentences"
-    lines = [
-        f"{name} sequence classifier fine-tuned with ablate on the task `{f.task}` ({model.num_labels} labels, "
-        f"{inputs})" + (f" in {source}" if source else "") + f", exported as {what}. Its encoder was pre-trained "
-        f"as `{f.source}`.",
-    ]
-    score = next(
-        (metrics[k] for k in (f"{f.task}/final_{f.metric}", f"{f.task}/best_{f.metric}") if k in metrics), None
-    )
-    if score is not None:
-        base = metrics.get(f"{f.task}/majority_accuracy")
-        lines += [
-            "",
-            f"Dev {f.metric} (`finetune.metric`): **{score:.4g}** on `{f.validation or f.task}`"
-            + (f" (majority-class accuracy {base:.4g})." if base is not None else "."),
-        ]
-    exits = (
-        "Its FastBERT exit classifiers (`finetune.exits`) are not exported: transformers has no place for them, "
-        "so every layer runs and the final classifier decides."
-        if model.exits is not None or f.exits
-        else "It has no FastBERT exits (`finetune.exits`), which are never exported: transformers has no place "
-        "for them."
-    )
-    lines += [
-        "",
-        f"Class `i` is label `i` of the task's `{f.label_field}` column"
-        + (f" (`id2label`: {_names(model.num_labels, labels)})." if hf_class else ".")
-        + f" {exits}",
-        "",
-        "## Use",
-        "",
-    ]
-    if hf_class:
-        example = (
-            '{"text": "A man is playing.", "text_pair": "A person plays."}' if pair else '"A gripping, moving film."'
-        )
-        lines += [
-            "```python",
-            "from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline",
-            "",
-            f'classify = pipeline("text-classification", model="{where}")',
-            f"print(classify({example}))",
-            f'model = AutoModelForSequenceClassification.from_pretrained("{where}")',
-            f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
-            "```",
-            "",
-            "In ablate, `ablate.lightning_modules.interop.pretrained.load_classifier(folder)` loads it as "
-            "ablate's classifier.",
-        ]
-    return lines
 
 
 def _size_rows(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> list[str]:
