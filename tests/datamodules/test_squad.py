@@ -1,0 +1,122 @@
+"""SQuAD's windows on the real dev files: labels at the answer's tokens, offsets back to the context's
+characters, both file forms, and the bad answers refused naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from ablate.datamodules.sources import resolve_task
+from ablate.datamodules.squad import SquadDataModule, read_questions
+from ablate.datamodules.tokenizer import train_tokenizer
+from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.finetune import FinetuneConfig
+from tests.conftest import SHARED_DATA
+
+SQUAD = SHARED_DATA / "squad"
+
+
+def _part(name: str, articles: slice) -> dict:
+    path = SQUAD / name
+    if not path.is_file():
+        pytest.skip(f"shared SQuAD data not found at {path}")
+    tree = json.loads(path.read_text(encoding="utf-8"))
+    return {"version": tree["version"], "data": tree["data"][articles]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("squad")
+    out = {}
+    for key, name in (("v1", "dev-v1.1.json"), ("v2", "dev-v2.0.json")):
+        out[key] = tmp / f"{key}.json"
+        out[key].write_text(json.dumps(_part(name, slice(0, 2))), encoding="utf-8")
+    texts = [p["context"] for a in _part("dev-v1.1.json", slice(0, 10))["data"] for p in a["paragraphs"]]
+    out["tok"] = tmp / "tokenizer.json"
+    train_tokenizer(texts, 1000, lowercase=True).save(str(out["tok"]))
+    return out
+
+
+def _dm(files: dict[str, Path], key: str = "v1", **fields) -> SquadDataModule:
+    fields = {"max_query_length": 24, **fields}
+    cfg = FinetuneConfig(
+        kind="span", metric="f1", train=str(files[key]), validation=str(files[key]), max_length=64, **fields
+    )
+    dm = SquadDataModule(cfg, files["tok"])
+    dm.setup()
+    return dm
+
+
+def test_windows_cover_long_contexts_and_label_the_answer_tokens(files):
+    dm = _dm(files, doc_stride=16, max_query_length=16)
+    tok = Tokenizer.from_file(str(files["tok"]))
+    train = dm.train_set
+    assert train is not None and len(train) > 2 * dm.num_train  # contexts of ~150 tokens in windows of <= 64
+    windows, labelled = train.dev.windows, 0
+    for i in range(len(train)):
+        ids, first, start, end, _ = train[i]
+        assert len(ids) <= 64 and ids[0] == tok.token_to_id("[CLS]") and ids[first - 1] == tok.token_to_id("[SEP]")
+        ref = train.dev.references[int(windows.example[i])]
+        assert windows.ctx_start[i] == first and len(windows.spans[i]) == len(ids) - first - 1
+        if start == 0:
+            assert end == 0
+            continue
+        labelled += 1
+        spans = windows.spans[i]
+        text = ref.context[spans[start - first][0] : spans[end - first][1]]
+        # the labelled tokens' characters are the answer (WordPiece may split inside a word: the answer lies within)
+        assert ref.answers[0] in text and len(text) <= len(ref.answers[0]) + 12, (text, ref.answers[0])
+    assert labelled >= dm.num_train  # every answer is wholly in at least one window
+    most = windows.max_context
+    for q in range(3):  # each context token is some window's max-context token exactly once
+        mine = [k for k in range(len(train)) if windows.example[k] == q]
+        counts = np.zeros(max(int(windows.spans[k][-1][1]) for k in mine) + 1)
+        for k in mine:
+            np.add.at(counts, windows.spans[k][most[k], 0], 1)
+        assert set(counts[counts > 0]) == {1}
+
+
+def test_flat_rows_read_as_the_official_json(files, tmp_path):
+    questions = read_questions(resolve_task("finetune.train", str(files["v2"])), None, no_answer=True)
+    rows = [
+        {
+            "id": q.id,
+            "title": "t",
+            "context": q.context,
+            "question": q.question,
+            "answers": {"text": list(q.answers), "answer_start": list(q.starts)},
+        }
+        for q in questions
+    ]
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    assert read_questions(resolve_task("finetune.train", str(flat)), None, no_answer=True) == questions
+    assert any(not q.answers for q in questions)
+
+
+def test_the_catalog_names_squad_by_its_hub_name():
+    src = resolve_task("finetune.validation", "rajpurkar/squad", None, "validation")
+    if not src.files:
+        pytest.skip("no data catalog maps rajpurkar/squad")
+    questions = read_questions(src, 50, no_answer=False)
+    assert len(questions) == 50 and questions[0].id == "56be4db0acb8001400a502ec"
+
+
+def test_bad_answers_and_unanswerable_questions_are_refused_naming_the_file(files, tmp_path):
+    tree = json.loads(files["v1"].read_text(encoding="utf-8"))
+    tree["data"][0]["paragraphs"][0]["qas"][1]["answers"][0]["answer_start"] += 3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(tree), encoding="utf-8")
+    with pytest.raises(DataError, match=r"finetune.train: .*bad.json: question \S+: answer .* is not at its answer_st"):
+        _dm({**files, "bad": bad}, "bad")
+    with pytest.raises(DataError, match=r"v2.json: question \S+ has no answer .*finetune.no_answer"):
+        _dm(files, "v2")
+    assert _dm(files, "v2", no_answer=True).no_answer_rate > 0.3
+    with pytest.raises(ConfigError, match="finetune.max_query_length"):
+        _dm(files, max_query_length=62)
+    with pytest.raises(ConfigError, match="finetune.augment_copies"):
+        _dm(files, augment_copies=2)
