@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from ablate.cli import main  # noqa: E402
 from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
+from ablate.lightning_modules.config.experiment import to_dict  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import load_classifier  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
@@ -225,3 +226,68 @@ def test_each_reader_says_which_kind_of_model_a_run_holds(finetuned):
     wrong = build_config({"model": {"preset": "albert-tiny"}, "finetune": {"source": "runs:/x", "num_labels": 2}})
     with pytest.raises(ValueError, match="cfg.model does not describe the classifier's encoder"):
         log_weights(client, bare, model, wrong, tokenizer)
+
+
+def _use_block(card: str) -> str:
+    """The card's ``## Use`` code block, as a user copies it."""
+    use = card.split("## Use", 1)[1]
+    return use.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_cards_example_runs_as_written_over_the_whole_sst2_dev_set(finetuned, capsys):
+    """A run whose config names its labels (as the GLUE task table does) exports them as ``id2label``; its
+    card's example, pointed at the folder and run as written, labels every one of SST-2's 872 dev sentences
+    (the pipeline it builds truncates, as fine-tuning did: without truncation it fails on the long ones) as
+    ablate's classifier does."""
+    tmp, uri, _, run_id, model, tokenizer, *_ = finetuned
+    cfg, _ = load_run_classifier(uri, run_id)
+    tree = to_dict(cfg)
+    tree["finetune"]["label_names"] = ["negative", "positive"]
+    named = build_config(tree)
+    client = tracking.connect(uri)
+    named_id = tracking.start_run(client, tracking.experiment_id(client, "finetune", uri), "sst2 named", {})
+    tracking.log_run_inputs(client, named_id, named, {}, tokenizer)
+    log_weights(client, named_id, model, named, tokenizer)
+    tracking.end_run(client, named_id, "FINISHED")
+
+    out = tmp / "sst2-named"
+    assert main(["export", named_id, str(out), "--tracking-uri", uri]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert main(["export", named_id, str(tmp / "renamed"), "--tracking-uri", uri, "--labels", "bad,good"]) == 0
+    assert json.loads((tmp / "renamed" / "config.json").read_text())["id2label"] == {"0": "bad", "1": "good"}
+    capsys.readouterr()
+    assert main(["export", named_id, str(tmp / "three"), "--tracking-uri", uri, "--labels", "a,b,c"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --labels: a, b, c: give 2 different names, one per class, in the order of the task's label ids"
+    )
+    assert not (tmp / "three").exists() or not any((tmp / "three").iterdir())
+
+    card = (out / "README.md").read_text()
+    assert "labels: negative, positive" in card and "cut to them" in card and "`model_max_length` 64" in card
+    code = _use_block(card)
+    assert code.count("PATH/TO/THIS/FOLDER") == 3 and "truncation=True" in code
+    namespace: dict[str, object] = {}
+    exec(code.replace("PATH/TO/THIS/FOLDER", str(out)), namespace)  # noqa: S102 - the card's own example
+    printed = capsys.readouterr().out
+    assert printed.count("'label': '") == 2 and all(name in ("negative", "positive") for name in _labels(printed))
+
+    sentences, _ = _sst2("validation", 872)
+    assert len(sentences) == 872
+    classify = namespace["classify"]
+    results = classify(sentences, batch_size=64)  # type: ignore[operator]
+    assert len(results) == 872
+    with torch.no_grad():
+        ours = model(_encode(tokenizer, sentences)).argmax(-1).tolist()
+    assert [("negative", "positive").index(r["label"]) for r in results] == ours
+
+    plain = transformers.pipeline("text-classification", model=str(out))  # what the card said before: no truncation
+    lengths = transformers.AutoTokenizer.from_pretrained(out)(sentences)["input_ids"]
+    longest = max(range(872), key=lambda i: len(lengths[i]))
+    assert len(lengths[longest]) > T
+    with pytest.raises((IndexError, RuntimeError, ValueError)):
+        plain(sentences[longest])
+
+
+def _labels(printed: str) -> list[str]:
+    return [part.split("'", 1)[0] for part in printed.split("'label': '")[1:]]
