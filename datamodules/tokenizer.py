@@ -293,6 +293,7 @@ def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, strip_accents: bool 
     vocab = models.WordPiece.read_file(str(vocab_file))
     tok.model = models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
     special_ids(tok)  # ValueError without BERT's special tokens
+    tok.add_special_tokens(list(SPECIAL_TOKENS))  # matched whole in text, as transformers' added tokens are
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
