@@ -19,7 +19,7 @@ from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
-from ablate.reports.runs import absent_store, load_runs
+from ablate.reports.runs import absent_store, load_runs, load_stages
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import (
     Expected,
@@ -152,14 +152,15 @@ def build_report(
     runs, parent = load_runs(tracking_uri, study)
     if runs.empty:  # nothing to tabulate: an error, not an empty report
         raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)}; {run}")
-    table = aggregate(runs, spec, expected)  # a bad spec fails here, before any measuring
+    stages = load_stages(tracking_uri, study, runs["run_id"].to_list())  # chained trials' seeds
+    table = aggregate(runs, spec, expected, stages)  # a bad spec fails here, before any measuring
     again: Remeasured | None = None
     if remeasure:
         if not latency_columns(spec):
             raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
         if len(runs):
             again = remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
-            table = dataclasses.replace(aggregate(again.apply(runs), spec, expected), notes=(again.note,))
+            table = dataclasses.replace(aggregate(again.apply(runs), spec, expected, stages), notes=(again.note,))
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}

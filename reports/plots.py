@@ -1,5 +1,6 @@
 """One PNG per plot spec: row means of ``y`` against ``x``, with the Pareto front; or, for a plot
-with ``over``, one curve per row through its (``x``, ``y``) points at each ``over`` value."""
+with ``over``, one curve per row through its (``x``, ``y``) points at each ``over`` value. Error
+bars are each mean's 95% t-interval over its seeds (:mod:`ablate.reports.stats`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
 from matplotlib.ticker import FuncFormatter
 
+from ablate.reports.rows import row_sort_key, row_text
 from ablate.reports.spec import PlotSpec, ReportSpec
-from ablate.reports.tables import Table, row_sort_key, row_text
+from ablate.reports.tables import Table
 
 DPI = 150
 _MARKERS = "osD^vP*Xhp"
@@ -49,8 +51,9 @@ def _scale(spec: ReportSpec, name: str, plot: PlotSpec | None = None) -> tuple[f
     return 1.0, label
 
 
-def _axis(table: Table, name: str) -> tuple[pd.Series, pd.Series]:
-    """Mean and std (0 where n <= 1) of a metric, or the row values of a row param."""
+def axis_values(table: Table, name: str) -> tuple[pd.Series, pd.Series]:
+    """Mean and error bar (the half-width of the 95% t-interval over seeds; 0 where there is none)
+    of a metric per row, or the row values of a row param (error 0)."""
     st = table.stats
     if name in table.spec.rows:
         values = pd.to_numeric(st[name], errors="coerce").astype(float)
@@ -58,8 +61,8 @@ def _axis(table: Table, name: str) -> tuple[pd.Series, pd.Series]:
     if f"{name}.mean" not in st:
         nan = pd.Series(np.nan, index=st.index)
         return nan, nan
-    std = st[f"{name}.std"].where(st[f"{name}.n"] > 1, 0.0).fillna(0.0)
-    return st[f"{name}.mean"].astype(float), std
+    half = st[f"{name}.half_width"].where(st[f"{name}.n"] > 1, 0.0).fillna(0.0)
+    return st[f"{name}.mean"].astype(float), half.astype(float)
 
 
 def pareto_front(x: list[float], y: list[float], higher_is_better: bool) -> list[int]:
@@ -81,10 +84,10 @@ def slug(name: str) -> str:
 
 
 def _curves(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]]:
-    """Per row key (rows without a point left out): (over value, x, y, x std, y std) in ``over`` order."""
+    """Per row key (rows without a point left out): (over value, x, y, x error, y error) in ``over`` order."""
     axes = []
     for v, nx, ny in zip(plot.over, plot.names("x"), plot.names("y"), strict=True):
-        (x, xerr), (y, yerr) = _axis(table, nx), _axis(table, ny)
+        (x, xerr), (y, yerr) = axis_values(table, nx), axis_values(table, ny)
         axes.append((v, x, y, xerr, yerr))
     curves: dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]] = {}
     for i, key in enumerate(table.keys()):
@@ -103,7 +106,7 @@ def curve_points(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[Cur
 
 
 def _errors(values: list[float], scale: float) -> list[float] | None:
-    """Error bar lengths, NaN (none) where the std is 0; None when no point has one."""
+    """Error bar lengths, NaN (none) where the interval is 0; None when no point has one."""
     return [v * scale if v > 0 else math.nan for v in values] if any(v > 0 for v in values) else None
 
 
@@ -133,8 +136,8 @@ def _draw_curves(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -
 def _draw_scatter(table: Table, plot: PlotSpec, ax: Axes, sx: float, sy: float) -> int:
     """Row means as points, coloured by ``hue``, with the Pareto front; the number of groups."""
     spec = table.spec
-    x, xerr = _axis(table, plot.x)
-    y, yerr = _axis(table, plot.y)
+    x, xerr = axis_values(table, plot.x)
+    y, yerr = axis_values(table, plot.y)
     ok = (x.notna() & y.notna()).to_numpy()
     if not ok.any():
         return 0

@@ -15,10 +15,16 @@ from mlflow import MlflowClient
 from mlflow.entities import Run, ViewType
 
 from ablate.lightning_modules.config.errors import StorageError
+from ablate.reports.seeds import task_metric
 from ablate.sweeps.tracking import check_database
 
 #: Columns every runs frame has, before the params and metrics.
 BASE_COLUMNS = ["run_id", "run_name", "status", "state", "trial"]
+#: Columns every stages frame (:func:`load_stages`) has, before the metrics.
+STAGE_COLUMNS = ["run_id", "stage_run_id", "task", "seed", "task_metric"]
+#: A chained trial's fine-tuning stage run: tag ``ablate.stage`` = ``finetune:<task>``
+#: (``ablate.sweeps.tracking.STAGE``), nested in the trial's run.
+STAGE_TAG, FINETUNE, PARENT_TAG = "ablate.stage", "finetune:", "mlflow.parentRunId"
 
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
@@ -120,6 +126,53 @@ def _frame(runs: list[Run]) -> pd.DataFrame:
     if len(df):
         df = df.sort_values(["trial", "run_id"], na_position="last", kind="stable").reset_index(drop=True)
     return df
+
+
+def _stage_row(run: Run) -> dict[str, Any]:
+    task = run.data.tags[STAGE_TAG].removeprefix(FINETUNE)
+    seed = parse_param(run.data.params.get("seed"))
+    row: dict[str, Any] = {
+        "run_id": run.data.tags.get(PARENT_TAG),
+        "stage_run_id": run.info.run_id,
+        "task": task,
+        "seed": seed if isinstance(seed, int) else None,
+        "task_metric": run.data.params.get("finetune.metric"),
+    }
+    return row | {k: float(v) for k, v in run.data.metrics.items() if task_metric(k)}
+
+
+def load_stages(tracking_uri: str, study: str, trial_ids: list[str]) -> pd.DataFrame:
+    """Read the finished fine-tuning stage runs of a study's chained trials ``trial_ids``.
+
+    Returns:
+        One row per stage run: :data:`STAGE_COLUMNS` (the trial's run id, the stage's, its task,
+        its ``seed`` param, its ``finetune.metric``), then each fine-tuning task's metric it logged
+        (:func:`ablate.reports.seeds.task_metric`: ``<task>/...``, ``mnli-mm/accuracy``).
+        Where a retried trial fine-tuned a task with the same seed twice, the later run counts.
+        No such runs: an empty frame.
+
+    Raises:
+        StorageError: the tracking store cannot be reached or read.
+    """
+    if not trial_ids:
+        return pd.DataFrame(columns=STAGE_COLUMNS)
+    wanted = set(trial_ids)
+    with _fail_fast():
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri)
+            exp = client.get_experiment_by_name(study)
+            query = f"tags.`{STAGE_TAG}` LIKE '{FINETUNE}%' AND attributes.status = 'FINISHED'"
+            found = [] if exp is None else _search(client, exp.experiment_id, query)
+        except Exception as exc:  # noqa: BLE001 - any failure talking to the store is a storage error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(f"{tracking_uri}: cannot read MLflow tracking store ({first})") from exc
+    found = sorted((r for r in found if r.data.tags.get(PARENT_TAG) in wanted), key=lambda r: r.info.start_time or 0)
+    rows = [_stage_row(r) for r in found]
+    metrics = sorted({k for r in rows for k in r} - set(STAGE_COLUMNS))
+    frame = pd.DataFrame(rows, columns=[*STAGE_COLUMNS, *metrics])
+    seeded = frame["seed"].notna()  # the same task and seed again: a retried trial's, the later counts
+    again = frame[seeded].duplicated(["run_id", "task", "seed"], keep="last").reindex(frame.index, fill_value=False)
+    return frame[~again].reset_index(drop=True)
 
 
 def load_runs(tracking_uri: str, study: str) -> tuple[pd.DataFrame, str | None]:

@@ -152,6 +152,11 @@ class ReportSpec:
             pruning run found).
         order: Row order for a row param: its values listed first, in this order (e.g. a study's
             variants as declared); other values follow, naturally sorted (the default for all).
+        reference: The row the others are tested against (:mod:`ablate.reports.stats`): a cell
+            within noise of the reference row's is marked ``≈``. ``first`` (the default): the
+            table's first row with runs; a mapping of row params to values (``{model.sharing:
+            none, model.embed_dim: 128}``; the row it matches, which must be one: a param left
+            out matches any value); ``none``: no row, nothing marked.
         study: Study name (standalone REPORT.yaml only).
         tracking_uri: MLflow tracking URI (standalone REPORT.yaml only).
     """
@@ -164,6 +169,7 @@ class ReportSpec:
     row_labels: dict[str, str] = Field(default_factory=dict)
     details: tuple[str, ...] = ()
     order: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
+    reference: Literal["first", "none"] | dict[str, Any] = "first"
     study: str | None = None
     tracking_uri: str | None = None
 
@@ -200,6 +206,12 @@ class ReportSpec:
         for key in self.order:
             if key not in self.rows:
                 raise FieldError(f"order.{key}", f"not one of rows {list(self.rows)}")
+        if isinstance(self.reference, dict):
+            if not self.reference:
+                raise FieldError("reference", "names no row param; give e.g. {model.sharing: none}, first or none")
+            for key in self.reference:
+                if key not in self.rows:
+                    raise FieldError(f"reference.{key}", f"not one of rows {list(self.rows)}")
         for i, p in enumerate(self.plots):
             if p.hue is not None and p.hue not in self.rows:
                 raise FieldError(f"plots[{i}].hue", f"{p.hue!r} is not one of rows {list(self.rows)}")

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.reports import stats as st_
+from ablate.reports.rows import (
+    clean_key,
+    clean_value,
+    key_column,
+    reference_row,
+    reference_text,
+    row_sort_key,
+    row_text,
+)
+from ablate.reports.seeds import samples as seed_samples
 from ablate.reports.spec import MetricSpec, ReportSpec
 
 MISSING = "–"
@@ -77,9 +87,11 @@ class Table:
     Attributes:
         spec: The report spec.
         stats: Columns: each of ``spec.rows`` (dotted names), ``n`` (included runs),
-            then ``<metric>.mean``, ``<metric>.std`` (NaN unless n > 1), ``<metric>.n``
-            for every spec metric and every plot axis that is a metric (each name a plot
-            with ``over`` takes), and
+            then ``<metric>.mean``, ``.std`` (NaN unless n > 1), ``.n`` (samples: seeds),
+            ``.median``, ``.half_width``, ``.ci_low``, ``.ci_high`` (the 95% t-interval, NaN
+            unless n > 1), ``.welch_p`` and ``.within_noise`` (against the reference row;
+            :mod:`ablate.reports.stats`) for every spec metric and every plot axis that is a
+            metric (each name a plot with ``over`` takes), and
             ``<metric>.spread`` (the largest ``<metric>_spread`` of the row's runs) for
             every spec metric whose runs logged one, and ``<metric>.reference`` (the largest
             ratio of a run's ``<metric>_reference`` to the fastest of the included runs' on
@@ -87,6 +99,9 @@ class Table:
         run_ids: Ids of the included runs that the table averages.
         missing: Empty cells and rows, in table order.
         notes: Lines printed under the table (e.g. where ``--remeasure`` measured).
+        reference: Position of the reference row (``spec.reference``), None without one.
+        samples: The values each cell's statistics are over (:data:`ablate.reports.seeds.SAMPLE_COLUMNS`,
+            ``row`` the row's position).
     """
 
     spec: ReportSpec
@@ -94,53 +109,12 @@ class Table:
     run_ids: list[str]
     missing: list[Missing]
     notes: tuple[str, ...] = ()
+    reference: int | None = None
+    samples: pd.DataFrame | None = None
 
     def keys(self) -> list[tuple[Any, ...]]:
         """Row keys in table order."""
-        return [tuple(_clean(v) for v in r) for r in self.stats[list(self.spec.rows)].itertuples(index=False)]
-
-
-def _clean(v: Any) -> Any:
-    """Numpy scalars -> Python, NaN -> None, so keys hash and print cleanly."""
-    if hasattr(v, "item"):
-        v = v.item()
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return v
-
-
-def clean_key(values: Iterable[Any]) -> tuple[Any, ...]:
-    """A row key: the row params' values, numpy scalars as Python's, NaN as None."""
-    return tuple(_clean(v) for v in values)
-
-
-def _key_column(values: list[Any]) -> pd.Series:
-    """Row-key values as a column; ints stay ints even next to None (no 128 -> 128.0)."""
-    column = pd.Series(values, dtype=object)
-    return column if any(v is None for v in values) else column.infer_objects()
-
-
-def natural_key(value: Any) -> tuple[Any, ...]:
-    """Sort numbers numerically, then strings naturally (``l2`` < ``l10``), then None."""
-    value = _clean(value)
-    if value is None:
-        return (2,)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, float(value))
-    parts = re.split(r"(\d+)", str(value))
-    return (1, tuple(int(p) if i % 2 else p.lower() for i, p in enumerate(parts)))
-
-
-def row_sort_key(spec: ReportSpec, row: str | None, value: Any) -> tuple[Any, ...]:
-    """Sort key of one row param's value: its place in ``spec.order[row]``, then natural order."""
-    listed = [_clean(v) for v in spec.order.get(row or "", ())]
-    value = _clean(value)
-    return (listed.index(value), ()) if value in listed else (len(listed), natural_key(value))
-
-
-def row_text(spec: ReportSpec, key: tuple[Any, ...], skip: str | None = None) -> str:
-    """``sharing=all E=64 F=1`` for a row key."""
-    return " ".join(f"{spec.row_label(r)}={v}" for r, v in zip(spec.rows, key, strict=True) if r != skip)
+        return [tuple(clean_value(v) for v in r) for r in self.stats[list(self.spec.rows)].itertuples(index=False)]
 
 
 def aggregated_metrics(spec: ReportSpec) -> list[str]:
@@ -162,8 +136,12 @@ def _metric_keys(spec: ReportSpec) -> list[tuple[str, str]]:
     return keys
 
 
-def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = None) -> Table:
-    """Group runs by ``spec.rows`` and average each metric over the included runs.
+def aggregate(
+    runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = None, stages: pd.DataFrame | None = None
+) -> Table:
+    """Group runs by ``spec.rows`` and take each metric's statistics over the included runs' seeds
+    (:mod:`ablate.reports.stats`; with ``stages``, the study's fine-tuning stage runs, a chained
+    trial's per-seed values of its ``<task>/...`` metrics: :mod:`ablate.reports.seeds`).
 
     Every configuration seen in ``runs`` gets a row, even one whose runs all
     failed or were pruned (its cells are then missing); with ``expected`` (the study's
@@ -172,10 +150,10 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = 
     is not in it (the runs are not that grid's).
 
     Raises:
-        ConfigError: a row param is not a param of any run.
+        ConfigError: a row param is not a param of any run; ``reference`` matches several rows.
     """
     metrics = aggregated_metrics(spec)
-    columns = [*spec.rows, "n"] + [f"{m}.{s}" for m in metrics for s in ("mean", "std", "n")]
+    columns = [*spec.rows, "n"] + [f"{m}.{s}" for m in metrics for s in st_.STATS]
     if runs.empty:
         return Table(spec, pd.DataFrame(columns=columns), [], [])
     for i, r in enumerate(spec.rows):
@@ -195,15 +173,15 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = 
     )
     used = runs[runs["state"].isin(spec.include_states)]
 
-    grouped = used.groupby(_KEY, sort=False)
-    n = grouped.size().reindex(keys, fill_value=0)
-    agg = grouped[metrics].agg(["mean", "std", "count"]).reindex(keys)
-    stats = pd.DataFrame({r: _key_column([k[i] for k in keys]) for i, r in enumerate(spec.rows)})
+    n = used.groupby(_KEY, sort=False).size().reindex(keys, fill_value=0)
+    position = {k: i for i, k in enumerate(keys)}
+    values = seed_samples(used, used[_KEY].map(position), metrics, stages)
+    ref_row = reference_row(spec, keys, n.to_list())
+    stats = pd.DataFrame({r: key_column([k[i] for k in keys]) for i, r in enumerate(spec.rows)})
     stats["n"] = n.to_numpy()
-    for m in metrics:
-        stats[f"{m}.mean"] = agg[(m, "mean")].to_numpy(dtype=float)
-        stats[f"{m}.std"] = agg[(m, "std")].to_numpy(dtype=float)
-        stats[f"{m}.n"] = agg[(m, "count")].fillna(0).to_numpy(dtype=int)
+    summary = st_.summarize(values, len(keys), metrics)
+    tested = st_.noise(values, len(keys), metrics, ref_row)
+    stats = pd.concat([stats, summary, tested], axis=1)
     for metric in spec.metrics:  # how much the repeats behind a measured figure disagreed
         spread = metric.name + SPREAD_SUFFIX
         if spread in used.columns and metric.name != spread:
@@ -235,7 +213,7 @@ def aggregate(runs: pd.DataFrame, spec: ReportSpec, expected: Expected | None = 
         for metric in spec.metrics:
             if stats.at[i, f"{metric.name}.n"] == 0 and not metric.optional:
                 missing.append(Missing(key, metric.name, f"not recorded by its {n_runs} {wanted} run(s)"))
-    return Table(spec, stats, sorted(used["run_id"]), missing)
+    return Table(spec, stats, sorted(used["run_id"]), missing, reference=ref_row, samples=values)
 
 
 def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:
@@ -269,13 +247,15 @@ def format_number(value: float, metric: MetricSpec) -> str:
     return f"{value:.{d}f}"
 
 
-def format_cell(mean: float, std: float, n: int, metric: MetricSpec) -> str:
-    """``61.2 ± 0.4``; the std only when n > 1 and it is non-zero; ``–`` when n = 0."""
+def format_cell(mean: float, half: float, n: int, metric: MetricSpec, median: float = math.nan) -> str:
+    """``61.2 ± 0.9 (med 61.0, n=3)``: the mean, the half-width of its interval, the median and
+    the number of seeds, when n > 1 and the seeds differ; else the mean alone; ``–`` when n = 0."""
     if n == 0 or math.isnan(mean):
         return MISSING
     text = format_number(mean, metric)
-    if n > 1 and not math.isnan(std) and std > 0:
-        text += f" ± {format_number(std, metric)}"
+    if n > 1 and not math.isnan(half) and half > 0:
+        med = format_number(mean if math.isnan(median) else median, metric)
+        text += f" ± {format_number(half, metric)} (med {med}, n={n})"
     return text
 
 
@@ -294,16 +274,39 @@ def too_slow(row: pd.Series, metric: MetricSpec) -> bool:
     return ratio is not None and not math.isnan(ratio) and ratio > REFERENCE_LIMIT and int(row[f"{metric.name}.n"]) > 0
 
 
+def within_noise(row: pd.Series, metric: MetricSpec) -> bool:
+    """Whether a row's cell for ``metric`` is within noise of the reference row's
+    (:func:`ablate.reports.stats.noise`)."""
+    return bool(row.get(f"{metric.name}.within_noise", False))
+
+
 def marks(row: pd.Series, metric: MetricSpec) -> str:
-    """The marks after a cell: :data:`SPREAD_MARK` (:func:`too_spread`), :data:`REFERENCE_MARK` (:func:`too_slow`)."""
-    return (SPREAD_MARK if too_spread(row, metric) else "") + (REFERENCE_MARK if too_slow(row, metric) else "")
+    """The marks after a cell: :data:`ablate.reports.stats.NOISE_MARK` (:func:`within_noise`),
+    :data:`SPREAD_MARK` (:func:`too_spread`), :data:`REFERENCE_MARK` (:func:`too_slow`)."""
+    noise = st_.NOISE_MARK if within_noise(row, metric) else ""
+    return noise + (SPREAD_MARK if too_spread(row, metric) else "") + (REFERENCE_MARK if too_slow(row, metric) else "")
+
+
+def seed_notes(table: Table, found: str) -> list[str]:
+    """What the cells show: the interval's note, or :data:`ablate.reports.stats.ONE_SEED_NOTE`
+    when no cell has two seeds; the noise test's note where cells have seeds and a reference row."""
+    ns = [int(v) for m in table.spec.metrics for v in table.stats[f"{m.name}.n"]]
+    if not ns or max(ns) == 0:
+        return []
+    if max(ns) == 1:
+        return [st_.ONE_SEED_NOTE]
+    notes = [st_.INTERVAL_NOTE]
+    if table.spec.reference != "none":
+        ref = None if table.reference is None else row_text(table.spec, table.keys()[table.reference])
+        notes.append(st_.noise_note(ref, reference_text(table.spec), st_.NOISE_MARK in found))
+    return notes
 
 
 def footnotes(table: Table) -> list[str]:
-    """Lines under the table: its ``notes``, then :data:`SPREAD_NOTE` and :data:`REFERENCE_NOTE`
-    when a cell has that mark."""
+    """Lines under the table: its ``notes``, :func:`seed_notes`, then :data:`SPREAD_NOTE` and
+    :data:`REFERENCE_NOTE` when a cell has that mark."""
     found = "".join(marks(row, m) for _, row in table.stats.iterrows() for m in table.spec.metrics)
-    return [*table.notes, *([SPREAD_NOTE] if SPREAD_MARK in found else [])] + (
+    return [*table.notes, *seed_notes(table, found), *([SPREAD_NOTE] if SPREAD_MARK in found else [])] + (
         [REFERENCE_NOTE] if REFERENCE_MARK in found else []
     )
 
@@ -313,12 +316,13 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
 
     The best mean per metric (by ``better``) is bold, along with any mean that
     displays identically; a column whose cells all display alike has no best, so
-    nothing in it is bold. A cell whose repeats disagreed (:func:`too_spread`) ends
-    in :data:`SPREAD_MARK`, one measured on a busy machine (:func:`too_slow`) in
-    :data:`REFERENCE_MARK` (:func:`marks`).
+    nothing in it is bold. A cell within noise of the reference row's ends in ``≈``, one whose
+    repeats disagreed (:func:`too_spread`) in :data:`SPREAD_MARK`, one measured on a busy machine
+    (:func:`too_slow`) in :data:`REFERENCE_MARK` (:func:`marks`). The last column, ``runs``, counts
+    the row's included runs.
     """
     spec, st = table.spec, table.stats
-    headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["n"]
+    headers = [spec.row_label(r) for r in (*spec.rows, *spec.details)] + [m.display for m in spec.metrics] + ["runs"]
     best: dict[str, str] = {}
     for m in spec.metrics:
         means = st.loc[st[f"{m.name}.n"] > 0, f"{m.name}.mean"].dropna()
@@ -329,8 +333,8 @@ def cells(table: Table) -> tuple[list[str], list[list[str]], list[list[bool]]]:
         t = [str(v) for v in key] + [str(row[d]) for d in spec.details]
         b = [False] * (len(key) + len(spec.details))
         for m in spec.metrics:
-            mean, std, n = row[f"{m.name}.mean"], row[f"{m.name}.std"], int(row[f"{m.name}.n"])
-            t.append(format_cell(mean, std, n, m) + marks(row, m))
+            mean, half, n = row[f"{m.name}.mean"], row[f"{m.name}.half_width"], int(row[f"{m.name}.n"])
+            t.append(format_cell(mean, half, n, m, row[f"{m.name}.median"]) + marks(row, m))
             b.append(n > 0 and best.get(m.name) == format_number(mean, m))
         t.append(str(int(row["n"])))
         b.append(False)
@@ -371,6 +375,7 @@ def latex_escape(s: str) -> str:
 
 
 def _latex_marks(s: str) -> str:
+    s = s.replace(st_.NOISE_MARK, r"$^{\approx}$").replace("±", r"$\pm$")
     return s.replace(SPREAD_MARK, r"$^\dagger$").replace(REFERENCE_MARK, r"$^\ddagger$")
 
 
@@ -381,24 +386,29 @@ def to_latex(table: Table) -> str:
     flags = pd.DataFrame(bold, columns=display.columns, index=display.index)
     styler = (
         display.style.hide(axis="index")
-        .format(lambda s: _latex_marks(s.replace("±", r"$\pm$").replace(MISSING, "--")), escape="latex")
+        .format(lambda s: _latex_marks(s.replace(MISSING, "--")), escape="latex")
         .format_index(escape="latex", axis=1)
         .apply(lambda _: flags.map(lambda f: "textbf:--rwrap;" if f else ""), axis=None)
     )
     colfmt = "".join("r" if num else "l" for num in _numeric_columns(table))
     caption = latex_escape(table.spec.title)
     if notes := footnotes(table):  # "Title. Latency re-measured on .... $^\dagger$ spread over 10 \% ..."
-        joined = " ".join(f"{n.rstrip('.')}." for n in notes)
+        joined = " ".join(f"{n[:1].upper()}{n[1:].rstrip('.')}." for n in notes)
         caption = f"{caption.rstrip('.')}. " + _latex_marks(latex_escape(joined).replace("--", "-{}-"))
     latex: str = styler.to_latex(hrules=True, column_format=colfmt, caption=caption, position_float="centering")
     return latex
 
 
+#: A metric's columns in ``report.csv``, in order (``spread`` and ``reference`` where its runs logged them).
+CSV_STATS = (*st_.STATS, "welch_p", "within_noise", "spread", "reference")
+
+
 def to_csv(table: Table) -> str:
-    """Raw numbers: row keys, ``n``, and ``<metric>.mean/.std/.n`` per spec metric (and
-    ``<metric>.spread``, ``<metric>.reference`` where its runs logged them)."""
+    """Raw numbers: row keys, ``n`` (included runs), and per spec metric ``<metric>.`` +
+    :data:`CSV_STATS`: mean, std, n (seeds), median, the 95% t-interval (half-width, low, high),
+    Welch's p against the reference row and whether the cell is within noise of it."""
     cols = [*table.spec.rows, *table.spec.details, "n"] + [
-        f"{m.name}.{s}" for m in table.spec.metrics for s in ("mean", "std", "n", "spread", "reference")
+        f"{m.name}.{s}" for m in table.spec.metrics for s in CSV_STATS
     ]
     cols = [c for c in cols if not c.endswith((".spread", ".reference")) or c in table.stats.columns]
     csv: str = table.stats[cols].to_csv(index=False)

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.run import DEFAULT_ROOT
 from ablate.reports import catalog
+from ablate.reports.rows import clean_key
 from ablate.reports.runs import parse_param
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import Expected, clean_key
+from ablate.reports.tables import Expected
 
 if TYPE_CHECKING:
     from ablate.sweeps.spec import StudySpec

@@ -35,7 +35,8 @@ def test_build_writes_everything_and_logs_on_parent(store, spec, tmp_path):
     console = Console(record=True, width=120)
     render_console(res, console)
     text = console.export_text()
-    assert "66.0 ± 1.4" in text and "no COMPLETE runs" in text
+    assert "66.0 ± 12.7 (med 66.0," in text and "no COMPLETE runs" in text
+    assert "Welch's t-test over seeds" in text
 
 
 def test_rebuild_into_existing_dir_without_logging(store, spec, tmp_path):

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.reports.rows import natural_key
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import MetricSpec, ReportSpec
-from ablate.reports.tables import aggregate, aggregated_metrics, format_cell, natural_key, to_csv, to_latex, to_markdown
+from ablate.reports.tables import aggregate, aggregated_metrics, format_cell, to_csv, to_latex, to_markdown
 from tests.reports.report_fixtures import STUDY
 
 
@@ -69,14 +70,17 @@ def _as_mapping(spec):
 def test_markdown_and_latex_bold_the_best(runs, spec):
     table = aggregate(runs, spec)
     md = to_markdown(table)
-    assert md.splitlines()[0] == "| sharing | E | F | Params | MLM acc | SOP acc | Val loss | n |"
-    assert "| none | 64 | 1 | 11.2M | **66.0 ± 1.4** | **85.0 ± 1.4** | **1.65 ± 0.07** | 2 |" in md
-    assert "| all | 64 | 1 | **4.1M** | 61.0 ± 1.4 |" in md  # identical params across seeds: no "± 0"
+    assert md.splitlines()[0] == "| sharing | E | F | Params | MLM acc | SOP acc | Val loss | runs |"
+    # two seeds: t(0.975, 1) = 12.706, s = 0.01 * sqrt(2): half-width 12.706 * 0.01 = 0.127 (12.7 points)
+    cell = "**66.0 ± 12.7 (med 66.0, n=2)≈**"  # within noise of the first row (all 64): Welch p = 0.07
+    assert f"| none | 64 | 1 | 11.2M | {cell} | **85.0 ± 12.7 (med 85.0, n=2)≈** |" in md
+    assert "| all | 64 | 1 | **4.1M** | 61.0 ± 12.7 (med 61.0, n=2) |" in md  # identical params across seeds: no "± 0"
     tex = to_latex(table)
     for rule in (r"\toprule", r"\midrule", r"\bottomrule"):
         assert tex.count(rule) == 1
-    assert r"\caption{Embedding size \& sharing}" in tex
-    assert r"\textbf{66.0 $\pm$ 1.4}" in tex and r"\textbf{4.1M}" in tex
+    assert r"\caption{Embedding size \& sharing. Cells: mean $\pm$ half-width of the 95\% t-interval" in tex
+    assert r"$^{\approx}$ within noise of the reference row sharing=all E=64 F=1: Welch's t-test" in tex
+    assert r"\textbf{66.0 $\pm$ 12.7 (med 66.0, n=2)$^{\approx}$}" in tex and r"\textbf{4.1M}" in tex
     assert tex.count(r"\textbf") == 4
     assert r"attn & 64 & 2 & -- & -- & -- & -- & 0 \\" in tex
 
@@ -85,7 +89,7 @@ def test_latex_escapes_values():
     spec = ReportSpec.from_mapping({"title": "50% of a_b", "rows": ["x"], "metrics": [{"name": "val/m"}]})
     runs = pd.DataFrame({"run_id": ["r"], "state": ["COMPLETE"], "x": ["a_b&c"], "val/m": [1.0]})
     tex = to_latex(aggregate(runs, spec))
-    assert r"a\_b\&c" in tex and r"\caption{50\% of a\_b}" in tex
+    assert r"a\_b\&c" in tex and r"\caption{50\% of a\_b. One seed: no intervals.}" in tex
 
 
 def test_csv_round_trips_numbers(runs, spec):
@@ -116,8 +120,9 @@ def test_non_numeric_metric_is_a_config_error(runs):
 def test_formats():
     m = lambda **kw: MetricSpec(name="val/m", **kw)  # noqa: E731
     assert format_cell(12.04e6, 0.0, 2, m(format="millions")) == "12.0M"
-    assert format_cell(0.612, 0.004, 3, m(format="percent")) == "61.2 ± 0.4"
+    assert format_cell(0.612, 0.004, 3, m(format="percent"), 0.615) == "61.2 ± 0.4 (med 61.5, n=3)"
     assert format_cell(0.612, 0.004, 1, m(format="percent")) == "61.2"
+    assert format_cell(0.612, 0.0, 3, m(format="percent")) == "61.2"  # every seed alike: no interval
     assert format_cell(1.23456, float("nan"), 1, m(digits=2)) == "1.23"
     assert format_cell(1234.6, 0.0, 1, m(format="int")) == "1235"
     assert format_cell(2.5e9, 0.0, 1, m(format="sci")) == "2.50e+09"
