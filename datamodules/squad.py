@@ -319,6 +319,7 @@ class SquadDataModule(pl.LightningDataModule):
             raise ConfigError("finetune.validation: required for a local train file")
         val = cfg.validation or cfg.train
         self._val_src = resolve_task("finetune.validation", val, cfg.validation_split, "validation")
+        self.augment_sample: str | None = None  # TinyBERT's augmentation is a classification task's
         self.tokenizer: Tokenizer | None = None
         self.train_set: SpanSplit | None = None
         self.val_set: SpanSplit | None = None
@@ -365,6 +366,11 @@ class SquadDataModule(pl.LightningDataModule):
     def num_validation(self) -> int:
         """Dev questions."""
         return len(self.dev.references)
+
+    @property
+    def majority_accuracy(self) -> float | None:
+        """None: a span task has no majority class (a classification task's baseline)."""
+        return None
 
     @property
     def no_answer_rate(self) -> float:

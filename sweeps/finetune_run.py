@@ -30,17 +30,20 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping
 from torch import nn
 
 from ablate.datamodules.classification import ClassificationDataModule
+from ablate.datamodules.squad import SquadDataModule
 from ablate.datamodules.tokenizer import given_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
+from ablate.lightning_modules.methods.span import span_loss
 from ablate.lightning_modules.model.accounting import stored_bytes
 from ablate.sweeps import tracking
 from ablate.sweeps.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.exit_run import exit_curve, used_at
 from ablate.sweeps.quant_run import QuantPlan, planned, quantized_model, validate
+from ablate.sweeps.span_run import span_data, span_latency, span_module
 from ablate.sweeps.trainer import build_trainer, fit, run_logger
 from ablate.sweeps.weights import (
     Source,
@@ -55,13 +58,15 @@ AUGMENT_SAMPLE = "augment/sample.tsv"
 
 def task_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The classification loss of a classifier on one batch: what its quantization plan is ranked by."""
+    if "start_positions" in batch:  # a span task's (SQuAD): the start and end cross-entropies
+        return span_loss(model, batch)
     return F.cross_entropy(model(batch).float(), batch["labels"])
 
 
 def quantize_classifier(
     module: FinetuneModule,
     cfg: ExperimentConfig,
-    data: ClassificationDataModule,
+    data: ClassificationDataModule | SquadDataModule,
     fp32: float,
     run: ActiveRun | None = None,
     done: tuple[nn.Module, QuantPlan] | None = None,
@@ -134,17 +139,23 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
     except ValueError as exc:
         raise ConfigError(f"{exc} (the model of finetune.source)") from None
     mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
-    module, module_tags = _module(cfg, source, uri, tmp)
-    data = ClassificationDataModule(
-        f,
-        source.tokenizer,
-        seed=cfg.seed,
-        limit_train=f.train_examples,
-        mlm=mlm,
-        cache_dir=cfg.data.cache_dir,
-        mlm_id=mlm_id,
-    )
-    data.setup("fit")
+    module: FinetuneModule
+    data: ClassificationDataModule | SquadDataModule
+    if f.kind == "span":  # SQuAD: its own data and module (sweeps/span_run.py)
+        module, module_tags = span_module(cfg, source, uri, tmp)
+        data = span_data(cfg, source.tokenizer)
+    else:
+        module, module_tags = _module(cfg, source, uri, tmp)
+        data = ClassificationDataModule(
+            f,
+            source.tokenizer,
+            seed=cfg.seed,
+            limit_train=f.train_examples,
+            mlm=mlm,
+            cache_dir=cfg.data.cache_dir,
+            mlm_id=mlm_id,
+        )
+        data.setup("fit")
     if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
         module.model = prepare_qat(module.model)
     return Prepared(
@@ -172,7 +183,7 @@ def _fine_tune(
     run: ActiveRun,
     cfg: ExperimentConfig,
     module: FinetuneModule,
-    data: ClassificationDataModule,
+    data: ClassificationDataModule | SquadDataModule,
     source: Source,
     ctx: RunContext,
 ) -> dict[str, float]:
@@ -214,6 +225,7 @@ def _fine_tune(
         step += exits.global_step
     if f.exits:
         run.phase("exit curve", f"early exit at {len(f.exit_speeds)} speeds on {data.num_validation} dev examples")
+        assert isinstance(data, ClassificationDataModule), "a span task has no exits (refused by its config)"
         metrics.update(exit_curve(module.model, cfg, data, run, step))
     metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
     # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
@@ -238,7 +250,10 @@ def _fine_tune(
     if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
         at = "" if f.exit_at is None else f", early exit at speed {f.exit_at:g}"
         run.phase("latency", f"batch-1 latency on the CPU{at}")
-        metrics.update(used_at(module.model, cfg, data))
+        if isinstance(data, SquadDataModule):  # a span task's model, on its dev windows
+            metrics.update(span_latency(module.model, cfg, data))
+        else:
+            metrics.update(used_at(module.model, cfg, data))
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
     keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers")
     run.log({key: metrics[key] for key in keys if key in metrics}, step=step)

@@ -32,9 +32,11 @@ from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.interop.classifier import WEIGHTS
 from ablate.lightning_modules.interop.export import TOKENIZER_FILE, load_tokenizer, save_tokenizer
 from ablate.lightning_modules.interop.pretrained import export, load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.interop.qa_export import export_span, load_span_model
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.span import SpanModel
 from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 from ablate.sweeps import tracking
 
@@ -137,7 +139,7 @@ def _a_classifier(run_id: str, source: object) -> ConfigError:
 
 def _load_run(
     uri: str, run_id: str, want: Literal["pretrained", "classifier", "any"]
-) -> tuple[ExperimentConfig, PretrainingModel | Classifier]:
+) -> tuple[ExperimentConfig, PretrainingModel | Classifier | SpanModel]:
     """The config and model run ``run_id`` saved with :func:`log_weights`; ``want`` refuses the other kind."""
     client = _client(uri)
     try:
@@ -161,8 +163,11 @@ def _load_run(
             raise _not_a_classifier(run_id, cfg.regime or "pretrain")
         if want == "pretrained" and cfg.regime == "finetune":
             raise _a_classifier(run_id, cfg.finetune.source)
-        model: PretrainingModel | Classifier
-        _, model = load_classifier(local) if cfg.regime == "finetune" else load_pretrained(local)
+        model: PretrainingModel | Classifier | SpanModel
+        if cfg.regime == "finetune" and cfg.finetune.kind == "span":  # a span task's model (SQuAD)
+            _, model = load_span_model(local)
+        else:
+            _, model = load_classifier(local) if cfg.regime == "finetune" else load_pretrained(local)
     except MlflowException as exc:
         raise StorageError(f"run {run_id}: cannot download its {ARTIFACT}/ artifacts ({exc.message})") from None
     finally:
@@ -186,8 +191,48 @@ def load_run_classifier(uri: str, run_id: str) -> tuple[ExperimentConfig, Classi
     :func:`log_weights`. As :func:`load_run_weights`; ConfigError for a run of another regime
     (``runs:/ID is a pre-training run, not a fine-tuned classifier``)."""
     cfg, model = _load_run(uri, run_id, "classifier")
+    if isinstance(model, SpanModel):
+        raise ConfigError(f"{RUNS}{run_id} is a span task's model (finetune.kind span), not a sequence classifier")
     assert isinstance(model, Classifier)
     return cfg, model
+
+
+def load_run_span(uri: str, run_id: str) -> tuple[ExperimentConfig, SpanModel]:
+    """The config and fine-tuned :class:`SpanModel` (eval mode) a span fine-tuning run saved; ConfigError
+    for a run of another kind."""
+    cfg, model = _load_run(uri, run_id, "classifier")
+    if not isinstance(model, SpanModel):
+        raise ConfigError(f"{RUNS}{run_id} is not a span task's model (its finetune.kind is {cfg.finetune.kind})")
+    return cfg, model
+
+
+def load_span_source(source: str, uri: str, workdir: Path, field: str) -> tuple[SpanSource, Path | None]:
+    """The fine-tuned span model ``field`` names (a span task's teacher): ``runs:/RUN_ID`` of a span
+    fine-tuning run (its tokenizer downloaded into ``workdir``) or a folder (an ``ablate export`` of one,
+    or a transformers ``*ForQuestionAnswering``); its tokenizer file. One-line errors prefixed with ``field``."""
+    try:
+        if not source.startswith(RUNS):
+            model_cfg, span = load_span_model(source)
+            return SpanSource(source, model_cfg, span), _folder_tokenizer(Path(source), model_cfg, workdir)
+        run_id = source.removeprefix(RUNS).strip("/")
+        with tracking.quiet_downloads():
+            cfg, model = load_run_span(uri, run_id)
+            if cfg.quant.enabled:
+                raise ConfigError(f"{source} is quantized and its artifacts hold its float weights")
+            tok = run_tokenizer(_client(uri), run_id, workdir)
+        return SpanSource(source, cfg.model, model, run_id), tok
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+
+
+@dataclass
+class SpanSource:
+    """A fine-tuned span model to learn from: its architecture, model and run (when one)."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: SpanModel
+    run_id: str | None = None
 
 
 def _folder_tokenizer(folder: Path, model_cfg: ModelConfig, workdir: Path) -> Path | None:
@@ -313,17 +358,30 @@ def export_run(
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
         try:
-            written = export(
-                model,
-                cfg,
-                staging,
-                format=format,  # type: ignore[arg-type]  # a str the CLI checked against export's choices
-                tokenizer=tok,
-                metrics=dict(run.data.metrics),
-                source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
-                repo=repo,
-                labels=labels,
-            )
+            if isinstance(model, SpanModel):  # AutoModelForQuestionAnswering
+                if labels is not None:
+                    raise ConfigError("--labels: a span task's model has no labels")
+                written = export_span(
+                    model,
+                    cfg,
+                    staging,
+                    format,
+                    tokenizer=tok,
+                    metrics=dict(run.data.metrics),
+                    source=f"`{RUNS}{run_id}`",
+                )
+            else:
+                written = export(
+                    model,
+                    cfg,
+                    staging,
+                    format=format,  # type: ignore[arg-type]  # a str the CLI checked against export's choices
+                    tokenizer=tok,
+                    metrics=dict(run.data.metrics),
+                    source=f"MLflow run `{run.info.run_name}` (`{RUNS}{run_id}`)",
+                    repo=repo,
+                    labels=labels,
+                )
             if out_dir.is_dir():
                 out_dir.rmdir()  # new or empty (checked before anything was read)
             staging.rename(out_dir)
