@@ -173,6 +173,13 @@ class ReportSpec:
     study: str | None = None
     tracking_uri: str | None = None
 
+    @field_validator("reference", mode="before")
+    @classmethod
+    def _reference_kind(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) or value in ("first", "none"):
+            return value
+        raise ValueError(f"{value!r}: give first, none or a mapping of row params to values ({{model.sharing: none}})")
+
     @field_validator("rows")
     @classmethod
     def _rows_unique(cls, rows: tuple[str, ...]) -> tuple[str, ...]:
