@@ -21,10 +21,17 @@ def bert_base() -> ModelConfig:
     )
 
 
+def bert_base_uncased() -> ModelConfig:
+    """The public ``bert-base-uncased`` (and ``-cased`` but for V=28996): BERT-base with its released
+    WordPiece vocabulary, V=30522 (the size ``data.tokenizer: bert-base-uncased`` has): 109M."""
+    return dataclasses.replace(bert_base(), vocab_size=30522)
+
+
 def distilbert() -> ModelConfig:
-    """DistilBERT's student: BERT-base's width, 6 layers, no token-type embedding (V=30000): 66M.
-    Its recipe (teacher layers, triple loss) is ``sweeps/recipes/distilbert.yaml``."""
-    return dataclasses.replace(bert_base(), num_layers=6, token_types=0)
+    """DistilBERT's student (``distilbert-base-uncased``): BERT-base's width, 6 layers, no token-type
+    embedding, its teacher's vocabulary (``bert-base-uncased``'s, V=30522): 66M. Its recipe (teacher
+    layers, triple loss) is ``sweeps/recipes/distilbert.yaml``."""
+    return dataclasses.replace(bert_base_uncased(), num_layers=6, token_types=0)
 
 
 def bert_large() -> ModelConfig:
@@ -238,6 +245,7 @@ def albert_small() -> ModelConfig:
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "bert-base": bert_base,
+    "bert-base-uncased": bert_base_uncased,
     "bert-large": bert_large,
     "distilbert": distilbert,
     "albert-base": albert_base,

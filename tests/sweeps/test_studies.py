@@ -54,5 +54,6 @@ def test_the_distilbert_recipe_is_the_papers(capsys):
     )
     assert (d.fmt_weight, d.at_weight, cfg.objective.sentence) == (0.0, 0.0, "none")
     assert abs(report_for(m).backbone - 66e6) < 1e6  # DistilBERT: 66M
-    assert main(["train", str(recipe), "--print-config"]) == 2  # the teacher is the user's to name
-    assert capsys.readouterr().err.strip() == "error: distill.teacher: required by regime 'distill'"
+    assert main(["train", str(recipe), "--print-config"]) == 0  # from bert-base-uncased, with its tokenizer
+    shipped = load_config(recipe)
+    assert (shipped.distill.teacher, shipped.data.tokenizer, m.vocab_size) == ("bert-base-uncased",) * 2 + (30522,)
