@@ -70,10 +70,17 @@ def _span(base: dict, source: str, train: str, dev: str, **task) -> dict:
     return tree
 
 
-def test_squad_v1_fine_tunes_scores_and_exports_for_the_qa_pipeline(pretrained, tmp_path):
+@pytest.fixture(scope="module")
+def squad_v1(pretrained):
+    """A span run fine-tuned on 300 questions of dev-v1.1's first articles, scored on 80 of another's."""
     tmp, base, source = pretrained
     train_file, dev_file = _parts(tmp, "dev-v1.1.json", slice(0, 2), slice(10, 11))
     result = train(build_config(_span(base, f"runs:/{source.run_id}", train_file, dev_file)))
+    return train_file, dev_file, result
+
+
+def test_squad_v1_fine_tunes_scores_and_exports_for_the_qa_pipeline(pretrained, squad_v1, tmp_path):
+    train_file, dev_file, result = squad_v1
     client = MlflowClient(result.tracking_uri)
     run = client.get_run(result.run_id)
     m = run.data.metrics
@@ -154,6 +161,24 @@ def _qa_pipeline(tokenizer, model, question: str, context: str, max_answer_len: 
     candidates = torch.tril(torch.triu(start[:, None] * end[None, :]), max_answer_len - 1)
     i, j = divmod(int(candidates.flatten().argmax()), candidates.shape[1])
     return context[int(offsets[i][0]) : int(offsets[j][1])]
+
+
+def test_task_distillation_and_qbert_qat_work_on_a_span_task(pretrained, squad_v1):
+    tmp, base, source = pretrained
+    train_file, dev_file, teacher = squad_v1
+    tree = _span(base, f"runs:/{source.run_id}", train_file, dev_file, max_steps=8, val_every=4)
+    tree["distill"] = {"teacher": f"runs:/{teacher.run_id}", "kd_weight": 1.0, "fmt_weight": 1.0, "temperature": 2.0}
+    tree["quant"] = {"method": "weight-mixed", "sensitivity": "loss", "low_bits": 4, "high_bits": 8}
+    tree["quant"] |= {"high_fraction": 0.5, "calib_batches": 2, "qat_steps": 4}
+    result = train(build_config(tree))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.teacher_run"] == teacher.run_id
+    assert {"train/kd_loss", "train/fmt_loss", "train/label_loss"} <= set(m)
+    assert m["train/kd_loss"] > 0 and 4 < m["quant/avg_bits"] < 8
+    assert len(client.get_metric_history(result.run_id, "squad/f1")) >= 3  # fine-tuning, then QAT's validation
+    assert 0.0 <= m["squad/final_f1"] <= 1.0 and "squad/fp32_f1" in m
 
 
 def test_squad_v2_chooses_the_no_answer_threshold_on_dev(pretrained):
