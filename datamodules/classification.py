@@ -1,4 +1,5 @@
-"""The fine-tuning LightningDataModule: GLUE-style single-sentence or sentence-pair classification.
+"""The fine-tuning LightningDataModule: GLUE-style single-sentence or sentence-pair classification
+and regression (STS-B).
 
 ``finetune.train``/``finetune.validation`` are local ``.tsv``/``.csv``/``.json``/``.jsonl`` files
 (optionally ``.gz``), streamed through ``datasets`` (nothing cached), or ``datasets`` hub names
@@ -7,8 +8,11 @@
 local copies the data catalog maps them to (:mod:`ablate.datamodules.sources`).
 A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).
 Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
-``attention_mask`` (B, T) bool; ``labels`` (B,) long. With ``finetune.augment_copies``, the training
-split is enlarged by TinyBERT's data augmentation (:mod:`ablate.datamodules.augment`), cached on disk.
+``attention_mask`` (B, T) bool; ``labels`` (B,) long (classes) or float (regression targets). A task
+with further dev sets (``finetune.extra_validation``: MNLI's mismatched one) has a dev loader per set,
+its own first. With ``finetune.augment_copies``, the training split is enlarged by TinyBERT's data
+augmentation (:mod:`ablate.datamodules.augment`), cached on disk. Reading and checking the rows:
+:mod:`ablate.datamodules.task_rows`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import datasets
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -30,8 +33,8 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.augment import augment_rows, cached_augmentation, sample_table, vocab_digest
-from ablate.datamodules.catalog import hub_hint
-from ablate.datamodules.sources import TaskData, resolve_task
+from ablate.datamodules.sources import TaskData
+from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
 from ablate.datamodules.transfer import packed, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
@@ -39,57 +42,7 @@ from ablate.lightning_modules.config.experiment import DataConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.model.heads import PretrainingModel
 
-_READ_BATCH = 8192  # rows per batch pulled from `datasets`, and texts per encode_batch call
-
-
-def _read(src: TaskData, columns: list[str], limit: int | None) -> dict[str, list[Any]]:
-    """The ``columns`` of a split (the first ``limit`` rows), read through ``datasets``."""
-    if src.files and os.path.getsize(src.files[0]) == 0:
-        raise DataError(f"{src.key}: {src.name}: no examples")
-    columns = list(dict.fromkeys(columns))  # label first, then the text fields
-    kwargs: dict[str, Any] = {}
-    if src.builder == "csv":  # SST-2 has quotes inside sentences; "NA", "null" are sentences too
-        kwargs = {"delimiter": "\t" if ".tsv" in Path(src.files[0]).suffixes else ",", "quoting": 3, "na_filter": False}
-    found: list[str] | None = None
-    out: dict[str, list[Any]] = {c: [] for c in columns}
-    try:
-        if src.files:
-            ds: Any = datasets.load_dataset(
-                src.builder, data_files=list(src.files), split="train", streaming=True, **kwargs
-            )
-        else:
-            ds = datasets.load_dataset(src.builder, src.config, split=src.split)
-        for batch in ds.iter(batch_size=_READ_BATCH):
-            found = found or list(batch)
-            if any(c not in batch for c in columns):
-                break
-            n = len(batch[columns[0]])
-            take = n if limit is None else min(n, limit - len(out[columns[0]]))
-            for c in columns:
-                out[c].extend(batch[c][:take])
-            if limit is not None and len(out[columns[0]]) >= limit:
-                break
-    except Exception as exc:  # noqa: BLE001 - any failure to read is the data's problem
-        what = "cannot read" if src.files else f"cannot load the hub dataset's {src.split!r} split"
-        first = (str(exc).splitlines() or [""])[0] + ("" if src.files else hub_hint(src.name))
-        raise DataError(f"{src.key}: {src.name}: {what}: {type(exc).__name__}: {first}") from None
-    for c, field in zip(columns, ("finetune.label_field", *["finetune.text_fields"] * 2), strict=False):
-        if found is not None and c not in found:
-            raise DataError(f"{field}: {c!r} is not a column of {src.name} (columns: {', '.join(found)})")
-    if not out[columns[0]]:
-        raise DataError(f"{src.key}: {src.name}: no examples")
-    return out
-
-
-def _check_labels(src: TaskData, labels: list[Any], num_labels: int) -> list[int]:
-    """``labels``, checked to be integers in ``[0, num_labels)``."""
-    bad = [v for v in labels if not isinstance(v, int)]
-    if bad:
-        raise DataError(f"finetune.label_field: {src.name} has a non-integer label {bad[0]!r}")
-    out = [v for v in labels if not 0 <= v < num_labels]
-    if out:
-        raise DataError(f"finetune.num_labels: {src.name} has label {out[0]} outside [0, {num_labels})")
-    return labels
+_READ_BATCH = READ_BATCH  # texts per encode_batch call
 
 
 def _trim(la: int, lb: int, budget: int) -> tuple[int, int]:
@@ -103,8 +56,8 @@ def _trim(la: int, lb: int, budget: int) -> tuple[int, int]:
     return m - rest // 2, m - (rest + 1) // 2
 
 
-Example = tuple[np.ndarray, int, int]
-"""One row of an :class:`EncodedSplit`: its token ids, its tokens of type 0, its label."""
+Example = tuple[np.ndarray, int, int | float]
+"""One row of an :class:`EncodedSplit`: its token ids, its tokens of type 0, its label (a class or a number)."""
 
 
 class EncodedSplit(Dataset[Example]):
@@ -114,7 +67,7 @@ class EncodedSplit(Dataset[Example]):
         ids: every row's token ids ([CLS]/[SEP] included), concatenated (int32).
         offsets: row boundaries, ``len(self) + 1`` of them.
         first: tokens of type 0 per row ([CLS] a [SEP]).
-        labels: class per row (int64).
+        labels: class per row (int64), or regression target (float32).
     """
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, first: np.ndarray, labels: np.ndarray) -> None:
@@ -124,16 +77,17 @@ class EncodedSplit(Dataset[Example]):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> Example:
-        return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.first[i]), int(self.labels[i])
+        label = self.labels[i].item()  # a Python int (a class) or float (a regression target)
+        return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.first[i]), label
 
 
-def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length: int) -> EncodedSplit:
+def encode(tok: Tokenizer, texts: list[list[str]], labels: Labels, max_length: int) -> EncodedSplit:
     """Tokenize one (``[texts_a]``) or two (``[texts_a, texts_b]``) text columns.
 
     Args:
         tok: a WordPiece tokenizer with ``[CLS]``/``[SEP]`` (its post-processor is not used).
         texts: the text columns, each as long as ``labels``.
-        labels: class per example.
+        labels: class (int) or regression target (float) per example.
         max_length: tokens per row, specials included; longer rows are truncated (pairs: the
             longer side first).
     """
@@ -156,9 +110,9 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: list[int], max_length
             first.append(na + 2)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return EncodedSplit(
-        np.asarray(ids, dtype=np.int32), offsets, np.asarray(first, dtype=np.int64), np.asarray(labels, dtype=np.int64)
-    )
+    regression = any(isinstance(y, float) for y in labels)
+    targets = np.asarray(labels, dtype=np.float32 if regression else np.int64)
+    return EncodedSplit(np.asarray(ids, dtype=np.int32), offsets, np.asarray(first, dtype=np.int64), targets)
 
 
 def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> dict[str, torch.Tensor]:
@@ -180,11 +134,12 @@ def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> 
     positions = torch.arange(input_ids.shape[1])[None, :]
     mask = positions < lengths[:, None]
     first = torch.tensor([f for _, f, _ in rows])[:, None]
+    regression = isinstance(rows[0][2], float)
     return {
         "input_ids": input_ids,
         "token_type_ids": ((positions >= first) & mask).long(),
         "attention_mask": mask,
-        "labels": torch.tensor([y for _, _, y in rows], dtype=torch.long),
+        "labels": torch.tensor([y for _, _, y in rows], dtype=torch.float32 if regression else torch.long),
     }
 
 
@@ -206,13 +161,15 @@ class ClassificationDataModule(pl.LightningDataModule):
     Attributes:
         tokenizer, train_set, val_set: the tokenizer and the tokenized splits (after ``setup``);
             with augmentation, ``train_set`` holds the originals, then every example's copies
-            (example 0's first), each with its original's label.
+            (example 0's first), each with its original's label. ``val_set`` is the task's own dev
+            set; ``val_sets`` every dev set by name (the task's first, then ``extra_validation``'s).
         augment_sample: a TSV of the first examples and their copies (after ``setup``), or None
             without augmentation.
 
     Raises:
         ConfigError: ``finetune.train`` is unset, ``finetune.validation`` is unset for a local file,
-            or ``finetune.augment_copies`` is set without ``mlm``.
+            a further dev set has no data beside a local dev file, or ``finetune.augment_copies`` is
+            set without ``mlm``.
         DataError: a local file (or the data catalog's copy of a hub name) is missing or has an
             unknown extension.
     """
@@ -231,15 +188,9 @@ class ClassificationDataModule(pl.LightningDataModule):
         super().__init__()
         if limit_train is not None and limit_train <= 0:
             raise ValueError("limit_train must be positive or None")
-        if cfg.train is None:
-            raise ConfigError("finetune.train: required to fine-tune (a data file or a hub name)")
         self.cfg, self.tokenizer_path, self.seed = cfg, Path(tokenizer_path), seed
         self.num_workers, self.limit_train = num_workers, limit_train
-        self._train_src = resolve_task("finetune.train", cfg.train, cfg.train_split, "train")
-        if cfg.validation is None and self._train_src.is_file:
-            raise ConfigError("finetune.validation: required for a local train file")
-        val = cfg.validation or cfg.train
-        self._val_src = resolve_task("finetune.validation", val, cfg.validation_split, "validation")
+        self._train_src, self._dev_srcs = splits(cfg)
         if cfg.augment_copies > 0 and mlm is None:
             raise ConfigError(
                 "finetune.augment_copies: augmentation needs a masked LM "
@@ -250,13 +201,24 @@ class ClassificationDataModule(pl.LightningDataModule):
         self.augment_sample: str | None = None
         self.tokenizer: Tokenizer | None = None
         self.train_set: EncodedSplit | None = None
-        self.val_set: EncodedSplit | None = None
+        self.val_sets: dict[str, EncodedSplit] = {}
+
+    @property
+    def val_set(self) -> EncodedSplit | None:
+        """The task's own dev set (None before ``setup``)."""
+        return self.val_sets.get(self.cfg.task)
+
+    @property
+    def dev_names(self) -> list[str]:
+        """The dev sets' names, in loader order: the task's, then ``finetune.extra_validation``'s."""
+        return [name for name, _ in self._dev_srcs]
 
     def prepare_data(self) -> None:
         """Download hub splits into the ``datasets`` cache (once per node); local files: nothing."""
-        for src in (self._train_src, self._val_src):
+        fields = ["label_field", *["text_fields"] * len(self.cfg.text_fields)]
+        for src in (self._train_src, *(src for _, src in self._dev_srcs)):
             if not src.files:
-                _read(src, [self.cfg.label_field, *self.cfg.text_fields], 1)
+                read_columns(src, [self.cfg.label_field, *self.cfg.text_fields], 1, fields)
 
     def _load_tokenizer(self) -> Tokenizer:
         try:
@@ -271,14 +233,12 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     def _encode(self, src: TaskData, limit: int | None, augment: bool = False) -> EncodedSplit:
         assert self.tokenizer is not None
-        cols = _read(src, [self.cfg.label_field, *self.cfg.text_fields], limit)
-        labels = _check_labels(src, cols[self.cfg.label_field], self.cfg.num_labels)
-        texts = [["" if t is None else str(t) for t in cols[f]] for f in self.cfg.text_fields]
+        texts, labels = read_split(src, Schema.of(self.cfg), limit)
         if augment and self.cfg.augment_copies > 0:
             rows = [list(row) for row in zip(*texts, strict=True)]
             copies = self._augment(src, rows)
             texts = [col + [row[f] for row in copies] for f, col in enumerate(texts)]
-            labels = labels + [y for y in labels for _ in range(self.cfg.augment_copies)]
+            labels = [*labels, *(y for y in labels for _ in range(self.cfg.augment_copies))]
             self.augment_sample = sample_table(rows, copies, self.cfg.augment_copies)
         return encode(self.tokenizer, texts, labels, self.cfg.max_length)
 
@@ -315,17 +275,18 @@ class ClassificationDataModule(pl.LightningDataModule):
         return cached_augmentation(self.cache_dir, key, compute)
 
     def setup(self, stage: str | None = None) -> None:
-        """Read, check and tokenize both splits (first call only).
+        """Read, check and tokenize the training split and every dev set (first call only).
 
         Raises:
-            DataError: unreadable or empty split, missing column, label outside
-                ``[0, num_labels)``, or an unusable tokenizer.
+            DataError: unreadable or empty split, missing column, label outside ``[0, num_labels)``
+                (classification) or not a number (regression), or an unusable tokenizer.
         """
         if self.train_set is not None:
             return
         self.tokenizer = self._load_tokenizer()
         train = self._encode(self._train_src, self.limit_train, augment=True)
-        self.val_set, self.train_set = self._encode(self._val_src, self.cfg.validation_examples), train
+        self.val_sets = {name: self._encode(src, self.cfg.validation_examples) for name, src in self._dev_srcs}
+        self.train_set = train
 
     def _ready(self) -> tuple[EncodedSplit, EncodedSplit]:
         self.setup()
@@ -339,12 +300,15 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     @property
     def num_validation(self) -> int:
-        """Dev examples."""
+        """Examples of the task's own dev set."""
         return len(self._ready()[1])
 
     @property
-    def majority_accuracy(self) -> float:
-        """Dev accuracy of always predicting the most frequent training label (ties: lowest)."""
+    def majority_accuracy(self) -> float | None:
+        """Dev accuracy of always predicting the most frequent training label (ties: lowest); None
+        for regression."""
+        if self.cfg.kind == "regression":
+            return None
         train, val = self._ready()
         counts = Counter(train.labels.tolist())
         majority = min(counts, key=lambda label: (-counts[label], label))
@@ -374,6 +338,8 @@ class ClassificationDataModule(pl.LightningDataModule):
         """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 
-    def val_dataloader(self) -> DataLoader[Example]:
-        """Dev batches in file order."""
-        return self._loader(self._ready()[1], shuffle=False)
+    def val_dataloader(self) -> DataLoader[Example] | list[DataLoader[Example]]:
+        """Dev batches in file order: one loader, or one per dev set (``dev_names``'s order)."""
+        self._ready()
+        loaders = [self._loader(split, shuffle=False) for split in self.val_sets.values()]
+        return loaders[0] if len(loaders) == 1 else loaders

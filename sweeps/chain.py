@@ -3,9 +3,12 @@
 The trial is an MLflow run (nested under the study's parent) whose stages are runs nested
 under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked by
 ``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
-``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``), so the
-study can optimize (``optimize.metric``) and report any of them, and the params ``technique.<name>``: the
-compression techniques its stages apply, read from their configs (:mod:`~ablate.lightning_modules.methods.techniques`).
+``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``) and, when it
+fine-tunes GLUE tasks (a study's ``glue:`` tasks), ``glue/score`` (the mean over them of each task's
+score at its best validation, ``<task>/best_score``; WNLI only with the study's ``glue_wnli``) and
+``glue/tasks`` (how many it averages), so the study can optimize (``optimize.metric``) and report
+any of them, and the params ``technique.<name>``: the compression techniques its stages apply, read
+from their configs (:mod:`~ablate.lightning_modules.methods.techniques`).
 
 A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then
 fine-tuned once per seed (one stage run each) and the trial carries each ``<task>/...``
@@ -19,7 +22,8 @@ import statistics
 from mlflow.entities import Param
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
+from ablate.lightning_modules.config.glue import counted, glue_score
+from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG, GLUE_SCORE, GLUE_TASKS, SCORE
 from ablate.lightning_modules.methods.techniques import stages_of
 from ablate.sweeps import tracking
 from ablate.sweeps.attempts import stopped_stage
@@ -40,11 +44,13 @@ def chained_trial(
     *,
     task_teachers: dict[int, str] | None = None,
     study_model: str | None = None,
+    wnli: bool = False,
 ) -> RunResult:
     """Pre-train ``cfg`` (with ``ctx``'s callbacks, checkpoints and resume), then fine-tune it on each
     task (task ``i`` distilled from ``task_teachers[i]`` when it distils from the study's model,
     augmented with ``study_model``'s MLM head when it augments), as one trial run placed as ``ctx`` says
-    (``ctx.reopen``: a stopped attempt's trial run, whose pre-training stage run goes on too)."""
+    (``ctx.reopen``: a stopped attempt's trial run, whose pre-training stage run goes on too); ``wnli``:
+    WNLI counts in ``glue/score``."""
 
     def work(trial: ActiveRun) -> dict[str, float]:
         earlier = stopped_stage(trial.client, trial.run_id) if ctx.reopen else None  # went on in the trial's run
@@ -55,6 +61,7 @@ def chained_trial(
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **trial.client.get_run(pre.run_id).data.metrics}
         best, configs = [], []
+        glue: dict[str, float] = {}  # GLUE task -> its score
         for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []
             for seed in task.seeds or [None]:
@@ -65,14 +72,21 @@ def chained_trial(
                 suffix = "" if seed is None else f" seed={seed}"
                 tags = {STAGE: f"finetune:{f.task}", PRETRAIN_RUN: pre.run_id}
                 result = train(ft_cfg, ctx.nested(trial.run_id, f"{ctx.name} | {f.task}{suffix}", tags))
-                runs.append({k: v for k, v in result.metrics.items() if k.startswith(f"{f.task}/")})
+                devs = tuple(f"{name}/" for name in (f.task, *(d.name for d in f.extra_validation)))
+                runs.append({k: v for k, v in result.metrics.items() if k.startswith(devs)})
             metrics.update(_mean(runs))
             key = f"{f.task}/best_{f.metric}"
             if len(runs) > 1:
                 metrics[f"{key}_std"] = statistics.stdev(r[key] for r in runs)
             best.append(metrics[key])
+            if task.glue is not None:
+                glue[task.glue] = metrics[f"{f.task}/best_{SCORE}"]
         if best:
             metrics[DOWNSTREAM_AVG] = sum(best) / len(best)
+        score = glue_score(glue, wnli=wnli)
+        if score is not None:
+            metrics[GLUE_SCORE] = score
+            metrics[GLUE_TASKS] = float(len(counted(glue, wnli)))
         techniques = [Param(k, v) for k, v in stages_of(cfg, configs).items()]  # the overview's columns
         trial.client.log_batch(trial.run_id, params=techniques)
         trial.log(metrics)

@@ -11,13 +11,13 @@ and ``fastbert/curve.png`` (the speed-accuracy curve).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.methods.finetune import METRICS
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.early_exit import Batch, Metric, SpeedPoint, full_latency_ms, speed_curve
 from ablate.lightning_modules.model.measuring import placed
@@ -33,15 +33,8 @@ def speed_key(task: str, speed: float, what: str) -> str:
 
 
 def _metric(name: str, num_labels: int) -> Metric:
-    from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
-    from torchmetrics.functional.classification import multiclass_matthews_corrcoef as mcc
-
-    fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-        "accuracy": lambda p, y: multiclass_accuracy(p, y, num_labels, average="micro"),
-        "f1": lambda p, y: multiclass_f1_score(p, y, num_labels, average="macro"),
-        "mcc": lambda p, y: mcc(p, y, num_labels),
-    }
-    return lambda p, y: float(fns[name](p, y))
+    """A dev metric of predicted classes against labels: the fine-tuning module's own (``METRICS``)."""
+    return lambda p, y: float(METRICS[name](num_labels)(p, y))
 
 
 def _plot(points: list[SpeedPoint], full_ms: float, metric: str, path: Path) -> None:

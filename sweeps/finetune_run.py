@@ -1,4 +1,5 @@
-"""One fine-tuning run (``finetune.source`` set): a pre-trained model on a classification task.
+"""One fine-tuning run (``finetune.source`` set): a pre-trained model on a classification or
+regression task.
 
 The source's own tokenizer encodes the task's data; the dev set is scored every
 ``finetune.val_every`` steps and training stops early after ``finetune.patience``
@@ -6,7 +7,9 @@ validations without a better ``finetune.metric``. The run logs every dev metric'
 the best value (``<task>/best_<metric>``) and the majority-class baseline
 (``<task>/majority_accuracy``) to compare against, and keeps its classifier (the best
 validation's weights) as its ``model/`` artifacts: ``ablate export`` makes it a transformers
-sequence classifier, and another fine-tuning run can learn from it (``distill.teacher``).
+sequence classifier, and another fine-tuning run can learn from it (``distill.teacher``). Every dev
+metric at that validation is logged as ``<dev set>/best_<metric>`` (``<task>/best_score``, MNLI's
+``mnli-mm/best_accuracy``).
 
 With ``distill.teacher`` (a fine-tuned classifier) the run is task distillation; with
 ``finetune.augment_copies`` its training set is enlarged by TinyBERT's augmentation; with
@@ -25,7 +28,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch.callbacks import Callback, EarlyStopping
 from torch import nn
 
@@ -36,6 +38,7 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
+from ablate.lightning_modules.methods.finetune import task_loss as loss_of
 from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
 from ablate.lightning_modules.model.accounting import stored_bytes
@@ -57,10 +60,11 @@ AUGMENT_SAMPLE = "augment/sample.tsv"
 
 
 def task_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The classification loss of a classifier on one batch: what its quantization plan is ranked by."""
+    """The task's loss of a classifier on one batch (cross-entropy, or squared error for regression):
+    what its quantization plan is ranked by."""
     if "start_positions" in batch:  # a span task's (SQuAD): the start and end cross-entropies
         return span_loss(model, batch)
-    return F.cross_entropy(model(batch).float(), batch["labels"])
+    return loss_of(model(batch), batch["labels"])
 
 
 def quantize_classifier(
@@ -86,6 +90,12 @@ def quantize_classifier(
         "model_bytes": float(stored_bytes(quantized)),
     }
     return (out if plan.bits is None else {**out, "quant/avg_bits": plan.bits}), plan
+
+
+def best_name(name: str) -> str:
+    """``<dev set>/best_<metric>``: a dev metric ``<dev set>/<metric>`` at the best validation."""
+    dev, _, metric = name.partition("/")
+    return f"{dev}/best_{metric}"
 
 
 def _augmenter(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[Any, str]:
@@ -191,10 +201,10 @@ def _fine_tune(
     exits, Q-BERT's quantization-aware phase and the quantized classifier as the config says; the run's
     final metrics."""
     f = cfg.finetune
-    baseline = {
-        f"{f.task}/majority_accuracy": data.majority_accuracy,
-        f"{f.task}/train_examples": float(data.num_train),
-    }
+    majority = data.majority_accuracy  # None for regression
+    baseline = {f"{f.task}/train_examples": float(data.num_train)}
+    if majority is not None:
+        baseline[f"{f.task}/majority_accuracy"] = majority
     run.log(baseline)
     if data.augment_sample is not None:
         run.text(data.augment_sample, AUGMENT_SAMPLE)
@@ -215,6 +225,8 @@ def _fine_tune(
     # the model the run leaves: the best validation's weights (early stopping's choice) ...
     module.restore_best()
     best = module.best if module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
+    kept = {best_name(name): value for name, value in module.best_values.items()}  # every dev metric, kept model's
+    metrics.update(kept)
     metrics[f"{f.task}/best_{f.metric}"] = metrics[f"{f.task}/final_{f.metric}"] = best
     step = trainer.global_step
     if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
@@ -255,6 +267,6 @@ def _fine_tune(
         else:
             metrics.update(used_at(module.model, cfg, data))
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
-    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers")
+    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *kept)
     run.log({key: metrics[key] for key in keys if key in metrics}, step=step)
     return metrics

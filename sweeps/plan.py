@@ -19,6 +19,7 @@ from typing import Any
 
 from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.provenance import check_data, task_data
+from ablate.datamodules.task_rows import check_task_data
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import MAX_SEED, ExperimentConfig
 from ablate.lightning_modules.config.metric_names import (
@@ -150,6 +151,8 @@ def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine |
     check_names(cfg)
     check_folders(cfg, checkpoints)
     check_data(cfg)  # local files and the data catalog's copies exist; hub names are well formed (offline)
+    if cfg.regime == "finetune" and cfg.finetune.kind != "span":  # columns and labels of the local copies
+        check_task_data(cfg.finetune)
     if machine is not None:
         check_size(cfg, machine)
 
@@ -207,6 +210,8 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
     for i, task in enumerate(spec.tasks):  # each task's data, as check_data checks a run's
         try:
             task_data(task, f"tasks[{i}]")
+            if task.kind != "span":
+                check_task_data(task, f"tasks[{i}]")  # columns and labels of the local copies
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
     for params, cfg in trials:
@@ -220,3 +225,8 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             check_optimized_metric(spec.optimize.metric, cfg, tasks)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if spec.optimize.metric.startswith("glue/") and not any(t.glue for t in mine):
+            raise ConfigError(
+                f"{where}: optimize.metric: {spec.optimize.metric!r} is logged by a trial fine-tuned on GLUE tasks "
+                f"(tasks: glue, or - glue: mrpc); {'this trial' if spec.variants else 'this study'} has none"
+            )

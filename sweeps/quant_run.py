@@ -68,10 +68,11 @@ def on_cpu(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def validate(module: pl.LightningModule, cfg: ExperimentConfig, data: pl.LightningDataModule) -> dict[str, float]:
     """Lightning's validation of ``module`` on the CPU (the full dev set of a fine-tuning task, else
-    ``trainer.val_batches``); its metrics."""
+    ``trainer.val_batches``); its metrics (every dev set's: a task with several, MNLI, logs them all at
+    the epoch's end, so each loader's results hold them all)."""
     val_batches = 1.0 if cfg.regime == "finetune" else None
     trainer = build_trainer(on_cpu(cfg), None, [], val_batches=val_batches)
-    (results,) = trainer.validate(module, datamodule=data, verbose=False)
+    results = trainer.validate(module, datamodule=data, verbose=False)[0]
     return {k: float(v) for k, v in results.items()}
 
 

@@ -26,6 +26,9 @@ Example::
     tasks:                                                  # optional: chained trials, pretrain -> fine-tune
       - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
                                                             # a whole finetune section each, plus seeds: [0, 1, 2]
+      - {glue: mrpc, max_steps: 300}                        # a GLUE task: the GLUE table's settings, overridable
+    # tasks: glue                                           # or: the GLUE benchmark, every task but WNLI
+    glue_wnli: false                                        # WNLI in tasks: glue and in glue/score (papers: out)
     heartbeat: 10                                           # s between a running trial's heartbeats; silent
                                                             # for 3x that = its worker died: retried
     checkpoints: mlflow                                     # where trials keep last.ckpt for a retry: a folder or
@@ -44,11 +47,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
+from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     PLACEHOLDER_SOURCE,
@@ -180,6 +184,7 @@ class StudySpec:
     teacher: TeacherSpec | None = None
     prune_source: PruneSourceSpec | None = None
     reference: ReferenceSpec | None = None
+    glue_wnli: bool = False
     tasks: list[FinetuneTask] = Field(default_factory=list)
     heartbeat: int = Field(default=10, ge=1, le=3600)
     checkpoints: str | None = Field(default=None, min_length=1)
@@ -190,6 +195,16 @@ class StudySpec:
         if len(given) > 1:
             raise FieldError(f"{given[1]}", "a study has one trained model (teacher, prune_source or reference)")
         return self
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _suite(cls, value: Any, info: ValidationInfo) -> Any:
+        """``tasks: glue``: every GLUE task (WNLI only with ``glue_wnli``), each with the table's settings."""
+        if not isinstance(value, str):
+            return value
+        if value != "glue":
+            raise ValueError(f"{value!r}: give glue (the GLUE benchmark) or a list of tasks")
+        return [{"glue": name} for name in suite(wnli=info.data.get("glue_wnli") is True)]
 
     @property
     def study_model(self) -> StudyModel | None:

@@ -285,7 +285,9 @@ def trial_objective(
             teachers_of = {j: (task_teachers or {})[i] for j, i in enumerate(mine) if i in (task_teachers or {})}
             if spec.tasks:
                 tasks = [spec.tasks[i] for i in mine]
-                result = chained_trial(cfg, tasks, ctx, task_teachers=teachers_of, study_model=study_model)
+                result = chained_trial(
+                    cfg, tasks, ctx, task_teachers=teachers_of, study_model=study_model, wnli=spec.glue_wnli
+                )
             else:
                 result = train(cfg, ctx)
         except optuna.TrialPruned:

@@ -8,17 +8,42 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config.errors import STRICT
+from ablate.lightning_modules.config.errors import STRICT, FieldError
 
-Metric = Literal["accuracy", "f1", "mcc", "exact"]
+Metric = Literal["accuracy", "f1", "mcc", "pearson", "spearman", "exact"]
 SPAN_METRICS = ("exact", "f1")
 """A span task's metrics: SQuAD's exact match and token F1 (``f1`` scores classification too: macro F1)."""
 Kind = Literal["classification", "regression", "span"]
 """What a task predicts: a class (cross-entropy), a number (one output, MSE; GLUE's STS-B) or an answer
 span in a context (SQuAD's start and end logits)."""
+KIND_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "f1", "mcc"),
+    "regression": ("pearson", "spearman"),
+    "span": SPAN_METRICS,
+}
+"""The dev metrics of each kind: what ``finetune.metric`` and ``finetune.score_metrics`` may name.
+Classification: accuracy, F1 (of class 1 with two classes, as GLUE scores MRPC and QQP; macro F1 with
+more), Matthews correlation; regression: Pearson's and Spearman's correlation with the labels."""
+
+
+@dataclass(frozen=True, config=STRICT)
+class DevSet:
+    """Another dev set scored beside ``finetune.validation`` at every validation (MNLI's mismatched one).
+
+    Attributes:
+        name: its metrics' prefix: logged as ``<name>/<metric>`` (``mnli-mm/accuracy``).
+        data: a local file or a hub name; None: the dev data's dataset (``finetune.validation``, else
+            ``finetune.train``'s hub dataset).
+        split: the split of the hub dataset (``validation_mismatched``); None: ``validation``. Not for a
+            local file.
+    """
+
+    name: str = Field(pattern=r"^[\w.-]+$")
+    data: str | None = Field(default=None, min_length=1)
+    split: str | None = Field(default=None, pattern=r"^[\w.-]+$")
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -45,15 +70,22 @@ class FinetuneConfig:
         validation_examples: score only the first N dev examples (a quick look; ``--smoke``); None =
             the whole dev set, which is what a result to report is scored on.
         text_fields: one column (single sentence) or two (sentence pair).
-        label_field: the integer label column.
-        num_labels: classes.
+        label_field: the label column: integers in ``[0, num_labels)`` (classification), numbers
+            (regression).
+        num_labels: classes; 1 for regression (one output).
+        extra_validation: more dev sets, each scored like the first one at every validation and logged
+            under its own name (MNLI: ``validation_mismatched`` as ``mnli-mm``).
+        score_metrics: the dev metrics whose mean is the task's score ``<task>/score`` (over every dev
+            set: MNLI's matched and mismatched accuracy), as GLUE scores a task (MRPC: F1 and
+            accuracy); None: ``metric`` alone.
         max_length: tokens per example ([CLS] a [SEP] (b [SEP]), truncated).
         batch_size: examples per batch.
         lr: AdamW learning rate (warmup 10 %, then linear decay).
         max_steps: most optimizer steps.
         val_every: validate on the dev set every this many steps.
         patience: stop after this many validations without improving ``metric``.
-        metric: the dev metric for early stopping and the run's result.
+        metric: the dev metric (of the first dev set) for early stopping and the run's result; one
+            of its kind's (:data:`KIND_METRICS`).
         augment_copies: TinyBERT's data augmentation: this many augmented copies of each
             training example are added to the training set (0 = none; the paper uses 20).
         augment_prob: the probability that a word of a copy is replaced by a candidate from
@@ -92,7 +124,9 @@ class FinetuneConfig:
     validation_examples: Annotated[int, Field(gt=0)] | None = None
     text_fields: tuple[str, ...] = Field(default=("sentence",), min_length=1, max_length=2)
     label_field: str = "label"
-    num_labels: Annotated[int, Field(ge=2)] = 2
+    num_labels: Annotated[int, Field(ge=1)] = 2
+    extra_validation: tuple[DevSet, ...] = ()
+    score_metrics: tuple[Metric, ...] | None = Field(default=None, min_length=1)
     max_length: Annotated[int, Field(ge=8)] = 128
     batch_size: Annotated[int, Field(gt=0)] = 32
     lr: Annotated[float, Field(gt=0.0)] = 1e-4
@@ -113,3 +147,29 @@ class FinetuneConfig:
     max_answer_length: Annotated[int, Field(ge=1)] = 30
     n_best: Annotated[int, Field(ge=1)] = 20
     no_answer: bool = False
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> FinetuneConfig:
+        if self.kind == "regression" and self.num_labels != 1:
+            raise FieldError("num_labels", f"{self.num_labels}: a regression task has one output (num_labels: 1)")
+        if self.kind == "classification" and self.num_labels < 2:
+            raise FieldError("num_labels", f"{self.num_labels}: a classification task has 2 classes or more")
+        allowed = KIND_METRICS[self.kind]
+        for name in (self.metric, *(self.score_metrics or ())):
+            if name not in allowed:
+                field = "metric" if name == self.metric else "score_metrics"
+                raise FieldError(
+                    field, f"{name!r} does not score a {self.kind} task (its metrics: {', '.join(allowed)})"
+                )
+        if self.label_names is not None and self.kind != "span" and len(self.label_names) != self.num_labels:
+            raise FieldError(
+                "label_names", f"{len(self.label_names)} names for num_labels {self.num_labels} (one name per output)"
+            )
+        if self.kind == "regression" and self.exits:
+            raise FieldError(
+                "exits", "FastBERT's exits leave by the entropy of a class distribution; a regression has none"
+            )
+        names = [self.task, *(d.name for d in self.extra_validation)]
+        if len(set(names)) != len(names):
+            raise FieldError("extra_validation", f"dev sets must have names of their own, not {names}")
+        return self

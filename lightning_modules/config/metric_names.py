@@ -3,8 +3,11 @@ study's objective is checked against them before it runs, and every metric logge
 Lightning's loop (``sweeps.context.ActiveRun.log``) is checked by :func:`check_name`.
 
 A pre-training, distillation, pruning or quantization run validates its MLM (and its sentence
-task when it has one); a fine-tuning task ``T`` logs ``T/<metric>`` per validation and
-``T/best_<metric>``, ``T/final_<metric>`` at the end; a chained trial adds ``downstream/avg``.
+task when it has one); a fine-tuning task ``T`` logs ``T/<metric>`` and its score ``T/score`` per
+validation (each further dev set ``D`` of it ``D/<metric>``: MNLI's ``mnli-mm/accuracy``), and
+``T/best_<metric>`` (every dev metric at the best validation, ``T/best_score`` too),
+``T/final_<metric>`` at the end; a chained trial adds ``downstream/avg`` and, fine-tuned on GLUE
+tasks, ``glue/score`` and ``glue/tasks``.
 """
 
 from __future__ import annotations
@@ -18,16 +21,24 @@ VALIDATION = (VAL_LOSS, VAL_MLM_LOSS, VAL_MLM_ACC, VAL_MLM_PPL)
 """What every pre-trained model's validation logs (``val/sentence_acc`` too with a sentence task)."""
 DOWNSTREAM_AVG = "downstream/avg"
 """A chained trial's mean over its tasks of each task's best metric."""
+SCORE = "score"
+"""``<task>/score``: a task's score, the mean of its ``finetune.score_metrics`` over its dev sets (GLUE's)."""
+GLUE_SCORE = "glue/score"
+"""A chained trial's GLUE score: the mean over its GLUE tasks of ``<task>/best_score`` (WNLI as the study says)."""
+GLUE_TASKS = "glue/tasks"
+"""How many GLUE tasks ``glue/score`` averages (8 for the whole benchmark without WNLI)."""
 TASK_STAGES = ("", "best_", "final_")
 """``<task>/<stage><metric>``: each validation's, the best one's, the shipped classifier's."""
 
 
 def task_metrics(task: str, metric: str) -> tuple[str, ...]:
-    """The names a fine-tuning task's run returns for its ``finetune.metric``."""
-    return tuple(f"{task}/{stage}{metric}" for stage in TASK_STAGES)
+    """The names a fine-tuning task's run returns for its ``finetune.metric``, and its score."""
+    return tuple(f"{task}/{stage}{name}" for name in (metric, SCORE) for stage in TASK_STAGES[:2]) + (
+        f"{task}/final_{metric}",
+    )
 
 
-NAMESPACES = ("train", "val", "intrinsic", "quant", "prune", "distill", "source", "downstream", "augment")
+NAMESPACES = ("train", "val", "intrinsic", "quant", "prune", "distill", "source", "downstream", "augment", "glue")
 """The first part of every metric name a run logs that is not a fine-tuning task's (``<task>/...``)."""
 TOP_LEVEL = ("flops_per_token", "model_bytes", "train_activation_mb", "epoch")
 """Names without a namespace: the accounting of a model (``accounting.metric_counts``) and Lightning's epoch."""

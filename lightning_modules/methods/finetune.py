@@ -1,9 +1,10 @@
-"""``FinetuneModule``: the classification task (GLUE-style) on a pre-trained encoder, trained by
-the one step of :class:`~lightning_modules.train_module.TrainModule`.
+"""``FinetuneModule``: a classification or regression task (GLUE's) on a pre-trained encoder, trained
+by the one step of :class:`~lightning_modules.train_module.TrainModule`.
 
 The same step serves every fine-tuning method:
 
-- plain fine-tuning: the ``label`` term (cross-entropy on the task's labels);
+- plain fine-tuning: the ``label`` term (cross-entropy on the task's classes; for regression, the
+  mean squared error of the one output: GLUE's STS-B);
 - task distillation (TinyBERT's task-specific stage, DistilBERT's): a fine-tuned teacher joined
   by a :class:`~lightning_modules.distill.TeacherLink`, the prediction layer's ``kd`` on the task
   logits beside ``label`` (``distill.label_weight``), and optionally the intermediate terms,
@@ -11,25 +12,37 @@ The same step serves every fine-tuning method:
 - FastBERT: after fine-tuning, a second fit whose one stage trains only the exits, by
   self-distillation from the final classifier (the ``exit`` term; :meth:`FinetuneModule.self_distillation`).
 
-Dev metrics (torchmetrics): accuracy, macro F1 and Matthews correlation, logged as
-``<task>/accuracy``, ``<task>/f1``, ``<task>/mcc`` and ``<task>/loss``; the best value of
-``finetune.metric`` so far as ``<task>/best_<metric>``. While an intermediate stage trains (the
+Dev metrics (torchmetrics, :data:`~lightning_modules.config.finetune.KIND_METRICS`): accuracy, F1 (of
+class 1 with two classes, as GLUE scores MRPC and QQP; macro F1 with more) and Matthews correlation for
+classification, Pearson's and Spearman's correlation for regression, logged as ``<task>/<metric>`` with
+``<task>/loss``, for every dev set under its name (MNLI's ``mnli-mm/accuracy``); the task's score
+``<task>/score`` (the mean of ``finetune.score_metrics`` over its dev sets, GLUE's task score); the best
+value of ``finetune.metric`` so far as ``<task>/best_<metric>``. While an intermediate stage trains (the
 classifier is not yet trained) the dev set is not scored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torchmetrics import MeanMetric, Metric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassMatthewsCorrCoef
+from torchmetrics.classification import (
+    BinaryF1Score,
+    MulticlassAccuracy,
+    MulticlassF1Score,
+    MulticlassMatthewsCorrCoef,
+)
+from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from ablate.lightning_modules.config.distill import Stage, schedule
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.finetune import KIND_METRICS, FinetuneConfig
+from ablate.lightning_modules.config.metric_names import SCORE
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.quantization.apply import Plan, prepare_weight_qat
@@ -40,6 +53,41 @@ from ablate.lightning_modules.model.heads import PretrainingModel
 
 SELF_DISTILLATION = "self-distillation"
 QUANTIZATION_AWARE = "quantization-aware"
+
+METRICS: dict[str, Callable[[int], Metric]] = {
+    "accuracy": lambda c: MulticlassAccuracy(num_classes=c, average="micro"),
+    "f1": lambda c: BinaryF1Score() if c == 2 else MulticlassF1Score(num_classes=c, average="macro"),
+    "mcc": lambda c: MulticlassMatthewsCorrCoef(num_classes=c),
+    "pearson": lambda c: PearsonCorrCoef(),
+    "spearman": lambda c: SpearmanCorrCoef(),
+}
+"""Each dev metric's torchmetrics metric for ``num_labels`` outputs; updated with (predictions, labels):
+classes (:func:`predictions`) for classification, the one output for regression."""
+
+
+def task_metrics(f: FinetuneConfig) -> dict[str, Metric]:
+    """The dev metrics of the task ``f`` by name (its kind's)."""
+    return {name: METRICS[name](f.num_labels) for name in KIND_METRICS[f.kind]}
+
+
+def predictions(logits: torch.Tensor, regression: bool) -> torch.Tensor:
+    """What the dev metrics score: the class with the largest logit, or the one output (float)."""
+    return logits.squeeze(-1).float() if regression else logits.argmax(dim=-1)
+
+
+def computed(metric: Metric) -> torch.Tensor:
+    """A dev metric's value; a correlation of constant predictions (undefined: NaN) counts 0, as a
+    prediction that follows nothing."""
+    value = metric.compute()
+    return torch.nan_to_num(value, nan=0.0) if isinstance(metric, PearsonCorrCoef | SpearmanCorrCoef) else value
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The task's loss: cross-entropy on classes (long labels), or the mean squared error of the one
+    output against float targets (regression)."""
+    if labels.is_floating_point():
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels)
 
 
 def finetune_weights(cfg: ExperimentConfig) -> dict[str, float]:
@@ -55,8 +103,8 @@ def finetune_weights(cfg: ExperimentConfig) -> dict[str, float]:
 
 
 class FinetuneModule(TrainModule):
-    """Fine-tuning: cross-entropy on the labels (and what a teacher or exits add), dev metrics
-    for early stopping.
+    """Fine-tuning: cross-entropy on the labels or the squared error of a regression (and what a
+    teacher or exits add), dev metrics for early stopping.
 
     Args:
         cfg: the run's config (``finetune`` says the task and schedule, ``distill`` the teacher's terms).
@@ -80,34 +128,34 @@ class FinetuneModule(TrainModule):
         o = cfg.optim
         plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
         super().__init__(cfg, model, link, stages, finetune_weights(cfg), plan)
-        C = f.num_labels
-        self.val_loss = MeanMetric()
-        self.metrics = nn.ModuleDict(
-            {
-                "accuracy": MulticlassAccuracy(num_classes=C, average="micro"),
-                "f1": MulticlassF1Score(num_classes=C, average="macro"),
-                "mcc": MulticlassMatthewsCorrCoef(num_classes=C),
-            }
-        )
+        self.regression = f.kind == "regression"
+        self.dev_names = [f.task, *(d.name for d in f.extra_validation)]
+        # per dev set (by its index: a name may hold a dot), its metrics and loss, moving with the module
+        self.dev = nn.ModuleList(nn.ModuleDict({**task_metrics(f), "loss": MeanMetric()}) for _ in self.dev_names)
         self.best: float | None = None
         self.best_state: dict[str, torch.Tensor] | None = None
+        self.best_values: dict[str, float] = {}
+        """Every dev metric (and the score) at the best validation: what the kept weights score."""
 
-    def dev_metrics(self) -> dict[str, Metric]:
-        """The dev metrics by name (held in a ModuleDict, so that they move with the module)."""
+    def dev_metrics(self, dev: int = 0) -> dict[str, Metric]:
+        """The metrics of dev set ``dev`` (0: the task's own) by name, its loss as ``loss``."""
         out: dict[str, Metric] = {}
-        for name, metric in self.metrics.items():
-            assert isinstance(metric, Metric), "self.metrics holds torchmetrics metrics only"
+        metrics = self.dev[dev]
+        assert isinstance(metrics, nn.ModuleDict)
+        for name, metric in metrics.items():
+            assert isinstance(metric, Metric), "self.dev holds torchmetrics metrics only"
             out[name] = metric
         return out
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The best validation so far and its weights go with the checkpoint: a resumed fit leaves the same model."""
-        checkpoint["ablate_best"] = {"value": self.best, "state": self.best_state}
+        checkpoint["ablate_best"] = {"value": self.best, "state": self.best_state, "values": self.best_values}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         best = checkpoint.get("ablate_best")
         if best is not None:
             self.best, self.best_state = best["value"], best["state"]
+            self.best_values = best.get("values", {})
 
     def restore_best(self) -> None:
         """Load the weights of the best validation so far (early stopping's choice) into the model."""
@@ -116,9 +164,9 @@ class FinetuneModule(TrainModule):
 
     # -- the task ----------------------------------------------------------------------------
     def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
-        """The final head's logits and the cross-entropy on the labels."""
-        logits = model(batch, trace)  # (B, C)
-        return TaskOutput(logits, None, {"label": F.cross_entropy(logits.float(), batch["labels"])})
+        """The final head's logits and the task's loss on the labels (:func:`task_loss`)."""
+        logits = model(batch, trace)  # (B, C); (B, 1) for regression
+        return TaskOutput(logits, None, {"label": task_loss(logits, batch["labels"])})
 
     def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
         """FastBERT's self-distillation: the exits learn the final classifier's distribution."""
@@ -146,7 +194,7 @@ class FinetuneModule(TrainModule):
         self.restore_best()
         self.model.requires_grad_(True)  # the whole classifier trains, after a phase that froze it (FastBERT's exits)
         prepare_weight_qat(self.model, plan, q)
-        self.best, self.best_state = None, None
+        self.best, self.best_state, self.best_values = None, None, {}
         stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, ("pd",))
         self.set_stages([stage], OptimPlan(f.lr, q.qat_steps, max(1, q.qat_steps // 10), o.weight_decay, o.eps))
 
@@ -157,31 +205,38 @@ class FinetuneModule(TrainModule):
         stage = self.stage_at(max(0, self.global_step - 1))  # the stage of the step just trained
         return "pd" in stage.losses
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.scoring():
             return
-        logits = self.model(batch)
-        self.val_loss.update(F.cross_entropy(logits.float(), batch["labels"]), weight=batch["labels"].shape[0])
-        for metric in self.dev_metrics().values():
-            metric.update(logits, batch["labels"])
+        logits, labels = self.model(batch), batch["labels"]
+        metrics = self.dev_metrics(dataloader_idx)
+        metrics.pop("loss").update(task_loss(logits, labels), weight=labels.shape[0])
+        preds = predictions(logits, self.regression)
+        for metric in metrics.values():
+            metric.update(preds, labels)
 
     def on_validation_epoch_end(self) -> None:
         if not self.scoring():
             return
         task, f = self.cfg.finetune.task, self.cfg.finetune
-        values = {f"{task}/{name}": metric.compute() for name, metric in self.dev_metrics().items()}
-        values[f"{task}/loss"] = self.val_loss.compute()
+        values: dict[str, torch.Tensor] = {}
+        for i, dev in enumerate(self.dev_names):
+            values.update({f"{dev}/{name}": computed(metric) for name, metric in self.dev_metrics(i).items()})
+        scored = [values[f"{dev}/{m}"].float() for dev in self.dev_names for m in f.score_metrics or (f.metric,)]
+        values[f"{task}/{SCORE}"] = torch.stack(scored).mean()
         current = float(values[f"{task}/{f.metric}"])
         fitting = self.trainer.state.fn == "fit"  # not a later validation (of the quantized classifier)
         if fitting and not self.trainer.sanity_checking and (self.best is None or current > self.best):
             # the best validation's weights, which the run leaves (restore_best): kept on the CPU
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best_values = {name: float(value) for name, value in values.items()}
         self.best = current if self.best is None else max(self.best, current)
         values[f"{task}/best_{f.metric}"] = torch.tensor(self.best)
         for name, value in values.items():
             self.log(name, value, prog_bar=name == f"{task}/{f.metric}")
-        for metric in (*self.dev_metrics().values(), self.val_loss):
-            metric.reset()
+        for i in range(len(self.dev_names)):
+            for metric in self.dev_metrics(i).values():
+                metric.reset()
 
 
 def task_distill_module(
@@ -190,6 +245,11 @@ def task_distill_module(
     """Fine-tuning distilled from a fine-tuned ``teacher`` (task distillation). ConfigError (naming the
     field) when the teacher does not fit: other labels, a layer or head map that does not exist."""
     f, d = cfg.finetune, cfg.distill
+    if f.kind == "regression" and d.kd_weight > 0:
+        raise ConfigError(
+            "distill.kd_weight: the prediction layer's KD matches softened class distributions; a regression "
+            "task (finetune.kind regression) has one output: set 0 (the intermediate terms still apply)"
+        )
     if teacher.num_labels != f.num_labels:
         raise ConfigError(
             f"distill.teacher: the teacher classifies into {teacher.num_labels} labels, the task "

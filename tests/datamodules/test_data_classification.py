@@ -214,13 +214,17 @@ def _tsv(tmp_path: Path, name: str, text: str) -> str:
         (
             {"validation": "bad_label.tsv"},
             DataError,
-            r"finetune\.num_labels: .*bad_label\.tsv has label 2 outside \[0, 2\)$",
+            r"finetune\.num_labels: .*bad_label\.tsv has label 2 \(row \d+\) outside \[0, 2\)$",
         ),
-        ({"validation": "neg_label.tsv"}, DataError, r"finetune\.num_labels: .*neg_label\.tsv has label -1 outside"),
+        (
+            {"validation": "neg_label.tsv"},
+            DataError,
+            r"finetune\.num_labels: .*neg_label\.tsv has label -1 \(row \d+\) outside",
+        ),
         (
             {"validation": "word_label.tsv"},
             DataError,
-            r"finetune\.label_field: .*word_label\.tsv has a non-integer label 'pos'$",
+            r"finetune\.label_field: .*word_label\.tsv has a non-integer label 'pos' \(row 1\)$",
         ),
         ({"validation": "header_only.tsv"}, DataError, r"finetune\.validation: .*header_only\.tsv: no examples$"),
         ({"train": "empty.jsonl"}, DataError, r"finetune\.train: .*empty\.jsonl: no examples$"),

@@ -1,0 +1,163 @@
+"""The GLUE benchmark as the papers evaluate it: its nine tasks by hub name, what each reads and
+predicts, the metrics GLUE reports for it, its dev sets, and the papers' fine-tuning settings.
+
+A task's score is the mean of its metrics (over its dev sets: MNLI's matched and mismatched
+accuracy); the GLUE score is the mean of the tasks' scores, WNLI left out unless asked for (as BERT
+and DistilBERT report it: WNLI's dev set is adversarial to every model, the majority class wins).
+
+The fine-tuning settings are ALBERT's per-task ones (Lan et al. 2020, appendix A.4: learning rate,
+batch size, training steps), at BERT's sequence length for GLUE (128; ALBERT's 512 costs four times
+the compute for what GLUE's sentences need). ablate warms up over 10 % of the steps (ALBERT: 6 to
+25 %). A study overrides any of them per task (``- {glue: mrpc, lr: 1.0e-4}``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from ablate.lightning_modules.config.finetune import Kind, Metric
+
+HUB = "nyu-mll/glue"
+"""The hub dataset holding GLUE, one config per task (``nyu-mll/glue:mrpc``)."""
+
+GlueName = Literal["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]
+"""A GLUE task, as its hub config is named."""
+
+
+@dataclass(frozen=True)
+class DevSplit:
+    """One dev set of a GLUE task: its hub split and the prefix its metrics are logged under."""
+
+    split: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A task's fine-tuning settings (ALBERT's appendix A.4, at BERT's length)."""
+
+    lr: float
+    batch_size: int
+    max_steps: int
+    max_length: int = 128
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task.
+
+    Attributes:
+        name: the hub config (``mrpc``); the run's ``finetune.task``.
+        text_fields: the sentence column, or the pair's two.
+        label_names: the labels' names in label order (the hub's); None for STS-B's score.
+        kind: classification, or regression (STS-B: a similarity from 0 to 5).
+        metrics: what GLUE reports for the task; its score is their mean. The first is what early
+            stopping watches.
+        dev: its dev sets (the first is ``finetune.validation_split``, the others ``extra_validation``).
+        recipe: the papers' fine-tuning settings.
+        train_size, dev_size: the hub's example counts (train; each dev set), for the docs and checks.
+    """
+
+    name: GlueName
+    text_fields: tuple[str, ...]
+    label_names: tuple[str, ...] | None
+    kind: Kind
+    metrics: tuple[Metric, ...]
+    recipe: Recipe
+    train_size: int
+    dev_size: tuple[int, ...]
+    dev: tuple[DevSplit, ...] = ()
+
+    @property
+    def hub(self) -> str:
+        """The task's hub name, ``nyu-mll/glue:<name>``."""
+        return f"{HUB}:{self.name}"
+
+    @property
+    def num_labels(self) -> int:
+        """Outputs of its head: classes, or 1 for regression."""
+        return 1 if self.label_names is None else len(self.label_names)
+
+    @property
+    def dev_sets(self) -> tuple[DevSplit, ...]:
+        """Its dev sets: ``validation`` as the task, or those it names (MNLI's two)."""
+        return self.dev or (DevSplit("validation", self.name),)
+
+    def finetune_fields(self) -> dict[str, Any]:
+        """The ``finetune`` fields of a run on this task: its data, columns, labels, metrics and
+        the papers' settings (validated every tenth of the schedule, never stopped early: the best
+        of the ten validations is kept)."""
+        first, *more = self.dev_sets
+        r = self.recipe
+        return {
+            "task": self.name,
+            "kind": self.kind,
+            "label_names": self.label_names,
+            "train": self.hub,
+            "validation": None,
+            "validation_split": None if first.split == "validation" else first.split,
+            "extra_validation": tuple({"name": d.name, "split": d.split} for d in more),
+            "text_fields": self.text_fields,
+            "label_field": "label",
+            "num_labels": self.num_labels,
+            "metric": self.metrics[0],
+            "score_metrics": self.metrics,
+            "lr": r.lr,
+            "batch_size": r.batch_size,
+            "max_steps": r.max_steps,
+            "max_length": r.max_length,
+            "val_every": max(1, r.max_steps // 10),
+            "patience": 10,
+        }
+
+
+_NLI = ("entailment", "not_entailment")
+GLUE: Mapping[str, GlueTask] = {
+    t.name: t
+    for t in (
+        GlueTask("cola", ("sentence",), ("unacceptable", "acceptable"), "classification", ("mcc",),
+                 Recipe(1e-5, 16, 5336), 8551, (1043,)),
+        GlueTask("sst2", ("sentence",), ("negative", "positive"), "classification", ("accuracy",),
+                 Recipe(1e-5, 32, 20935), 67349, (872,)),
+        GlueTask("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), "classification",
+                 ("f1", "accuracy"), Recipe(2e-5, 32, 800), 3668, (408,)),
+        GlueTask("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), "classification",
+                 ("f1", "accuracy"), Recipe(5e-5, 128, 14000), 363846, (40430,)),
+        GlueTask("stsb", ("sentence1", "sentence2"), None, "regression", ("pearson", "spearman"),
+                 Recipe(2e-5, 16, 3598), 5749, (1500,)),
+        GlueTask("mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "classification",
+                 ("accuracy",), Recipe(3e-5, 128, 10000), 392702, (9815, 9832),
+                 dev=(DevSplit("validation_matched", "mnli"), DevSplit("validation_mismatched", "mnli-mm"))),
+        GlueTask("qnli", ("question", "sentence"), _NLI, "classification", ("accuracy",),
+                 Recipe(1e-5, 32, 33112), 104743, (5463,)),
+        GlueTask("rte", ("sentence1", "sentence2"), _NLI, "classification", ("accuracy",),
+                 Recipe(3e-5, 32, 800), 2490, (277,)),
+        GlueTask("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment"), "classification",
+                 ("accuracy",), Recipe(2e-5, 16, 2000), 635, (71,)),
+    )
+}  # fmt: skip
+"""The nine GLUE tasks by name, in the benchmark's order."""
+
+assert tuple(GLUE) == get_args(GlueName)
+
+WNLI = "wnli"
+
+
+def suite(wnli: bool = False) -> tuple[str, ...]:
+    """The GLUE tasks a study's ``tasks: glue`` fine-tunes: all nine, or all but WNLI (the default)."""
+    return tuple(name for name in GLUE if wnli or name != WNLI)
+
+
+def counted(scores: Mapping[str, float], wnli: bool = False) -> dict[str, float]:
+    """The GLUE tasks' scores (task name -> score) in ``scores`` that the GLUE score averages: every
+    GLUE task's, WNLI's only when ``wnli``."""
+    return {name: score for name, score in scores.items() if name in GLUE and (wnli or name != WNLI)}
+
+
+def glue_score(scores: Mapping[str, float], wnli: bool = False) -> float | None:
+    """The GLUE score: the mean of the :func:`counted` tasks' scores; None when none counts."""
+    kept = counted(scores, wnli)
+    return statistics.fmean(kept.values()) if kept else None
