@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 
+from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
@@ -125,8 +126,14 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
     not there, fails with nothing half-created."""
     study_model = spec.study_model
     source = study_model.source if study_model is not None else None
+    catalog = active_catalog()
+    mapped = source is not None and catalog is not None and catalog.model(source) is not None  # checked by the plan
     if study_model is not None and source is not None and not source.startswith(RUNS) and not Path(source).is_dir():
-        raise ConfigError(f"{study_model.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder")
+        if not mapped:
+            raise ConfigError(
+                f"{study_model.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder (nor a "
+                "model of the data catalog)"
+            )
     configs = corner_configs(spec, base)
     if study_model is not None and study_model.model is not None:
         configs.append(study_model_config(base, spec))
