@@ -289,15 +289,19 @@ def marks(row: pd.Series, metric: MetricSpec) -> str:
 
 def seed_notes(table: Table, found: str) -> list[str]:
     """What the cells show: the interval's note, or :data:`ablate.reports.stats.ONE_SEED_NOTE`
-    when no cell has two seeds; the noise test's note where cells have seeds and a reference row."""
+    when no cell has two seeds; the noise test's note where a cell was tested against the reference
+    row, or the spec's reference row has no runs."""
     ns = [int(v) for m in table.spec.metrics for v in table.stats[f"{m.name}.n"]]
     if not ns or max(ns) == 0:
         return []
     if max(ns) == 1:
         return [st_.ONE_SEED_NOTE]
     notes = [st_.INTERVAL_NOTE]
-    if table.spec.reference != "none":
-        ref = None if table.reference is None else row_text(table.spec, table.keys()[table.reference])
+    tested = any(table.stats[f"{m.name}.welch_p"].notna().any() for m in table.spec.metrics)
+    if table.reference is None and table.spec.reference != "none":
+        notes.append(st_.noise_note(None, reference_text(table.spec), False))
+    elif table.reference is not None and tested:
+        ref = row_text(table.spec, table.keys()[table.reference])
         notes.append(st_.noise_note(ref, reference_text(table.spec), st_.NOISE_MARK in found))
     return notes
 

@@ -82,6 +82,8 @@ def uri(tmp_path_factory):
                     "mnli-mm/best_accuracy": mm,
                     "sst2/best_accuracy_std": statistics.stdev(s for s, _, _ in per_seed),
                     "downstream/avg": (sst2 + mnli) / 2,
+                    # the mean of the tasks' scores (MNLI's over both dev sets); wide's made some other way
+                    "glue/score": (sst2 + (mnli + mm) / 2) / 2 if variant == "base" else 0.5,
                     "params.backbone": 4.0e6,
                 }
                 trial = _trial(client, exp, study, parent, i, {"variant": variant, "seed": 0}, carried)
@@ -91,8 +93,11 @@ def uri(tmp_path_factory):
                     if seed == 1:  # an earlier attempt's stages: killed, and finished with another figure
                         _stage(client, exp, trial, "sst2", seed, "accuracy", {"sst2/best_accuracy": 0.1}, "KILLED")
                         _stage(client, exp, trial, "sst2", seed, "accuracy", {"sst2/best_accuracy": 0.2})
-                    _stage(client, exp, trial, "sst2", seed, "accuracy", {"sst2/best_accuracy": s})
-                    ft = {"mnli/best_accuracy": m, "mnli-mm/best_accuracy": mm_, "params.backbone": 1.0}
+                    _stage(
+                        client, exp, trial, "sst2", seed, "accuracy", {"sst2/best_accuracy": s, "sst2/best_score": s}
+                    )
+                    ft = {"mnli/best_accuracy": m, "mnli-mm/best_accuracy": mm_, "mnli/best_score": (m + mm_) / 2}
+                    ft |= {"params.backbone": 1.0}
                     _stage(client, exp, trial, "mnli", seed, "accuracy", ft)
     return uri
 
@@ -189,6 +194,7 @@ def test_a_chained_trials_fine_tuning_seeds_come_from_its_stage_runs(uri):
                 {"name": "sst2/best_accuracy", "label": "SST-2", "format": "percent"},
                 {"name": "mnli-mm/best_accuracy", "label": "MNLI-mm", "format": "percent"},
                 {"name": "downstream/avg", "label": "Avg", "format": "percent"},
+                {"name": "glue/score", "label": "GLUE", "format": "percent"},
                 {"name": "params.backbone", "label": "Params", "format": "millions"},
             ],
         }
@@ -206,6 +212,12 @@ def test_a_chained_trials_fine_tuning_seeds_come_from_its_stage_runs(uri):
     assert st.at["base", "downstream/avg.n"] == 3
     assert st.at["base", "downstream/avg.mean"] == pytest.approx(statistics.fmean(avg))
     assert st.at["base", "downstream/avg.std"] == pytest.approx(statistics.stdev(avg))
+    # glue/score per seed: the mean of that seed's task scores, MNLI's the mean of its two dev sets
+    glue = [(s + (m + x) / 2) / 2 for s, m, x in CHAINED["base"]]
+    assert st.at["base", "glue/score.n"] == 3 and st.at["base", "glue/score.std"] == pytest.approx(
+        statistics.stdev(glue)
+    )
+    assert st.at["wide", "glue/score.n"] == 1 and st.at["wide", "glue/score.mean"] == 0.5  # no formula gives it
     # a trial metric no stage carries stays one per trial (the stages' own params.backbone is not it)
     assert st.at["base", "params.backbone.n"] == 1 and st.at["base", "params.backbone.mean"] == 4.0e6
     wide = [s for s, _, _ in CHAINED["wide"]]
