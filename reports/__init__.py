@@ -1,7 +1,8 @@
 """Paper-style tables and plots regenerated from a study's MLflow runs.
 
 ``ReportSpec`` (what to show) -> ``load_runs`` (MLflow -> one flat row per run)
--> ``aggregate`` (mean ± std per configuration) -> Markdown / LaTeX / CSV / PNG,
+-> ``aggregate`` (per configuration: mean, 95% t-interval and median over seeds, Welch's
+t-test against a reference row) -> Markdown / LaTeX / CSV / PNG,
 all driven by ``build_report``. The shipped specs, one per paper table, are in
 ``reports/specs/`` (see ``reports.catalog``).
 
