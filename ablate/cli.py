@@ -99,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--labels",
         metavar="NAME,NAME,...",
-        help="a classifier's class names in label-id order, as its id2label (default LABEL_0, LABEL_1, ...)",
+        help="a classifier's class names in label-id order, as its id2label (default: the run's "
+        "finetune.label_names, else LABEL_0, LABEL_1, ...)",
     )
     s.add_argument("--push-to-hub", metavar="REPO", help="then upload the folder to this Hugging Face Hub repo")
     s.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
