@@ -2,7 +2,7 @@
 MNLI's mismatched one), their columns read through ``datasets``, and their labels checked for the
 task's kind.
 
-TSV files are read as GLUE's are written (``../shared/data/glue/README.md``): tab-separated, no
+TSV files are read as the project's GLUE copies are written: tab-separated, no
 quoting (a text may start with ``"``), ``\\`` escaping a backslash, and texts such as ``NA`` kept as
 they are. :func:`check_task_data` reads only the labels (and each file's header) of the splits held
 locally, so a study is refused a missing column or a bad label before any of its runs exists.

@@ -172,7 +172,8 @@ def check_optimized_metric(metric: str, cfg: ExperimentConfig, tasks: Sequence[t
     ``intrinsic/...``)."""
     known = trial_metrics(cfg, tasks)
     namespace, slash, _ = metric.partition("/")
-    task_names = {task for task, _ in tasks} | ({cfg.finetune.task} if cfg.regime == "finetune" else set())
+    own = (cfg.finetune.task, *(d.name for d in cfg.finetune.extra_validation)) if cfg.regime == "finetune" else ()
+    task_names = {task for task, _ in tasks} | set(own)  # a task's further dev sets (mnli-mm) log as tasks
     if metric in known or (slash and namespace in task_names):
         return
     if slash and namespace not in NAMESPACES:
@@ -221,6 +222,7 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             raise type(exc)(f"{where}: {exc}") from None
         mine = [t for t in spec.tasks if t.runs_for(params.get("variant"))]
         tasks = [(t.task, t.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE).finetune.metric) for t in mine]
+        tasks += [(d.name, t.metric) for t in mine for d in t.extra_validation]  # mnli-mm/... beside mnli/...
         try:
             check_optimized_metric(spec.optimize.metric, cfg, tasks)
         except ConfigError as exc:

@@ -200,3 +200,11 @@ def test_bad_glue_input_is_one_line_before_any_run(glue, tmp_path, wiki_validati
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error: ") and needle.format(dir=tmp_path) in err[-1], err
     assert not (tmp_path / "runs").exists()  # no store, no run
+
+
+def test_a_study_may_optimize_a_further_dev_sets_metric(glue, tmp_path, wiki_validation, capsys):
+    path = _glue_study(tmp_path, wiki_validation, [{"glue": "mnli"}])
+    study = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**study, "optimize": {"metric": "mnli-mm/best_accuracy", "direction": "maximize"}}))
+    assert main(["sweep", str(path), "--check"]) == 0, capsys.readouterr().err
+    assert "mnli" in capsys.readouterr().out
