@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ablate.lightning_modules.config.load import build_config
@@ -98,3 +99,33 @@ def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():
         module, dev, verbose=False
     )
     assert all(torch.equal(v, kept[k]) for k, v in module.best_state.items())
+
+
+def test_a_regression_head_has_one_output_trained_by_squared_error():
+    cfg = _cfg(kind="regression", num_labels=1, metric="pearson")
+    module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
+    batch = {**_batch(), "labels": torch.tensor([0.5, 4.0, 2.5, 1.0])}
+    out = module.model(batch)
+    assert out.shape == (4, 1)
+    loss = module.task_output(module.model, batch, None).losses["label"]
+    assert torch.allclose(loss, ((out.squeeze(-1) - batch["labels"]) ** 2).mean())
+    assert set(module.dev_metrics()) == {"pearson", "spearman", "loss"}
+
+
+def test_glues_metrics_f1_of_class_1_for_two_classes_and_correlations():
+    from ablate.lightning_modules.methods.finetune import METRICS, computed
+
+    preds, labels = torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 0, 0, 1, 1])
+    tp, fp, fn = 2, 1, 1  # F1 of the positive class, as GLUE scores MRPC and QQP
+    assert float(METRICS["f1"](2)(preds, labels)) == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    per_class = [2 * 1 / (2 * 1 + 1 + 1), 2 * 2 / (2 * 2 + 1 + 1)]  # macro over three classes' ...
+    three = METRICS["f1"](3)(torch.tensor([0, 0, 1, 1, 1, 2]), torch.tensor([0, 1, 1, 1, 0, 2]))
+    assert float(three) == pytest.approx((per_class[0] + per_class[1] + 1.0) / 3)
+    x, y = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 3.0, 2.0, 4.0])
+    pearson, spearman = METRICS["pearson"](1), METRICS["spearman"](1)
+    pearson.update(x, y)
+    spearman.update(x, y)
+    assert float(computed(pearson)) == pytest.approx(0.8) and float(computed(spearman)) == pytest.approx(0.8)
+    flat = METRICS["pearson"](1)
+    flat.update(torch.ones(4), y)  # a constant prediction: undefined, scored 0
+    assert float(computed(flat)) == 0.0
