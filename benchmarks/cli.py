@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from ablate.benchmarks.cases import CASES
+from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, TASKS
 from ablate.benchmarks.status import progress_for
 from ablate.lightning_modules.config import paths
 from ablate.lightning_modules.config.errors import ConfigError
@@ -108,7 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=REGIMES,
         default=None,
         help="loop only: the training run timed (default pretrain; distill: a teacher and its student; prune: "
-        "schuBERT's gates; finetune: SST-2 classification)",
+        "schuBERT's gates; finetune: a GLUE task or SQuAD, --task)",
+    )
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default=None,
+        help=f"loop --regime finetune: the task fine-tuned (default {DEFAULT_TASK}; the others are read by their "
+        "hub names through the data catalog, $ABLATE_DATA_CATALOG; squad and squad_v2 train on the first "
+        "questions of the dev file where the catalog maps only that)",
     )
     parser.add_argument(
         "--sst2",
@@ -139,11 +148,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
-    if args.suite != "loop" and (args.regime is not None or args.sst2 is not None):
-        raise ConfigError(f"{'--regime' if args.regime is not None else '--sst2'}: only for `ablate bench loop`")
-    if args.suite == "loop" and args.regime not in (None, "finetune") and args.sst2 is not None:
-        raise ConfigError("--sst2: only for `ablate bench loop --regime finetune`")
-    if args.sst2 is None and os.environ.get(SST2_ENV):
+    loop_only = [name for name, value in (("--regime", args.regime), ("--sst2", args.sst2)) if value is not None]
+    if args.suite != "loop" and loop_only:
+        raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
+    for name, value in (("--task", args.task), ("--sst2", args.sst2)):
+        if value is not None and (args.suite != "loop" or args.regime != "finetune"):
+            raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")
+    if args.sst2 is not None and args.task not in (None, DEFAULT_TASK):
+        raise ConfigError(f"--sst2: only for --task {DEFAULT_TASK} (--task {args.task} reads the data catalog)")
+    if args.sst2 is None and args.task in (None, DEFAULT_TASK) and os.environ.get(SST2_ENV):
         try:
             args.sst2 = sst2_folder(os.environ[SST2_ENV])
         except argparse.ArgumentTypeError as exc:

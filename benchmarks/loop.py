@@ -55,6 +55,7 @@ from rich.progress import Progress
 
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
+from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, check_task
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_ratios
 from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, clock_in, setup
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
@@ -152,15 +153,15 @@ def measure(
     progress: Callable[[str], None] = lambda _: None,
     regime: str = "pretrain",
     sst2: Path | None = None,
+    task: str = DEFAULT_TASK,
 ) -> LoopResult:
     """Run ``ablate train`` of ``regime`` for ``warmup + steps`` steps and the step alone for the
     same steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:
         progress(f"{regime}: the run's models and data")
-        s = setup(
-            regime, case, run_config(case, corpus, device, warmup + steps, root), corpus, device, Path(root), sst2
-        )
+        cfg = run_config(case, corpus, device, warmup + steps, root)
+        s = setup(regime, case, cfg, corpus, device, Path(root), sst2, task)
 
         def alone_built() -> Alone:
             step, data = s.step(min(warmup + steps, 400))
@@ -243,8 +244,9 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
     t, p = r.cfg.trainer, r.phases
     how = f"in turns of {r.block} step{'s' if r.block > 1 else ''} inside the run" if r.block else "after the run"
     data = "" if r.regime == "finetune" else f", T={r.case.seq_len} B={r.case.batch}, {corpus}"
+    task = f" --task {r.cfg.finetune.task}" if r.regime == "finetune" else ""
     lines = [
-        f"### {r.case.name}: ablate train --regime {r.regime} ({r.what}; {t.precision}"
+        f"### {r.case.name}: ablate train --regime {r.regime}{task} ({r.what}; {t.precision}"
         f"{', compiled ' + t.compile_mode if t.compile else ''}, {r.loader}{data}) against its isolated step "
         f"({how}); steady state = steps {r.warmup + 2} to {r.warmup + r.steps}",
         "",
@@ -285,11 +287,14 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
 
 def chosen(args: argparse.Namespace, device: torch.device) -> tuple[str, Case]:
     """The regime and case ``args`` name (a regime's default case: the GPU-sized one on CUDA),
-    checked to fit each other (ConfigError, ``--case``) before anything runs."""
+    checked to fit each other (ConfigError, ``--case``) and, for fine-tuning, the task's data to be
+    reachable (``--task``) before anything runs."""
     regime = args.regime or "pretrain"
     name = (args.case or [DEFAULT_CASE["cuda" if device.type == "cuda" else "cpu"][regime]])[0]
     case = CASES[name]()
     check_case(regime, case)
+    if regime == "finetune":
+        check_task(args.task or DEFAULT_TASK)
     return regime, case
 
 
@@ -297,7 +302,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     regime, case = chosen(args, device)
     name = case.name
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
-    task = progress.add_task(name, total=None)
+    bar = progress.add_task(name, total=None)
     result = measure(
         case,
         args.corpus,
@@ -305,9 +310,10 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
         warmup,
         steps,
         BLOCK[device.type],
-        lambda what: progress.update(task, description=f"{name}: {what}"),
+        lambda what: progress.update(bar, description=f"{name}: {what}"),
         regime,
         args.sst2,
+        args.task or DEFAULT_TASK,
     )
-    progress.remove_task(task)
+    progress.remove_task(bar)
     return report(result, args.corpus)

@@ -8,9 +8,12 @@
 - ``prune``: ``ablate train`` of a pruning (``prune.source``): schuBERT's gate phase
   (``schubert-all``: gates on h, heads, Q/K, V and FFN; one round of gate steps, no fine-tuning),
   the source's weights frozen, MLM + sentence loss + the gates' sparsity term.
-- ``finetune``: ``ablate train`` of a fine-tuning (``finetune.source``) on SST-2: a folder with
-  its ``train.tsv`` and ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic
-  sentences of SST-2's lengths; batches of 32 padded to their longest sentence.
+- ``finetune``: ``ablate train`` of a fine-tuning (``finetune.source``) on ``--task``
+  (:mod:`benchmarks.finetune_tasks`): SST-2 by default, a folder with its ``train.tsv`` and
+  ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic sentences of SST-2's lengths;
+  another GLUE task (``mrpc``, ``stsb`` ...) or SQuAD (``squad``, ``squad_v2``: the span task) read
+  through the data catalog by its hub name; batches of 32 examples (SQuAD: windows) padded to their
+  longest.
 
 The teacher and the models to prune and to fine-tune are written at their initialisation (the
 speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
@@ -33,6 +36,7 @@ import lightning.pytorch as pl
 import torch
 
 from ablate.benchmarks.cases import Case
+from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, SQUAD, glue_config, squad_config
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
 from ablate.lightning_modules.config.distill import DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
@@ -271,11 +275,9 @@ def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device,
     return Setup(run_cfg, what, f"data.num_workers {cfg.data.workers()}", _train(run_cfg), step)
 
 
-def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Path, sst2: Path | None) -> Setup:
-    """SST-2 fine-tuning of ``case.model`` (written at its initialisation); then the step padded both ways."""
+def _sst2_config(source: str, case: Case, steps: int, root: Path, sst2: Path | None) -> tuple[FinetuneConfig, str]:
+    """SST-2's ``finetune`` section (``sst2``: a folder with its TSVs; None: synthetic sentences) and its origin."""
     data = sst2 if sst2 is not None else synthetic_sst2(root / "sst2-synthetic")
-    source = _save(case.model, cfg.objective, cfg.data, root / "source", cfg.seed)
-    steps = cfg.trainer.max_steps
     task = FinetuneConfig(
         source=source,
         task="sst2",
@@ -286,19 +288,51 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
         max_steps=steps,
         val_every=steps,
     )
+    return task, f"SST-2 ({'synthetic sentences' if sst2 is None else data})"
+
+
+def _task_config(
+    name: str, source: str, case: Case, steps: int, root: Path, sst2: Path | None
+) -> tuple[FinetuneConfig, str]:
+    """The ``finetune`` section of ``--task name`` and where its data comes from (:mod:`benchmarks.finetune_tasks`)."""
+    if name == DEFAULT_TASK:
+        return _sst2_config(source, case, steps, root, sst2)
+    if name in SQUAD:
+        return squad_config(name, source, case.seq_len, FINETUNE_BATCH, steps, root / "squad")
+    return glue_config(name, source, case.seq_len, FINETUNE_BATCH, steps)
+
+
+def _finetune(
+    case: Case, cfg: ExperimentConfig, device: torch.device, root: Path, sst2: Path | None, name: str
+) -> Setup:
+    """Fine-tuning ``case.model`` (written at its initialisation) on ``--task name``; then, for a
+    classification or regression task, the step padded both ways (a span task's windows fill ``T``)."""
+    source = _save(case.model, cfg.objective, cfg.data, root / "source", cfg.seed)
+    steps = cfg.trainer.max_steps
+    task, origin = _task_config(name, source, case, steps, root, sst2)
     # trainer.measure off: a fine-tuning run times its classifier after training, minutes on a busy CPU
     run_cfg = replace(cfg, regime="finetune", finetune=task, trainer=replace(cfg.trainer, measure=False))
 
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.datamodules.classification import ClassificationDataModule
+        from ablate.datamodules.squad import SquadDataModule
         from ablate.lightning_modules.methods.finetune import FinetuneModule
+        from ablate.sweeps.span_run import span_data, span_module
         from ablate.sweeps.weights import load_source
 
         s = load_source(source, "", root, field="finetune.source")
-        module = FinetuneModule(replace(run_cfg, model=s.model_cfg), s.model)
+        at = replace(run_cfg, model=s.model_cfg)  # as the run builds them (sweeps/finetune_run.py)
         assert s.tokenizer is not None
-        dm = ClassificationDataModule(task, s.tokenizer, seed=run_cfg.seed, cache_dir=cfg.data.cache_dir)
-        dm.setup("fit")
+        module: FinetuneModule
+        dm: ClassificationDataModule | SquadDataModule
+        if task.kind == "span":
+            module, dm = span_module(at, s, "", root)[0], span_data(at, s.tokenizer)
+        else:
+            module = FinetuneModule(at, s.model)
+            dm = ClassificationDataModule(
+                task, s.tokenizer, seed=run_cfg.seed, limit_train=task.train_examples, cache_dir=cfg.data.cache_dir
+            )
+            dm.setup("fit")
         data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]
         return module_step(module, device, cfg.optim.grad_clip), data
 
@@ -311,9 +345,10 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
         pad = special_ids(Tokenizer.from_file(str(folder_tokenizer(source)))).pad
         return padding_comparison(*step(min(steps, 20)), case.seq_len, pad)
 
-    origin = "synthetic sentences" if sst2 is None else str(data)
-    what = f"fine-tuning: SST-2 ({origin}), B={FINETUNE_BATCH} padded to the longest sentence, T <= {case.seq_len}"
-    return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), step, compare)
+    rows = "windows (T/3 apart)" if task.kind == "span" else "pairs" if len(task.text_fields) == 2 else "sentences"
+    what = f"fine-tuning: {origin}, {task.kind}, B={FINETUNE_BATCH} {rows} padded to the longest, T <= {case.seq_len}"
+    after = None if task.kind == "span" else compare
+    return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), step, after)
 
 
 def isolated_step(
@@ -344,6 +379,7 @@ def setup(
     device: torch.device,
     root: Path,
     sst2: Path | None = None,
+    task: str = DEFAULT_TASK,
 ) -> Setup:
     """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
     (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
@@ -359,5 +395,5 @@ def setup(
     if regime == "prune":
         return _prune(case, cfg, corpus, device, root)
     if regime == "finetune":
-        return _finetune(case, cfg, device, root, sst2)
+        return _finetune(case, cfg, device, root, sst2, task)
     raise ValueError(f"unknown regime {regime!r}; expected one of {', '.join(REGIMES)}")

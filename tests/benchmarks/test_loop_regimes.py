@@ -40,7 +40,8 @@ def test_each_regime_runs_and_prints_its_table(regime, name, wiki_validation):
         assert side.steps == 4 and side.tokens > 0 and side.tokens_per_s > 0
     assert r.phases["validation"] > 0 and r.phases["step alone in the run"] > 0
     lines, ok = report(r, "wiki")
-    assert lines[0].startswith(f"### {case.name}: ablate train --regime {regime} (")
+    task = " --task sst2" if regime == "finetune" else ""  # fine-tuning names its task (SST-2 by default)
+    assert lines[0].startswith(f"### {case.name}: ablate train --regime {regime}{task} (")
     assert any(line.startswith("| the loop (ablate train) |") for line in lines)
     assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}" and ok == (r.efficiency >= 0.9)
     # fine-tuning also times its step on the same batches padded to max_length
