@@ -302,16 +302,6 @@ class SquadDataModule(pl.LightningDataModule):
         super().__init__()
         if cfg.train is None:
             raise ConfigError("finetune.train: required to fine-tune (a data file or a hub name)")
-        if cfg.augment_copies > 0:
-            raise ConfigError(
-                "finetune.augment_copies: TinyBERT's augmentation replaces a sentence's words; a span task's "
-                "answers are characters of its context (finetune.kind span)"
-            )
-        if cfg.max_length - cfg.max_query_length - 3 < 1:
-            raise ConfigError(
-                f"finetune.max_query_length: {cfg.max_query_length} question tokens leave no room for the context "
-                f"in finetune.max_length {cfg.max_length} ([CLS] question [SEP] context [SEP])"
-            )
         self.cfg, self.tokenizer_path, self.seed = cfg, Path(tokenizer_path), seed
         self.num_workers, self.limit_train = num_workers, limit_train
         self._train_src = resolve_task("finetune.train", cfg.train, cfg.train_split, "train")

@@ -35,8 +35,10 @@ from ablate.lightning_modules.methods.finetune import FinetuneModule, task_disti
 from ablate.lightning_modules.methods.pretrain import distill_module
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.quantization.apply import embedding_tables, targets
+from ablate.lightning_modules.methods.span import SpanModule, span_distill_module
 from ablate.lightning_modules.model.classifier import build_classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.model.span import build_span_model
 from ablate.lightning_modules.model.vocab_bridge import own_vocabulary
 from ablate.sweeps.runner import run_name
 from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
@@ -115,15 +117,18 @@ ARMS: Mapping[Regime, Callable[[ExperimentConfig, Source], PretrainingModel | No
 
 
 def _task(task: FinetuneTask, cfg: ExperimentConfig, pretrained: PretrainingModel, source: Source) -> None:
-    """The task's fine-tuning module on ``pretrained`` (its classifier, exits, teacher link)."""
+    """The task's fine-tuning module on ``pretrained`` (its classifier or span head, exits, teacher link)."""
     ft = task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
+    span = ft.finetune.kind == "span"  # SQuAD: a start/end head and its own module
     if task.study_teacher and source.cfg is not None and source.model is not None:
-        teacher = build_classifier(
-            source.model, ft.finetune.num_labels, source.cfg.model.dropout, source.cfg.model.init_std
-        )
-        task_distill_module(ft, pretrained, teacher, source.cfg.model)
+        std = source.cfg.model.init_std
+        if span:
+            span_distill_module(ft, pretrained, build_span_model(source.model, std), source.cfg.model)
+        else:
+            teacher = build_classifier(source.model, ft.finetune.num_labels, source.cfg.model.dropout, std)
+            task_distill_module(ft, pretrained, teacher, source.cfg.model)
     else:
-        FinetuneModule(ft, pretrained)
+        (SpanModule if span else FinetuneModule)(ft, pretrained)
 
 
 def check_arms(spec: StudySpec, base: dict[str, Any], where: str) -> int:

@@ -312,6 +312,18 @@ class ExperimentConfig:
             raise FieldError("finetune.metric", f"{f.metric!r} with finetune.kind {f.kind}: {what} (SQuAD's EM, F1)")
         if f.kind == "span" and f.exits:
             raise FieldError("finetune.exits", "FastBERT's exits classify [CLS]; a span task (kind span) has none")
+        if f.kind == "span" and f.augment_copies > 0:
+            raise FieldError(
+                "finetune.augment_copies",
+                "TinyBERT's augmentation replaces a sentence's words; a span task's answers are characters of its "
+                "context (finetune.kind span)",
+            )
+        if f.kind == "span" and f.max_length - f.max_query_length - 3 < 1:
+            raise FieldError(
+                "finetune.max_query_length",
+                f"{f.max_query_length} question tokens leave no room for the context in finetune.max_length "
+                f"{f.max_length} ([CLS] question [SEP] context [SEP])",
+            )
         if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
             return self
         m, data = self.model, self.data

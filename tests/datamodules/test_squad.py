@@ -15,6 +15,7 @@ from ablate.datamodules.squad import SquadDataModule, read_questions
 from ablate.datamodules.tokenizer import train_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.load import build_config
 from tests.conftest import SHARED_DATA
 
 SQUAD = SHARED_DATA / "squad"
@@ -116,7 +117,7 @@ def test_bad_answers_and_unanswerable_questions_are_refused_naming_the_file(file
     with pytest.raises(DataError, match=r"v2.json: question \S+ has no answer .*finetune.no_answer"):
         _dm(files, "v2")
     assert _dm(files, "v2", no_answer=True).no_answer_rate > 0.3
-    with pytest.raises(ConfigError, match="finetune.max_query_length"):
-        _dm(files, max_query_length=62)
-    with pytest.raises(ConfigError, match="finetune.augment_copies"):
-        _dm(files, augment_copies=2)
+    for field, value in (("max_query_length", 62), ("augment_copies", 2)):  # checked with the config, before any data
+        task = {"kind": "span", "metric": "f1", "train": str(files["v1"]), "max_length": 64, field: value}
+        with pytest.raises(ConfigError, match=f"finetune.{field}"):
+            build_config({"finetune": {"source": str(files["v1"].parent), "validation": str(files["v1"]), **task}})
