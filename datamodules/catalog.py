@@ -52,12 +52,12 @@ HubName = tuple[str, str | None]
 
 
 def parse_hub_name(name: str) -> HubName:
-    """``path``, ``path/config``, ``owner/path/config``, ``path:config`` or ``owner/path:`` (no config)
-    as (path, config)."""
+    """``path``, ``owner/path`` (no config: ``rajpurkar/squad``, as the hub names datasets now),
+    ``owner/path/config``, ``path:config`` or ``owner/path:config`` as (path, config)."""
     path, sep, config = name.partition(":")
     if not sep:
         parts = name.split("/")
-        if len(parts) in (2, 3):
+        if len(parts) == 3:
             path, config = "/".join(parts[:-1]), parts[-1]
     return path, config or None
 

@@ -3,7 +3,7 @@ and regression (STS-B).
 
 ``finetune.train``/``finetune.validation`` are local ``.tsv``/``.csv``/``.json``/``.jsonl`` files
 (optionally ``.gz``), streamed through ``datasets`` (nothing cached), or ``datasets`` hub names
-(``nyu-mll/glue:sst2``, ``path/config``, ``path:config``) whose ``train``/``validation`` splits (or
+(``nyu-mll/glue:sst2``, ``owner/path``, ``owner/path/config``) whose ``train``/``validation`` splits (or
 ``finetune.train_split``/``validation_split``) go to the ``datasets`` cache, or are read from the
 local copies the data catalog maps them to (:mod:`ablate.datamodules.sources`).
 A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).

@@ -8,8 +8,8 @@ A corpus is
   ``.gz``) or ``.parquet`` files (one format per corpus);
 * anything else that is not an existing path and does not look like one (absolute,
   ``./``, ``~``, a glob, a known extension) is a ``datasets`` hub name: ``path``,
-  ``path/config`` or ``owner/path/config``; ``path:config`` names the config
-  explicitly (``owner/path:`` for none). Its ``train`` split is read.
+  ``owner/path`` (no config) or ``owner/path/config``; ``owner/path:config`` names the config
+  explicitly. Its ``train`` split is read.
 
 A task's data is a local ``.tsv``/``.csv``/``.json``/``.jsonl`` file (optionally ``.gz``) or a
 hub name, whose ``train`` (``validation``) split is read unless the task names another.

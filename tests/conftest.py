@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -24,15 +25,32 @@ def documented_catalog(data: Path) -> str:
     return found.group(1).replace("/data/", f"{data}/")
 
 
+STAND_INS = {
+    "rajpurkar/squad": {"train": "squad/dev-v1.1.json"},
+    "rajpurkar/squad_v2": {"train": "squad/dev-v2.0.json"},
+    "nyu-mll/glue:mnli": {
+        "train": "glue/mnli/validation_matched.tsv",
+        "validation_mismatched": "glue/mnli/validation_matched.tsv",
+    },
+}
+"""Splits the shipped studies name that the workplace copy lacks (SQuAD's training sets, MNLI's
+training set and mismatched dev set), read from the dev files that are there: tests run those studies
+a few steps (``--smoke``), where training on dev data only checks that everything runs."""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
-    """The documented catalog, pointing at the shared data, as ``ABLATE_DATA_CATALOG`` for the whole
-    session (None, and the variable unset, where the shared data is absent: hub names stay hub names)."""
+    """The documented catalog, pointing at the shared data, with :data:`STAND_INS` added, as
+    ``ABLATE_DATA_CATALOG`` for the whole session (None, and the variable unset, where the shared data is
+    absent: hub names stay hub names)."""
     if not SHARED_DATA.is_dir():
         yield None
         return
     path = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
-    path.write_text(documented_catalog(SHARED_DATA), encoding="utf-8")
+    catalog = yaml.safe_load(documented_catalog(SHARED_DATA))
+    for name, splits in STAND_INS.items():
+        catalog["datasets"].setdefault(name, {}).update({k: str(SHARED_DATA / v) for k, v in splits.items()})
+    path.write_text(yaml.safe_dump(catalog, sort_keys=False), encoding="utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CATALOG_ENV, str(path))
         yield path

@@ -91,7 +91,7 @@ class DataConfig:
     Attributes:
         corpus: a builtin name (``norvig-big``), a local file, glob or directory
             (``text``, ``json``/``jsonl`` optionally ``.gz``, ``parquet``), or a
-            ``datasets`` hub name (``wikitext/wikitext-103-raw-v1``), streamed.
+            ``datasets`` hub name (``Salesforce/wikitext:wikitext-103-raw-v1``), streamed.
         text_field: column holding the document text in json/parquet/hub corpora.
         text_doc_chars: in ``.txt`` corpora (and ``norvig-big``), a document groups
             consecutive paragraphs up to about this many characters, so that books whose

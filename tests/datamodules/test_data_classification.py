@@ -260,17 +260,19 @@ def test_hub_names_and_unreachable_hub(tmp_path: Path, tokenizer_file: Path, mon
         raise ConnectionError("Couldn't reach 'glue' on the Hub (OfflineModeIsEnabled)\nmore detail")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    dm = ClassificationDataModule(FinetuneConfig(train="glue/sst2"), tokenizer_file)  # validation: the hub's
+    dm = ClassificationDataModule(FinetuneConfig(train="glue:sst2"), tokenizer_file)  # validation: the hub's
     with pytest.raises(
         DataError,
-        match=r"^finetune\.train: glue/sst2: cannot load .*'train' split: "
+        match=r"^finetune\.train: glue:sst2: cannot load .*'train' split: "
         r"ConnectionError: Couldn't reach 'glue' on the Hub \(OfflineModeIsEnabled\) "
         r"\(without the hub, map it to local files with ABLATE_DATA_CATALOG\)$",
     ):
         dm.setup("fit")
     with pytest.raises(DataError, match=r"^finetune\.train: nyu-mll/glue/sst2: cannot load"):
         ClassificationDataModule(FinetuneConfig(train="nyu-mll/glue/sst2"), tokenizer_file).prepare_data()
-    assert calls == [("glue", "sst2", "train"), ("nyu-mll/glue", "sst2", "train")]
+    with pytest.raises(DataError, match=r"^finetune\.train: rajpurkar/squad: cannot load"):  # owner/path: no config
+        ClassificationDataModule(FinetuneConfig(train="rajpurkar/squad"), tokenizer_file).prepare_data()
+    assert calls == [("glue", "sst2", "train"), ("nyu-mll/glue", "sst2", "train"), ("rajpurkar/squad", None, "train")]
 
 
 def test_bad_tokenizer_file(tmp_path: Path) -> None:

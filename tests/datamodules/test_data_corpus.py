@@ -68,8 +68,10 @@ def test_builtin_norvig_big() -> None:
 
 
 def test_hub_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = resolve_corpus("wikitext/wikitext-103-raw-v1")
-    assert (spec.builder, spec.config_name, spec.files) == ("wikitext", "wikitext-103-raw-v1", ())
+    spec = resolve_corpus("Salesforce/wikitext/wikitext-103-raw-v1")
+    assert (spec.builder, spec.config_name, spec.files) == ("Salesforce/wikitext", "wikitext-103-raw-v1", ())
+    assert resolve_corpus("wikitext:wikitext-2-raw-v1").config_name == "wikitext-2-raw-v1"
+    assert (resolve_corpus("owner/name").builder, resolve_corpus("owner/name").config_name) == ("owner/name", None)
     assert resolve_corpus("Salesforce/wikitext:wikitext-2-raw-v1").builder == "Salesforce/wikitext"
     assert resolve_corpus("owner/name:").config_name is None
     assert resolve_corpus("bookcorpus").config_name is None

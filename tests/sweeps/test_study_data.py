@@ -61,16 +61,25 @@ def test_every_shipped_study_checks_with_and_without_the_catalog(
         assert corpus.catalog is None and not tasks  # the offline studies name no hub data
         return
     assert cfg.data.corpus == "wikimedia/wikipedia:20231101.en"
-    assert {t.name for t in tasks} <= {"nyu-mll/glue:sst2"}
+    assert {t.name for t in tasks} <= {
+        "nyu-mll/glue:sst2",
+        "nyu-mll/glue:mnli",
+        "rajpurkar/squad",
+        "rajpurkar/squad_v2",
+    }
     if with_catalog:
         assert corpus.catalog == str(data_catalog) and corpus.files
         shared = SHARED_DATA.resolve()  # the catalog resolves its files (../shared may be a link)
         assert all(Path(f).is_relative_to(shared / "wiki-en") for f in corpus.files)
-        for t in tasks:
-            assert t.catalog == str(data_catalog) and t.files == (str(shared / "sst2" / f"{t.split}.tsv"),)
+        for t in tasks:  # the shared copies (SST-2's splits; the dev files that stand in where a split is not here)
+            assert t.catalog == str(data_catalog) and t.files and all(Path(f).is_relative_to(shared) for f in t.files)
+        sst2 = [t for t in tasks if t.name == "nyu-mll/glue:sst2"]
+        assert all(t.files == (str(shared / "sst2" / f"{t.split}.tsv"),) for t in sst2)
     else:
         assert (corpus.builder, corpus.config_name, corpus.files) == ("wikimedia/wikipedia", "20231101.en", ())
-        assert all((t.builder, t.config, t.files) == ("nyu-mll/glue", "sst2", ()) for t in tasks)
+        hub = {"nyu-mll/glue:sst2": ("nyu-mll/glue", "sst2"), "nyu-mll/glue:mnli": ("nyu-mll/glue", "mnli")}
+        hub |= {"rajpurkar/squad": ("rajpurkar/squad", None), "rajpurkar/squad_v2": ("rajpurkar/squad_v2", None)}
+        assert all((t.builder, t.config, t.files) == (*hub[t.name], ()) for t in tasks), tasks
 
 
 def test_no_shipped_file_names_a_path_outside_the_repository() -> None:
