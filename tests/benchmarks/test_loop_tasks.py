@@ -14,15 +14,27 @@ import torch
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import glue_config, squad_config
 from ablate.benchmarks.loop import measure, report
+from tests.conftest import SHARED_DATA, documented_catalog
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
 def catalog(data_catalog):
+    """The session's catalog (the documented one, with stand-ins for the splits not here: SQuAD's train
+    split is its dev file)."""
     if data_catalog is None:
         pytest.skip("the shared data (and its catalog) is not here")
     return data_catalog
+
+
+@pytest.fixture
+def documented(catalog, tmp_path, monkeypatch):
+    """The catalog exactly as docs/data.md documents it for the shared data: SQuAD's dev files only."""
+    path = tmp_path / "documented.yaml"
+    path.write_text(documented_catalog(SHARED_DATA), encoding="utf-8")
+    monkeypatch.setenv("ABLATE_DATA_CATALOG", str(path))
+    return path
 
 
 def _tiny() -> Case:
@@ -38,7 +50,7 @@ def _tiny() -> Case:
         ("squad", "SQuAD v1.1 (rajpurkar/squad: only its dev file is mapped: its first 224 questions train", "span"),
     ],
 )
-def test_a_task_runs_and_its_table_names_it(task, origin, kind, catalog, wiki_validation):
+def test_a_task_runs_and_its_table_names_it(task, origin, kind, documented, wiki_validation):
     r = measure(_tiny(), str(wiki_validation), torch.device("cpu"), 2, 5, 1, regime="finetune", task=task)
     assert r.cfg.finetune.task == task and r.cfg.finetune.kind == kind
     assert r.loop.tokens == r.step.tokens > 0  # the step alone trains on the loop's own batches
@@ -73,7 +85,7 @@ def test_stsb_is_a_regression_of_pairs_from_the_catalog(catalog):
     assert origin == "STSB (nyu-mll/glue:stsb train, through the data catalog)"
 
 
-def test_squad_v2_trains_on_the_first_dev_questions_and_scores_the_next(catalog, tmp_path):
+def test_squad_v2_trains_on_the_first_dev_questions_and_scores_the_next(documented, tmp_path):
     cfg, origin = squad_config("squad_v2", "SOURCE", 128, 32, 10, tmp_path)
     assert cfg.kind == "span" and cfg.no_answer and cfg.task == "squad_v2"
     assert (cfg.doc_stride, cfg.max_query_length, cfg.batch_size) == (42, 64, 32)
@@ -83,6 +95,18 @@ def test_squad_v2_trains_on_the_first_dev_questions_and_scores_the_next(catalog,
     assert not {q["id"] for q in train} & {q["id"] for q in dev}
     assert any(not q["answers"]["text"] for q in train)  # v2.0's unanswerable questions are kept
     assert "its first 320 questions train and the next 160 score, written to temporary files" in origin
+
+
+def test_squad_trains_on_its_train_split_where_the_catalog_maps_it(catalog, tmp_path):
+    cfg, origin = squad_config("squad", "SOURCE", 128, 32, 10, tmp_path)
+    assert (cfg.train, cfg.validation, cfg.train_examples, cfg.validation_examples) == (
+        "rajpurkar/squad",
+        None,
+        320,
+        160,
+    )
+    assert not cfg.no_answer and not list(tmp_path.iterdir())  # nothing written
+    assert origin == "SQuAD v1.1 (rajpurkar/squad: its first 320 train questions, through the data catalog)"
 
 
 def _catalog(tmp_path, text: str) -> str:
