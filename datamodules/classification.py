@@ -46,14 +46,16 @@ _READ_BATCH = READ_BATCH  # texts per encode_batch call
 
 
 def _trim(la: int, lb: int, budget: int) -> tuple[int, int]:
-    """Lengths after trimming the longer sequence first (ties: b), as ``longest_first``."""
+    """Lengths after trimming the longer sequence first, as transformers' ``longest_first`` does: when
+    both are cut, each keeps half the budget, and an odd budget's extra token stays with the longer
+    text (ties: b)."""
     excess = la + lb - budget
     if excess <= 0:
         return la, lb
     if excess <= abs(la - lb):
         return (la - excess, lb) if la > lb else (la, lb - excess)
-    rest, m = excess - abs(la - lb), min(la, lb)
-    return m - rest // 2, m - (rest + 1) // 2
+    half, odd = divmod(budget, 2)
+    return (half + odd, half) if la > lb else (half, half + odd)
 
 
 Example = tuple[np.ndarray, int, int | float]

@@ -83,10 +83,17 @@ def make_dm(sst2: Path, tokenizer_file: Path) -> Callable[..., ClassificationDat
 
 
 def _longest_first(la: int, lb: int, budget: int) -> tuple[int, int]:
-    """Reference truncation: one token at a time from the longer side (ties: b)."""
-    while la + lb > budget:
-        la, lb = (la - 1, lb) if la > lb else (la, lb - 1)
-    return la, lb
+    """Reference truncation, as the tokenizers library (transformers' fast tokenizers) writes
+    ``longest_first`` for a pair: the shorter side keeps what it can of the budget, and when both are cut
+    the shorter keeps half, the longer half plus the odd token (ties: a is the shorter)."""
+    if la + lb <= budget:
+        return la, lb
+    swap = la > lb
+    n1, n2 = (lb, la) if swap else (la, lb)
+    n2 = max(n1, budget - n1)
+    if n1 + n2 > budget:
+        n1, n2 = budget // 2, budget // 2 + budget % 2
+    return (n2, n1) if swap else (n1, n2)
 
 
 def _pairs_file(tmp_path: Path) -> Path:

@@ -169,7 +169,7 @@ def _hf_rows(hf, a: list[str], b: list[str]) -> list[tuple[list[int], list[int]]
 def test_a_pair_models_tokenizer_gives_ablates_rows_and_segment_ids(tokenizer):
     """Real MRPC pairs at a budget that truncates many of them (the longer text first): the exported
     tokenizer, as transformers' pipeline calls it, gives the token and segment ids ablate trained on, where
-    both agree on who gets the odd token (an odd budget split between two long texts: see the xfail below)."""
+    both agree on who gets the odd token (an odd budget split between two long texts: the test below)."""
     tok, path = tokenizer
     hf = hf_tokenizer(path, lowercase=True, max_length=T + 1)  # budget T - 2: even, split alike
     a, b, _ = _rows(MRPC / "validation.tsv", 408)
@@ -179,12 +179,6 @@ def test_a_pair_models_tokenizer_gives_ablates_rows_and_segment_ids(tokenizer):
     assert all(types == [0] * types.index(1) + [1] * (len(types) - types.index(1)) for _, types in ours)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="datamodules.classification._trim gives an odd budget's extra token to the first text when both texts "
-    "are cut and the second is as long or longer; transformers' longest_first gives it to the longer (the second "
-    "on a tie). The fix is in _trim; this test then passes and the mark goes.",
-)
 def test_pairs_cut_to_an_odd_budget_are_split_as_transformers_splits_them(tokenizer):
     tok, path = tokenizer
     text = " ".join(_rows(MRPC / "validation.tsv", 3)[0])  # three sentences: both sides are cut
