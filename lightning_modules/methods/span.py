@@ -118,9 +118,7 @@ class SpanModule(FinetuneModule):
         values = {f"{f.task}/{k}": v for k, v in span_metrics(dev, answers, diffs).items()}
         values[f"{f.task}/loss"] = float(self.val_loss.compute())
         self.val_loss.reset()
-        values[f"{f.task}/{SCORE}"] = float(
-            np.mean([values[f"{f.task}/{m}"] for m in getattr(f, "score_metrics", None) or (f.metric,)])
-        )
+        values[f"{f.task}/{SCORE}"] = float(np.mean([values[f"{f.task}/{m}"] for m in f.score_metrics or (f.metric,)]))
         current = values[f"{f.task}/{f.metric}"]
         fitting = self.trainer.state.fn == "fit"  # not a later validation (of the quantized model)
         if fitting and not self.trainer.sanity_checking and (self.best is None or current > self.best):
