@@ -233,7 +233,7 @@ def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corp
         StudySpec(name="s", teacher={"source": "runs:/a"}, reference={"source": "runs:/b"})
 
 
-def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, capsys):
+def test_a_teacher_that_cannot_start_is_refused_before_anything_is_written(tmp_path, wiki_validation, capsys):
     path = _study(
         tmp_path,
         wiki_validation,
@@ -242,9 +242,20 @@ def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, caps
     )
     assert main(["sweep", str(path)]) == 2
     assert "missing" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # checked with the plan: no store, no run
+
+
+def test_failed_teacher_training_fails_the_study(tmp_path, wiki_validation, capsys):
+    path = _study(
+        tmp_path, wiki_validation, name="nan-teacher", teacher={"model": TEACHER_MODEL, "overrides": {"optim.lr": 1e9}}
+    )
+    assert main(["sweep", str(path)]) != 0
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("no-teacher").experiment_id])
-    assert [(r.data.tags["ablate.role"], r.info.status) for r in runs] == [("study", "FAILED")]
+    runs = client.search_runs([client.get_experiment_by_name("nan-teacher").experiment_id])
+    assert sorted((r.data.tags["ablate.role"], r.info.status) for r in runs) == [
+        ("study", "FAILED"),
+        ("teacher", "FAILED"),
+    ]
 
 
 def test_teacher_trained_once_and_reused(tmp_path, wiki_validation, capsys):

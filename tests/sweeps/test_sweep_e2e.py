@@ -120,13 +120,15 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     )
     client, _ = _client(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate", "sweep", str(path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path / "sweep.log"  # a file, not a pipe: a pipe nobody reads while the sweep runs can fill and stall it
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ablate", "sweep", str(path)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     checkpoints = tmp_path / "runs" / "checkpoints" / "interrupted"
     try:
@@ -141,10 +143,13 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
                     proc.send_signal(signal.SIGTERM)
                 proc.send_signal(signal.SIGCONT)
             time.sleep(0.2)
-        assert second_checkpointed, "the second trial was never seen with a checkpoint"
-        output, _ = proc.communicate(timeout=120)
+        if not second_checkpointed:
+            proc.kill()
+        proc.wait(timeout=120)
     finally:
         proc.kill()
+    output = log.read_text(encoding="utf-8")
+    assert second_checkpointed, f"the second trial was never seen with a checkpoint (exit {proc.returncode}):\n{output}"
     assert proc.returncode == 143, output
     assert "Traceback" not in output
     assert (
