@@ -36,7 +36,7 @@ from ablate.datamodules.augment import augment_rows, cached_augmentation, sample
 from ablate.datamodules.sources import TaskData
 from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
-from ablate.datamodules.transfer import packed, unpack
+from ablate.datamodules.transfer import task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -318,19 +318,8 @@ class ClassificationDataModule(pl.LightningDataModule):
 
     def _loader(self, split: EncodedSplit, shuffle: bool) -> DataLoader[Example]:
         assert self.tokenizer is not None
-        if self.num_workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(
-            split,
-            self.cfg.batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            drop_last=False,
-            collate_fn=packed(partial(collate, pad_id=special_ids(self.tokenizer).pad), self.num_workers),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers)
 
     def train_dataloader(self) -> DataLoader[Example]:
         """Training batches, shuffled by a generator seeded with ``seed``."""

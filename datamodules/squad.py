@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.tokenizer import special_ids
-from ablate.datamodules.transfer import packed, unpack
+from ablate.datamodules.transfer import task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.methods.squad_metrics import Reference, SpanDev, Windows
@@ -370,18 +369,8 @@ class SquadDataModule(pl.LightningDataModule):
 
     def _loader(self, split: SpanSplit, shuffle: bool) -> DataLoader[Feature]:
         assert self.tokenizer is not None
-        if self.num_workers > 0:
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(
-            split,
-            self.cfg.batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            collate_fn=packed(partial(collate, pad_id=special_ids(self.tokenizer).pad), self.num_workers),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers)
 
     def train_dataloader(self) -> DataLoader[Feature]:
         """Training windows, shuffled by a generator seeded with ``seed``."""

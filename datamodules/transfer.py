@@ -18,11 +18,13 @@ Usage (what the DataModules do)::
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 Layout = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
 """Each field of the batch: name, dtype, shape; in buffer order."""
@@ -97,3 +99,26 @@ def packed(collate: Callable[[Any], Mapping[str, torch.Tensor]] | None, workers:
 def unpack(batch: Any) -> Any:
     """``batch`` unpacked if it is a :class:`PackedBatch`, else unchanged."""
     return batch.unpack() if isinstance(batch, PackedBatch) else batch
+
+
+def task_loader(
+    split: Dataset[Any],
+    batch_size: int,
+    collate: Callable[[Any], Mapping[str, torch.Tensor]],
+    seed: int,
+    shuffle: bool,
+    workers: int,
+) -> DataLoader[Any]:
+    """A fine-tuning task's loader: shuffled by a generator seeded with ``seed`` (the same seed gives the
+    same batches) or in order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
+    if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return DataLoader(
+        split,
+        batch_size,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+        collate_fn=packed(collate, workers),
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
