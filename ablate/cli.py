@@ -17,7 +17,7 @@ import sys
 from ablate.benchmarks.cli import positive_int
 from ablate.commands import cmd_export, cmd_params, cmd_report, cmd_sweep, cmd_train
 from ablate.lightning_modules.config.errors import AblateError
-from ablate.sweeps.interrupt import Interrupted
+from ablate.sweeps.engine.interrupt import Interrupted
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

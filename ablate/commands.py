@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.sweeps.interrupt import Interrupted
+from ablate.sweeps.engine.interrupt import Interrupted
 
 if TYPE_CHECKING:  # annotations only
     from optuna.trial import FrozenTrial
@@ -122,10 +122,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(to_yaml(cfg), end="")
         return
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
-    from ablate.sweeps import checkpoints, tracking
-    from ablate.sweeps.context import RunContext
+    from ablate.sweeps.engine import checkpoints, tracking
+    from ablate.sweeps.engine.context import RunContext
+    from ablate.sweeps.engine.runner import train
     from ablate.sweeps.plan import Machine, check_run, check_sqlite
-    from ablate.sweeps.runner import train
 
     resume: str | bool = False
     if args.resume:
@@ -155,7 +155,7 @@ def _train_advice(uri: str, run_id: str | None) -> str:
     """What resumes an ``ablate train`` that a signal stopped: the run's id, or why it cannot be resumed."""
     if run_id is None:
         return "it was stopped before its run was created; nothing was recorded"
-    from ablate.sweeps import checkpoints, tracking
+    from ablate.sweeps.engine import checkpoints, tracking
 
     if checkpoints.resumable(tracking.existing(uri), run_id):
         from ablate.lightning_modules.config.run import DEFAULT_ROOT
@@ -195,7 +195,8 @@ def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> i
 
 def cmd_sweep(args: argparse.Namespace) -> int | None:
     from ablate.reports.catalog import study_report
-    from ablate.sweeps import tracking, workers
+    from ablate.sweeps import workers
+    from ablate.sweeps.engine import tracking
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
     from ablate.sweeps.spec import load_study
 
@@ -272,7 +273,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     from ablate.lightning_modules.config.paths import output_folder
     from ablate.reports.build import build_report, render_console
     from ablate.reports.target import resolve_target
-    from ablate.sweeps import tracking
+    from ablate.sweeps.engine import tracking
 
     target = resolve_target(args.spec, args.study)  # a study, report file, shipped report or shipped study
     uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
@@ -290,8 +291,8 @@ def cmd_report(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     from ablate.lightning_modules.config.paths import output_folder
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
-    from ablate.sweeps import tracking
-    from ablate.sweeps.weights import RUNS, export_run
+    from ablate.sweeps.engine import tracking
+    from ablate.sweeps.engine.weights import RUNS, export_run
 
     out = output_folder(args.out_dir, "out_dir", empty=True)  # before downloading anything
     if args.private and not args.push_to_hub:

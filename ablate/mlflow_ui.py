@@ -2,7 +2,7 @@
 
 MLflow 3's UI opens an experiment in the workflow its sidebar switch (GenAI / Model training)
 last chose, GenAI by default: a traces page, empty for ablate's runs. The experiment's
-``mlflow.experimentKind`` tag (``ablate.sweeps.tracking.experiment_id`` sets it) does not
+``mlflow.experimentKind`` tag (``ablate.sweeps.engine.tracking.experiment_id`` sets it) does not
 change that in MLflow 3.17's UI; its ``workflowType=machine_learning`` query does. And the
 runs table folds a study's trials under its parent run unless it is sorted by something other
 than the start time. So the link goes to the experiment's runs page, in the model-training

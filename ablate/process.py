@@ -10,18 +10,18 @@ import os
 import warnings
 
 from ablate.quiet import hide_library_notes
-from ablate.sweeps import forksafe, interrupt, tracking
+from ablate.sweeps.engine import forksafe, interrupt, tracking
 
 
 def prepare(*, signals: bool = True) -> None:
     """Set up this process for ablate's commands:
 
     * SIGINT and SIGTERM end the working run KILLED, with the signal as its reason, and the command
-      with status 128 + the signal's number (:mod:`ablate.sweeps.interrupt`); ``signals`` False
+      with status 128 + the signal's number (:mod:`ablate.sweeps.engine.interrupt`); ``signals`` False
       leaves the process's handlers alone (a test runner's process, which handles Ctrl-C itself);
 
     * database pools refuse connections another process opened (DDP ranks are forked with the
-      worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.forksafe`);
+      worker's pools; SQLAlchemy's recipe, :mod:`ablate.sweeps.engine.forksafe`);
     * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast), and
       its background logging batched by the second (a run ends without waiting on its idle poll);
     * INFO lines of database migrations and MLflow's tracking-URI notices hidden;

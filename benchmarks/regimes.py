@@ -68,7 +68,7 @@ class Setup:
         cfg: the run's config (the trainer section is the timed fit's).
         what: the regime in words, for the heading.
         loader: how the run's loader feeds it, for the heading.
-        run: runs ``ablate train`` (:func:`ablate.sweeps.runner.train`) of ``cfg``.
+        run: runs ``ablate train`` (:func:`ablate.sweeps.engine.runner.train`) of ``cfg``.
         step: builds the step alone (a fresh module, its optimizer) and its batches on the device.
         after: a measurement of the regime's own, after the run (its table lines), or None.
     """
@@ -85,7 +85,9 @@ class Setup:
 def clock_in(clock: pl.Callback) -> Iterator[None]:
     """Add ``clock`` to the first Trainer the run builds (the fit that is timed: pre-training,
     distillation, the gate phase of a pruning, a fine-tuning), whichever module builds it."""
-    from ablate.sweeps import finetune_run, prune_run, runner, trainer
+    from ablate.sweeps.engine import finetune as finetune_run
+    from ablate.sweeps.engine import prune as prune_run
+    from ablate.sweeps.engine import runner, trainer
 
     users = [m for m in (runner, prune_run, finetune_run) if hasattr(m, "build_trainer")]
     build = trainer.build_trainer
@@ -206,7 +208,7 @@ def synthetic_sst2(folder: Path, train: int = 4000, validation: int = 400, seed:
 
 def _train(cfg: ExperimentConfig) -> Callable[[], object]:
     def run() -> object:
-        from ablate.sweeps.runner import train
+        from ablate.sweeps.engine.runner import train
 
         return train(cfg)
 
@@ -235,7 +237,7 @@ def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.devic
 
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.lightning_modules.methods.pretrain import distill_module
-        from ablate.sweeps.weights import load_source
+        from ablate.sweeps.engine.weights import load_source
 
         s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
         module = distill_module(run_cfg, s.model, s.model_cfg)  # the student: a fresh initialisation
@@ -265,7 +267,7 @@ def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device,
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.lightning_modules.methods.prune import PruneModule
         from ablate.lightning_modules.methods.pruning.keep import VARIANTS
-        from ablate.sweeps.weights import load_source
+        from ablate.sweeps.engine.weights import load_source
 
         s = load_source(source, "", root, field="prune.source")
         module = PruneModule(replace(run_cfg, model=s.model_cfg), s.model, VARIANTS[prune.method])
@@ -317,11 +319,11 @@ def _finetune(
         from ablate.datamodules.classification import ClassificationDataModule
         from ablate.datamodules.squad import SquadDataModule
         from ablate.lightning_modules.methods.finetune import FinetuneModule
-        from ablate.sweeps.span_run import span_data, span_module
-        from ablate.sweeps.weights import load_source
+        from ablate.sweeps.engine.span import span_data, span_module
+        from ablate.sweeps.engine.weights import load_source
 
         s = load_source(source, "", root, field="finetune.source")
-        at = replace(run_cfg, model=s.model_cfg)  # as the run builds them (sweeps/finetune_run.py)
+        at = replace(run_cfg, model=s.model_cfg)  # as the run builds them (sweeps/engine/finetune.py)
         assert s.tokenizer is not None
         module: FinetuneModule
         dm: ClassificationDataModule | SquadDataModule

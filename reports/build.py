@@ -32,7 +32,7 @@ from ablate.reports.tables import (
     to_latex,
     to_markdown,
 )
-from ablate.sweeps.tracking import redact
+from ablate.sweeps.engine.tracking import redact
 
 #: Artifact folder on the study's parent run.
 ARTIFACT_PATH = "report"

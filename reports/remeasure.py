@@ -34,7 +34,7 @@ from mlflow import MlflowClient
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ablate.sweeps import tracking
+from ablate.sweeps.engine import tracking
 
 #: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX, + REFERENCE_SUFFIX)
 #: for b in LATENCY_BATCHES.

@@ -16,14 +16,14 @@ from mlflow.entities import Run, ViewType
 
 from ablate.lightning_modules.config.errors import StorageError
 from ablate.reports.seeds import task_metric
-from ablate.sweeps.tracking import check_database
+from ablate.sweeps.engine.tracking import check_database
 
 #: Columns every runs frame has, before the params and metrics.
 BASE_COLUMNS = ["run_id", "run_name", "status", "state", "trial"]
 #: Columns every stages frame (:func:`load_stages`) has, before the metrics.
 STAGE_COLUMNS = ["run_id", "stage_run_id", "task", "seed", "task_metric"]
 #: A chained trial's fine-tuning stage run: tag ``ablate.stage`` = ``finetune:<task>``
-#: (``ablate.sweeps.tracking.STAGE``), nested in the trial's run.
+#: (``ablate.sweeps.engine.tracking.STAGE``), nested in the trial's run.
 STAGE_TAG, FINETUNE, PARENT_TAG = "ablate.stage", "finetune:", "mlflow.parentRunId"
 
 _INT = re.compile(r"[+-]?\d+")

@@ -40,7 +40,7 @@ from ablate.lightning_modules.model.classifier import build_classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.span import build_span_model
 from ablate.lightning_modules.model.vocab_bridge import own_vocabulary
-from ablate.sweeps.runner import run_name
+from ablate.sweeps.engine.runner import run_name
 from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask
 

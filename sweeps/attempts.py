@@ -1,7 +1,7 @@
 """A trial's earlier attempts: the run a retried trial goes on in.
 
 A trial stopped by a signal (or whose worker died) leaves its MLflow run KILLED and, once it had
-validated, a ``last.ckpt`` in the folder of its config (:func:`ablate.sweeps.checkpoints.trial_plan`).
+validated, a ``last.ckpt`` in the folder of its config (:func:`ablate.sweeps.engine.checkpoints.trial_plan`).
 Its retry resumes from that checkpoint and goes on in the same run, so that the trial's curves are one
 curve: the run becomes RUNNING again, tagged with the new trial number and ``ablate.resumed_from``, and
 ends as the retry ends. A chained trial goes on in its trial run and its pre-training stage run; a
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ablate.sweeps import checkpoints, tracking
-from ablate.sweeps.checkpoints import Plan
+from ablate.sweeps.engine import checkpoints, tracking
+from ablate.sweeps.engine.checkpoints import Plan
 
 
 def _killed_with(client: Any, exp_id: str, digest: str) -> list[Any]:

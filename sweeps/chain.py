@@ -25,13 +25,13 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.glue import counted, glue_score
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG, GLUE_SCORE, GLUE_TASKS, SCORE
 from ablate.lightning_modules.methods.techniques import stages_of
-from ablate.sweeps import tracking
 from ablate.sweeps.attempts import stopped_stage
-from ablate.sweeps.context import ActiveRun, RunContext, RunResult, tracked_run
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import ActiveRun, RunContext, RunResult, tracked_run
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.tracking import resolve_tracking_uri
+from ablate.sweeps.engine.weights import RUNS
 from ablate.sweeps.study_models import FinetuneTask
-from ablate.sweeps.tracking import resolve_tracking_uri
-from ablate.sweeps.weights import RUNS
 
 STAGE = tracking.STAGE
 PRETRAIN_RUN = "ablate.pretrain_run"

@@ -232,7 +232,7 @@ def run_smoke(spec: StudySpec, base: dict[str, Any], where: str) -> int:
     ended; 0 when every run finished, else 1."""
     from mlflow.tracking import MlflowClient
 
-    from ablate.sweeps.context import say
+    from ablate.sweeps.engine.context import say
     from ablate.sweeps.study import run_study
 
     place = Place.of(spec, base)

@@ -27,14 +27,15 @@ from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
-from ablate.sweeps import attempts, checkpoints, study_model_runs, tracking, workers
+from ablate.sweeps import attempts, study_model_runs, workers
 from ablate.sweeps.chain import chained_trial
-from ablate.sweeps.context import RunContext
 from ablate.sweeps.definition import check_unchanged
-from ablate.sweeps.interrupt import as_interrupted
-from ablate.sweeps.runner import run_name, train
+from ablate.sweeps.engine import checkpoints, tracking
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.interrupt import as_interrupted
+from ablate.sweeps.engine.runner import run_name, train
+from ablate.sweeps.engine.weights import RUNS
 from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config, trial_config
-from ablate.sweeps.weights import RUNS
 
 DONE = workers.DONE
 FAIL_REASON = tracking.FAIL_REASON

@@ -34,11 +34,12 @@ from rich.console import Console
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest, to_dict
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps import checkpoints, tracking, workers
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import train
+from ablate.sweeps import workers
+from ablate.sweeps.engine import checkpoints, tracking
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.weights import RUNS
 from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config
-from ablate.sweeps.weights import RUNS
 
 CONFIG_DIGEST = "ablate.config_digest"  # on a run a study trains once: sha256 of its resolved config YAML
 OLD_CONFIG_DIGEST = "ablate.teacher_config"  # the same, as stores written before the rename have it

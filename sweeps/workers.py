@@ -27,7 +27,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from ablate.sweeps import tracking
+from ablate.sweeps.engine import tracking
 from ablate.sweeps.spec import StudySpec
 
 QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues the grid, then "ready"

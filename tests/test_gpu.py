@@ -24,9 +24,9 @@ from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.measuring import training_device
 from ablate.lightning_modules.model.profiling import measure
-from ablate.sweeps import checkpoints
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import MEASURED_ON, train
+from ablate.sweeps.engine import checkpoints
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import MEASURED_ON, train
 from tests.conftest import requires_cuda
 from tests.sweeps.conftest import InterruptAt
 

@@ -27,6 +27,7 @@ ORDER = [
     "ablate.lightning_modules.methods",
     "ablate.lightning_modules.interop",
     "ablate.datamodules",
+    "ablate.sweeps.engine",
     "ablate.sweeps",
     "ablate.reports",
     "ablate.benchmarks",

@@ -134,7 +134,7 @@ def test_the_scan_sees_the_product():
     eager = {name for scan in PRODUCT.values() for name, lazy in scan.imports if not lazy}
     assert {"torch", "optuna", "mlflow", "yaml", "pandas"} <= eager
     lazy = {name for scan in PRODUCT.values() for name, lazy in scan.imports if lazy}
-    assert "sqlalchemy" in lazy  # sweeps/tracking.py imports it in check_database
+    assert "sqlalchemy" in lazy  # sweeps/engine/tracking.py imports it in check_database
     requires = {r for scan in PRODUCT.values() for r in scan.requires}
     assert {("transformers", "hf"), ("psycopg", "postgres")} <= requires
     assert _distributions("yaml") >= {"pyyaml"}

@@ -101,7 +101,7 @@ class TrackingConfig:
         tracking_uri: MLflow tracking URI; None = ``MLFLOW_TRACKING_URI`` or the
             embedded SQLite store under ``root``.
         experiment: MLflow experiment name; None = ``MLFLOW_EXPERIMENT_NAME`` or ``ablate``
-            (:func:`ablate.sweeps.tracking.experiment_name`). A study's runs go to the study's name.
+            (:func:`ablate.sweeps.engine.tracking.experiment_name`). A study's runs go to the study's name.
         run_name: MLflow run name; None = derived from what the run changes.
         root: folder (relative to the working directory) of the embedded stores.
     """

@@ -136,7 +136,7 @@ def metric_counts(
     (``bf16-mixed``: the same autocast), eager, before the Trainer places the model (it is moved
     back, and the CPU and CUDA random streams are forked: a measured run trains exactly as an
     unmeasured one). On CUDA this initialises CUDA in this process, so a multi-GPU run then starts
-    its DDP ranks by spawn (:func:`ablate.sweeps.trainer.lightning_strategy`).
+    its DDP ranks by spawn (:func:`ablate.sweeps.engine.trainer.lightning_strategy`).
     """
     counts = param_report(model, model_cfg, cfg.data.max_length)
     out: dict[str, float] = {

@@ -29,7 +29,7 @@ from ablate.reports import build_report
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import REFERENCE_LIMIT, REFERENCE_MARK, REFERENCE_NOTE, aggregate, cells
-from ablate.sweeps.tracking import log_run_inputs
+from ablate.sweeps.engine.tracking import log_run_inputs
 
 STUDY = "reference-check"
 SLOW_LAYERS = 3  # the run measured beside a slow reference

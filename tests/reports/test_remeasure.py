@@ -34,7 +34,7 @@ from ablate.reports.tables import (
     cells,
     to_latex,
 )
-from ablate.sweeps.tracking import log_run_inputs
+from ablate.sweeps.engine.tracking import log_run_inputs
 
 STUDY = "latency-check"
 BOGUS = 9999.0  # what the bogus runs logged as their latency: no real tiny model is this slow

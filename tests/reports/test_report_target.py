@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from ablate.cli import main
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.target import resolve_target, shipped_study, shown
-from ablate.sweeps import tracking
+from ablate.sweeps.engine import tracking
 from ablate.sweeps.spec import load_study, trial_config
 
 QUICKSTART = shipped_study("quickstart")

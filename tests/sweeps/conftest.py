@@ -75,7 +75,7 @@ def trained_run(tmp_path: Path, corpus: Path, model: dict | None = None) -> tupl
     """A tiny model trained on real text (no measurement): the base tree and its RunResult, for runs
     that start from a trained model (distillation teachers, pruning and fine-tuning sources)."""
     from ablate.lightning_modules.config.load import build_config
-    from ablate.sweeps.runner import train
+    from ablate.sweeps.engine.runner import train
 
     base = tiny_base(tmp_path, corpus)
     if model is not None:

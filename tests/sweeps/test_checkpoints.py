@@ -17,10 +17,10 @@ from mlflow import MlflowClient
 from ablate.cli import main
 from ablate.lightning_modules.config.experiment import to_yaml
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps import checkpoints
-from ablate.sweeps.checkpoints import RngState
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import RESUMED, train
+from ablate.sweeps.engine import checkpoints
+from ablate.sweeps.engine.checkpoints import RngState
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import RESUMED, train
 from tests.sweeps.conftest import InterruptAt, tiny_base
 
 

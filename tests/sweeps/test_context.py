@@ -8,7 +8,7 @@ from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.metric_names import check_name
 from ablate.lightning_modules.methods.precision import matmul_precision, resolved
-from ablate.sweeps.context import ActiveRun, RunContext
+from ablate.sweeps.engine.context import ActiveRun, RunContext
 
 
 def test_a_nested_stage_keeps_the_store_and_only_a_training_stage_keeps_the_callbacks() -> None:

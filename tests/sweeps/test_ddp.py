@@ -18,10 +18,10 @@ import torch
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps import tracking
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import train
-from ablate.sweeps.weights import load_source
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.weights import load_source
 from tests.sweeps.conftest import tiny_base, write_study
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from ablate.cli import main
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.runner import train
 from tests.sweeps.conftest import trained_run
 
 TEACHER = {
@@ -127,7 +127,7 @@ def test_a_student_with_its_own_vocabulary_trains_and_exports_with_its_tokenizer
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from ablate.sweeps.weights import load_run_weights
+    from ablate.sweeps.engine.weights import load_run_weights
 
     _, base, teacher = teacher_run
     tree = _student(base, f"runs:/{teacher.run_id}", projection="shared", cos_weight=1.0)

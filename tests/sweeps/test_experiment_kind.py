@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from ablate.mlflow_ui import DEFAULT_UI, hint, run_url, runs_url
-from ablate.sweeps import tracking
+from ablate.sweeps.engine import tracking
 
 
 @pytest.fixture()

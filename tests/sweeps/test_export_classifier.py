@@ -19,8 +19,8 @@ from ablate.lightning_modules.config.experiment import to_dict  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import load_classifier  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
-from ablate.sweeps import tracking  # noqa: E402
-from ablate.sweeps.weights import (  # noqa: E402
+from ablate.sweeps.engine import tracking  # noqa: E402
+from ablate.sweeps.engine.weights import (  # noqa: E402
     export_run,
     load_classifier_source,
     load_run_classifier,

@@ -13,8 +13,8 @@ from ablate.cli import main  # noqa: E402
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import load_pretrained  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
-from ablate.sweeps import tracking  # noqa: E402
-from ablate.sweeps.weights import load_run_weights, log_weights  # noqa: E402
+from ablate.sweeps.engine import tracking  # noqa: E402
+from ablate.sweeps.engine.weights import load_run_weights, log_weights  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402
 from tests.sweeps.conftest import trained_run  # noqa: E402
 
@@ -127,7 +127,7 @@ def test_the_export_folder_is_a_finetune_source_with_its_tokenizer(exported):
         "val_every": 3,
     }
     from ablate.lightning_modules.config.load import build_config
-    from ablate.sweeps.runner import train
+    from ablate.sweeps.engine.runner import train
 
     result = train(build_config(tree))
     client = tracking.connect(result.tracking_uri)
@@ -139,7 +139,7 @@ def test_the_export_folder_is_an_init_from(exported):
     """Pre-training continues from the folder (the same data settings: the same tokenizer)."""
     _, base, _, out = exported
     from ablate.lightning_modules.config.load import build_config
-    from ablate.sweeps.runner import train
+    from ablate.sweeps.engine.runner import train
 
     tree = yaml.safe_load(yaml.safe_dump(base))
     tree["init_from"] = str(out)

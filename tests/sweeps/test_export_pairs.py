@@ -18,9 +18,9 @@ from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.export import load_tokenizer  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import export  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
-from ablate.sweeps import tracking  # noqa: E402
-from ablate.sweeps.runner import train  # noqa: E402
-from ablate.sweeps.weights import load_run_classifier, run_tokenizer  # noqa: E402
+from ablate.sweeps.engine import tracking  # noqa: E402
+from ablate.sweeps.engine.runner import train  # noqa: E402
+from ablate.sweeps.engine.weights import load_run_classifier, run_tokenizer  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

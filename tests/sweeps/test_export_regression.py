@@ -18,8 +18,8 @@ from ablate.datamodules.tokenizer import train_tokenizer  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import export, load_classifier  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
-from ablate.sweeps import tracking  # noqa: E402
-from ablate.sweeps.runner import train  # noqa: E402
+from ablate.sweeps.engine import tracking  # noqa: E402
+from ablate.sweeps.engine.runner import train  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

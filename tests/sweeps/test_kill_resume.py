@@ -20,8 +20,8 @@ import yaml
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.load import replace
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study, trial_config
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL

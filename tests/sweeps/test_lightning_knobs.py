@@ -17,11 +17,11 @@ from mlflow import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config, load_config
-from ablate.sweeps import tracking
-from ablate.sweeps.context import RunContext
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.trainer import build_trainer
 from ablate.sweeps.spec import corner_configs, load_study
-from ablate.sweeps.trainer import build_trainer
 from tests.sweeps.conftest import tiny_base, write_study
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.runner import train
 
 
 @pytest.mark.parametrize(

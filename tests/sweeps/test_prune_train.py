@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config, load_config
 from ablate.lightning_modules.methods.pruning.budget import backbone_params, unit_costs
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.runner import train
 from tests.sweeps.conftest import trained_run
 
 MODEL = {

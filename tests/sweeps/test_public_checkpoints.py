@@ -18,8 +18,8 @@ from ablate.datamodules.catalog import ENV
 from ablate.lightning_modules.config.experiment import to_dict
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.interop.pretrained import load_pretrained, state_dict
-from ablate.sweeps import weights
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine import weights
+from ablate.sweeps.engine.runner import train
 from tests.conftest import SHARED_DATA, documented_catalog
 from tests.hub_checkpoints import SPECIALS, vocabulary, write_checkpoint
 

@@ -21,9 +21,9 @@ from ablate.lightning_modules.interop.pretrained import export
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import QuantizationNotApplied, quantize, targets
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.sweeps import weights
-from ablate.sweeps.quant_run import mlm_loss, on_cpu, quantized_model, validate
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine import weights
+from ablate.sweeps.engine.quant import mlm_loss, on_cpu, quantized_model, validate
+from ablate.sweeps.engine.runner import train
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base
 

@@ -18,8 +18,8 @@ from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.methods.squad_metrics import best_answers
 from ablate.lightning_modules.model.span import span_logits
-from ablate.sweeps.runner import train
-from ablate.sweeps.weights import export_run, load_run_span
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.weights import export_run, load_run_span
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import trained_run
 

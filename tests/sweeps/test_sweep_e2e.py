@@ -18,7 +18,7 @@ from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config
 from ablate.reports.build import build_report
 from ablate.reports.spec import ReportSpec
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study
 from tests.sweeps.conftest import tiny_base, write_study
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config
-from ablate.sweeps.runner import train
+from ablate.sweeps.engine.runner import train
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import trained_run
 

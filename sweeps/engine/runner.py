@@ -28,13 +28,13 @@ from ablate.lightning_modules.model.accounting import MEASURED_ON as MEASURED_ON
 from ablate.lightning_modules.model.accounting import metric_counts as metric_counts  # re-exported: benchmarks wrap it
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.measuring import placed, training_device
-from ablate.sweeps import tracking
-from ablate.sweeps.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
-from ablate.sweeps.finetune_run import prepare_finetune
-from ablate.sweeps.prune_run import prune_train
-from ablate.sweeps.quant_run import quant_train, quantize_and_log
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
-from ablate.sweeps.weights import (
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
+from ablate.sweeps.engine.finetune import prepare_finetune
+from ablate.sweeps.engine.prune import prune_train
+from ablate.sweeps.engine.quant import quant_train, quantize_and_log
+from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
+from ablate.sweeps.engine.weights import (
     Source,
     check_positions,
     check_same_tokenizer,
@@ -253,7 +253,7 @@ def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  
 
     Corpus, store, teacher and source problems raise before the MLflow run is created. The run is
     RUNNING until its last phase, evaluation and artifact are done; any failure marks it FAILED, a
-    signal (SIGINT, SIGTERM) KILLED, re-raised as :class:`~ablate.sweeps.interrupt.Interrupted`.
+    signal (SIGINT, SIGTERM) KILLED, re-raised as :class:`~ablate.sweeps.engine.interrupt.Interrupted`.
     """
     assert cfg.regime is not None  # resolved by the config's validation
     uri = tracking.resolve_tracking_uri(ctx.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)

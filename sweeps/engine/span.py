@@ -1,4 +1,4 @@
-"""What a fine-tuning run (:mod:`~ablate.sweeps.finetune_run`) does differently for a span task
+"""What a fine-tuning run (:mod:`~ablate.sweeps.engine.finetune`) does differently for a span task
 (``finetune.kind: span``, SQuAD): its data module, its module (distilled from a span teacher when
 ``distill.teacher`` is set) and its latency. The run itself is the fine-tuning run's: early stopping on
 ``<task>/f1`` or ``<task>/exact``, the best validation's weights kept as ``model/`` artifacts (``ablate
@@ -20,8 +20,8 @@ from ablate.lightning_modules.methods.span import SpanModule, span_distill_modul
 from ablate.lightning_modules.model.early_exit import full_latency_ms
 from ablate.lightning_modules.model.measuring import placed
 from ablate.lightning_modules.model.span import SpanModel
-from ablate.sweeps import tracking
-from ablate.sweeps.weights import Source, load_span_source
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.weights import Source, load_span_source
 
 TIMED = 200
 """Dev windows timed at batch 1 for ``<task>/latency_ms``."""

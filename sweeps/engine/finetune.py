@@ -42,13 +42,13 @@ from ablate.lightning_modules.methods.finetune import task_loss as loss_of
 from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
 from ablate.lightning_modules.model.accounting import stored_bytes
-from ablate.sweeps import tracking
-from ablate.sweeps.context import ActiveRun, Prepared, RunContext
-from ablate.sweeps.exit_run import exit_curve, used_at
-from ablate.sweeps.quant_run import QuantPlan, planned, quantized_model, validate
-from ablate.sweeps.span_run import span_data, span_latency, span_module
-from ablate.sweeps.trainer import build_trainer, fit, run_logger
-from ablate.sweeps.weights import (
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
+from ablate.sweeps.engine.exits import exit_curve, used_at
+from ablate.sweeps.engine.quant import QuantPlan, planned, quantized_model, validate
+from ablate.sweeps.engine.span import span_data, span_latency, span_module
+from ablate.sweeps.engine.trainer import build_trainer, fit, run_logger
+from ablate.sweeps.engine.weights import (
     Source,
     check_same_tokenizer,
     load_classifier_source,
@@ -151,7 +151,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
     mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
     module: FinetuneModule
     data: ClassificationDataModule | SquadDataModule
-    if f.kind == "span":  # SQuAD: its own data and module (sweeps/span_run.py)
+    if f.kind == "span":  # SQuAD: its own data and module (sweeps/engine/span.py)
         module, module_tags = span_module(cfg, source, uri, tmp)
         data = span_data(cfg, source.tokenizer)
     else:

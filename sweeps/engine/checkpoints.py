@@ -239,7 +239,7 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
     from ablate.lightning_modules.config.errors import ConfigError
     from ablate.lightning_modules.config.experiment import flatten
     from ablate.lightning_modules.config.load import build_config
-    from ablate.sweeps import tracking
+    from ablate.sweeps.engine import tracking
 
     client = tracking.existing(uri, f"--resume {run_id}")
     try:

@@ -38,7 +38,7 @@ from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.lightning_modules.model.span import SpanModel
 from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
-from ablate.sweeps import tracking
+from ablate.sweeps.engine import tracking
 
 ARTIFACT = "model"
 TOKENIZER_ARTIFACT = "tokenizer"  # the run's tokenizer file, logged when the run starts

@@ -21,7 +21,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.lightning_modules.methods.loop import loop_callbacks
-from ablate.sweeps import forksafe, tracking
+from ablate.sweeps.engine import forksafe, tracking
 
 
 class RunLogger(MLFlowLogger):
@@ -29,7 +29,7 @@ class RunLogger(MLFlowLogger):
 
     Lightning's logger marks its run FINISHED (or FAILED) when a fit ends; a run of ablate has more
     to do after a fit (validation of the quantized model, the exit curve, another phase, its
-    weights), and only its owner (:func:`ablate.sweeps.context.tracked_run`) ends it, once all of
+    weights), and only its owner (:func:`ablate.sweeps.engine.context.tracked_run`) ends it, once all of
     that is done. At the end of each fit the logger sends what it queued. ``offset`` moves the steps
     of a later fit of the same run on (a pruning run's phases).
     """

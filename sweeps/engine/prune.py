@@ -18,10 +18,10 @@ from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.methods.pruning.schubert import dims_markdown, dims_table, prune
 from ablate.lightning_modules.model.accounting import metric_counts
-from ablate.sweeps.context import ActiveRun
-from ablate.sweeps.quant_run import quantize_and_log
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
-from ablate.sweeps.weights import Source, log_weights
+from ablate.sweeps.engine.context import ActiveRun
+from ablate.sweeps.engine.quant import quantize_and_log
+from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
+from ablate.sweeps.engine.weights import Source, log_weights
 
 
 def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, run: ActiveRun) -> dict[str, float]:

@@ -21,7 +21,7 @@ from ablate.lightning_modules.methods.finetune import METRICS
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.early_exit import Batch, Metric, SpeedPoint, full_latency_ms, speed_curve
 from ablate.lightning_modules.model.measuring import placed
-from ablate.sweeps.context import ActiveRun
+from ablate.sweeps.engine.context import ActiveRun
 
 TIMED = 200
 """Dev examples whose batch-1 latency is measured at each speed (the metric uses all of them)."""

@@ -50,9 +50,9 @@ from ablate.lightning_modules.methods.quantization.apply import (
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
 from ablate.lightning_modules.model.accounting import quantized_counts, stored_bytes
 from ablate.lightning_modules.model.heads import PretrainingModel
-from ablate.sweeps.context import ActiveRun
-from ablate.sweeps.trainer import ValidateAtEnd, build_trainer, fit, run_logger
-from ablate.sweeps.weights import Source, log_weights
+from ablate.sweeps.engine.context import ActiveRun
+from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
+from ablate.sweeps.engine.weights import Source, log_weights
 
 MLM = ("val/loss", "val/mlm_loss", "val/mlm_acc")
 """The held-out metrics compared before and after quantization."""

@@ -6,7 +6,7 @@ says which signal it was (128 + its number: 130 for SIGINT, 143 for SIGTERM).
 signals raise :class:`Interrupted` (a KeyboardInterrupt) in the process that installed it, wherever it
 is: in a fit, Lightning's own handling of Ctrl-C runs (its callbacks, its teardown, then
 ``sys.exit(1)``, which still carries the Interrupted); around the fit, the run's owner
-(:func:`ablate.sweeps.context.tracked_run`) ends the run KILLED. A second
+(:func:`ablate.sweeps.engine.context.tracked_run`) ends the run KILLED. A second
 signal while the first is being handled is ignored, so that the runs are ended before the process
 exits. Processes the command forks (data loader workers, DDP ranks) keep Python's defaults.
 """

@@ -31,8 +31,8 @@ from optuna import TrialPruned
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.metric_names import check_name
-from ablate.sweeps import checkpoints, tracking
-from ablate.sweeps.interrupt import as_interrupted, signalled
+from ablate.sweeps.engine import checkpoints, tracking
+from ablate.sweeps.engine.interrupt import as_interrupted, signalled
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback
@@ -197,7 +197,7 @@ def tracked_run(
     The run is RUNNING until ``work`` has returned: every phase, evaluation and artifact of it. It then
     ends FINISHED; FAILED if anything raised (the reason in its ``ablate.fail_reason`` tag); KILLED if a
     signal stopped it (SIGINT, SIGTERM: the reason ``signal SIGTERM`` and the phase it was in), which is
-    re-raised as :class:`~ablate.sweeps.interrupt.Interrupted`. An Optuna prune ends it FINISHED and is
+    re-raised as :class:`~ablate.sweeps.engine.interrupt.Interrupted`. An Optuna prune ends it FINISHED and is
     re-raised."""
     client = tracking.connect(uri)
     experiment = ctx.experiment or tracking.experiment_name(cfg.tracking.experiment)
