@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only
     from optuna.trial import FrozenTrial
 
     from ablate.lightning_modules.config.experiment import ExperimentConfig
-    from ablate.lightning_modules.model.profiling import Measured
+    from ablate.lightning_modules.measure.profiling import Measured
     from ablate.sweeps.spec import StudySpec
 
 
@@ -93,15 +93,15 @@ def _measure(cfg: ExperimentConfig) -> Measured:
 
     import torch
 
+    from ablate.lightning_modules.measure.profiling import measure
     from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-    from ablate.lightning_modules.model.profiling import measure
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_pretraining_model(cfg.model, cfg.objective).to(device)
     if cfg.quant.enabled:  # a quantized model runs on the CPU and does not train: its latency only
+        from ablate.lightning_modules.measure.measuring import describe_device
+        from ablate.lightning_modules.measure.profiling import Measured, measure_latencies
         from ablate.lightning_modules.methods.quantization.apply import quantize
-        from ablate.lightning_modules.model.measuring import describe_device
-        from ablate.lightning_modules.model.profiling import Measured, measure_latencies
 
         cpu = torch.device("cpu")
         quantized = cast(PretrainingModel, quantize(model, cfg.quant))  # the same model, its layers quantized

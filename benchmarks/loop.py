@@ -70,7 +70,7 @@ BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after t
 @contextlib.contextmanager
 def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
     """Stamp the start and end of the run's parameter, latency and memory measurement
-    (:func:`ablate.lightning_modules.model.accounting.metric_counts`, called by name from
+    (:func:`ablate.lightning_modules.measure.accounting.metric_counts`, called by name from
     :func:`ablate.sweeps.engine.runner.train`)."""
     from ablate.sweeps.engine import runner
 

@@ -40,10 +40,10 @@ from ablate.lightning_modules.config.experiment import DataConfig, ExperimentCon
 from ablate.lightning_modules.config.run import CompileMode, OptimConfig, TrainerConfig
 from ablate.lightning_modules.interop.maps import family
 from ablate.lightning_modules.interop.pretrained import to_transformers
+from ablate.lightning_modules.measure.memory import saved_activation_bytes
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.train_module import adamw, param_groups, warmup_linear_decay
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.memory import saved_activation_bytes
 
 HF_SENTENCE_LABEL = {
     "albert": "sentence_order_label",

@@ -5,13 +5,13 @@ other work; two of them are only comparable when one quiet process measured both
 the table averages, the model is rebuilt from the run's logged config (``model/config.yaml``, the
 model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's pretraining
 stage's), with random weights (timing depends on the architecture, not the values), and timed as
-runs time themselves (:func:`ablate.lightning_modules.model.profiling.time_forward`: warm-up, then timed
+runs time themselves (:func:`ablate.lightning_modules.measure.profiling.time_forward`: warm-up, then timed
 repeats; the latency is the fastest, the spread ``(median - min) / min``), one model after the
 other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same architecture
 (seeds) share one measurement.
 
 Each repeat is followed by one run of the fixed reference workload
-(:mod:`ablate.lightning_modules.model.reference_load`), as when a run times itself. The figures replace
+(:mod:`ablate.lightning_modules.measure.reference_load`), as when a run times itself. The figures replace
 the runs' ``latency_ms_b1``, ``latency_ms_b32`` and their ``_spread`` and ``_reference`` in the
 report only: the runs' own metrics stay what they measured when they trained. Where, when and how
 the report measured is said under the table and in ``remeasured.csv`` beside it.
@@ -59,7 +59,7 @@ class Remeasured:
     Attributes:
         frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, the six
             :data:`REMEASURED_METRICS`, and ``logged/<metric>`` (what the run logged, NaN if none).
-        machine: Which machine measured (:func:`~ablate.lightning_modules.model.measuring.describe_machine`
+        machine: Which machine measured (:func:`~ablate.lightning_modules.measure.measuring.describe_machine`
             of each device used, joined by ``; ``).
         when: When the pass began, UTC, e.g. ``2025-06-01 14:02 UTC``.
         host: The host name (``platform.node()``), recorded in ``remeasured.csv`` only.
@@ -170,9 +170,9 @@ def remeasure_runs(
 
     Every distinct architecture (seeds share one) is timed in ``rounds`` rounds over all of them,
     one model after the other, ``repeats`` timed forwards after ``warmup`` untimed ones per batch
-    size each round (:func:`ablate.lightning_modules.model.profiling.time_forward`, as a run times
+    size each round (:func:`ablate.lightning_modules.measure.profiling.time_forward`, as a run times
     itself). A model's latency is its fastest repeat over all rounds and its spread is that of all
-    its repeats (:func:`~ablate.lightning_modules.model.profiling.latency_metrics`): a burst of load
+    its repeats (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`): a burst of load
     that slows one model's whole round shows as a spread (and a marker), or is outrun by a
     quieter round, instead of standing as a plausible figure.
 
@@ -191,10 +191,10 @@ def remeasure_runs(
     """
     import torch
 
+    from ablate.lightning_modules.measure import measuring, profiling
+    from ablate.lightning_modules.measure.reference_load import reference_workload
     from ablate.lightning_modules.methods.quantization.apply import quantized_like
-    from ablate.lightning_modules.model import measuring, profiling
     from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-    from ablate.lightning_modules.model.reference_load import reference_workload
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")

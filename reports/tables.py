@@ -37,14 +37,14 @@ SPREAD_NOTE = (
     "rerun with --remeasure on a quiet machine"
 )
 #: A metric ``m`` whose runs also logged ``m_reference`` (the time of a fixed reference workload run
-#: beside its repeats; ``ablate.lightning_modules.model.reference_load``) gets :data:`REFERENCE_MARK` on
+#: beside its repeats; ``ablate.lightning_modules.measure.reference_load``) gets :data:`REFERENCE_MARK` on
 #: every cell where some run's reference took over :data:`REFERENCE_LIMIT` times the fastest
 #: reference of the table's runs measured on the same device (param :data:`MEASURED_ON`): the
 #: least disturbed one, the machine's baseline as the study saw it (load only ever adds time).
 REFERENCE_SUFFIX = "_reference"
 REFERENCE_LIMIT = 1.5
 REFERENCE_MARK = "‡"
-MEASURED_ON = "measure.device"  # ablate.lightning_modules.model.accounting.MEASURED_ON
+MEASURED_ON = "measure.device"  # ablate.lightning_modules.measure.accounting.MEASURED_ON
 REFERENCE_NOTE = (
     f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than beside "
     "the table's quietest run: the machine was busy; rerun with --remeasure on a quiet machine"

@@ -100,7 +100,7 @@ def check_size(cfg: ExperimentConfig, machine: Machine) -> None:
     """A model this machine can hold while training it (weights, gradients, AdamW's moments)."""
     if cfg.regime not in ("pretrain", "distill"):  # the model is a trained source's: it exists
         return
-    from ablate.lightning_modules.model.accounting import report_for
+    from ablate.lightning_modules.measure.accounting import report_for
 
     report = report_for(cfg.model, cfg.objective, cfg.data.max_length)
     params = report.backbone + report.heads

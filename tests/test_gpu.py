@@ -21,9 +21,9 @@ from ablate.benchmarks.cases import bert_small
 from ablate.benchmarks.sides import build_sides
 from ablate.benchmarks.train_speed import batches, race
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.measure.measuring import training_device
+from ablate.lightning_modules.measure.profiling import measure
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.measuring import training_device
-from ablate.lightning_modules.model.profiling import measure
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import MEASURED_ON, train

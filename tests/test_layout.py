@@ -24,6 +24,7 @@ ORDER = [
     "ablate.lightning_modules",
     "ablate.lightning_modules.config",
     "ablate.lightning_modules.model",
+    "ablate.lightning_modules.measure",
     "ablate.lightning_modules.methods",
     "ablate.lightning_modules.interop",
     "ablate.datamodules",
@@ -34,8 +35,9 @@ ORDER = [
     "ablate",
 ]
 """The layers, lowest first: a module may import only from its own layer or the ones below it. Inside
-``lightning_modules``: config (validated dataclasses, YAML) -> model (blocks, encoder, heads,
-accounting) -> methods (training modules, losses, pruning, quantization) -> interop (transformers)."""
+``lightning_modules``: config (validated dataclasses, YAML) -> model (blocks, encoder, heads) ->
+measure (accounting, latency, memory) -> methods (training modules, losses, pruning, quantization) ->
+interop (transformers)."""
 
 
 def _modules() -> dict[str, Path]:

@@ -262,7 +262,7 @@ def model_card(
 
 
 def _size_rows(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> list[str]:
-    from ablate.lightning_modules.model.accounting import count, flops_per_token, param_report
+    from ablate.lightning_modules.measure.accounting import count, flops_per_token, param_report
     from ablate.lightning_modules.model.classifier import Classifier
 
     if isinstance(model, Classifier):

@@ -17,10 +17,11 @@ import torch
 
 from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.measure.exit_speed import Metric, SpeedPoint, full_latency_ms, speed_curve
+from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.finetune import METRICS
 from ablate.lightning_modules.model.classifier import Classifier
-from ablate.lightning_modules.model.early_exit import Batch, Metric, SpeedPoint, full_latency_ms, speed_curve
-from ablate.lightning_modules.model.measuring import placed
+from ablate.lightning_modules.model.early_exit import Batch
 from ablate.sweeps.engine.context import ActiveRun
 
 TIMED = 200

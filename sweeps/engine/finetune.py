@@ -37,11 +37,11 @@ from ablate.datamodules.tokenizer import given_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
+from ablate.lightning_modules.measure.accounting import stored_bytes
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.finetune import task_loss as loss_of
 from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
-from ablate.lightning_modules.model.accounting import stored_bytes
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at

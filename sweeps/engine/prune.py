@@ -16,8 +16,8 @@ import lightning.pytorch as pl
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.measure.accounting import metric_counts
 from ablate.lightning_modules.methods.pruning.schubert import dims_markdown, dims_table, prune
-from ablate.lightning_modules.model.accounting import metric_counts
 from ablate.sweeps.engine.context import ActiveRun
 from ablate.sweeps.engine.quant import quantize_and_log
 from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger

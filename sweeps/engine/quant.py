@@ -36,6 +36,7 @@ from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import WEIGHT_BITS
+from ablate.lightning_modules.measure.accounting import quantized_counts, stored_bytes
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import (
     Plan,
@@ -48,7 +49,6 @@ from ablate.lightning_modules.methods.quantization.apply import (
     uniform_plan,
 )
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
-from ablate.lightning_modules.model.accounting import quantized_counts, stored_bytes
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.sweeps.engine.context import ActiveRun
 from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger

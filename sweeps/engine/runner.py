@@ -19,15 +19,17 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.interop.export import same_vocabulary
 from ablate.lightning_modules.interop.pretrained import different_tokenizer, initial_model
+from ablate.lightning_modules.measure.accounting import MEASURED_ON as MEASURED_ON  # re-exported
+from ablate.lightning_modules.measure.accounting import (
+    metric_counts as metric_counts,  # re-exported: benchmarks wrap it
+)
+from ablate.lightning_modules.measure.measuring import placed, training_device
 from ablate.lightning_modules.methods.precision import matmul_precision, resolved
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.quantization.apply import prepare_qat
-from ablate.lightning_modules.model.accounting import MEASURED_ON as MEASURED_ON  # re-exported
-from ablate.lightning_modules.model.accounting import metric_counts as metric_counts  # re-exported: benchmarks wrap it
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.measuring import placed, training_device
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepare, Prepared, RunContext, RunResult, tracked_run
 from ablate.sweeps.engine.finetune import prepare_finetune

@@ -17,8 +17,8 @@ from rich.console import Console
 from ablate import cli
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model import measuring, profiling
-from ablate.lightning_modules.model.accounting import metric_counts
+from ablate.lightning_modules.measure import measuring, profiling
+from ablate.lightning_modules.measure.accounting import metric_counts
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report, render_console
 from ablate.reports.remeasure import REMEASURED_METRICS, remeasure_runs

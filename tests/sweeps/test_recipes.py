@@ -18,7 +18,7 @@ from ablate.lightning_modules.config.experiment import to_dict
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.config.presets import get_preset
 from ablate.lightning_modules.interop.pretrained import load_pretrained
-from ablate.lightning_modules.model.accounting import report_for
+from ablate.lightning_modules.measure.accounting import report_for
 from ablate.sweeps.plan import check_run
 from tests.conftest import SHARED_DATA, documented_catalog
 from tests.hub_checkpoints import write_checkpoint

@@ -38,7 +38,7 @@ def test_variants_expand_and_name_bad_keys(tmp_path):
 def test_the_distilbert_recipe_is_the_papers(capsys):
     from ablate.cli import main
     from ablate.lightning_modules.config.load import load_config
-    from ablate.lightning_modules.model.accounting import report_for
+    from ablate.lightning_modules.measure.accounting import report_for
 
     recipe = Path(__file__).resolve().parents[2] / "sweeps" / "recipes" / "distilbert.yaml"
     cfg = load_config(recipe, ["distill.teacher=runs:/teacher"])

@@ -38,7 +38,7 @@ from torch import nn
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.config.quant import EMBEDDING_BITS, WEIGHT_BITS, QuantConfig
-from ablate.lightning_modules.model.accounting import (
+from ablate.lightning_modules.measure.accounting import (
     ParamReport,
     holds_integers,
     param_report,
@@ -318,7 +318,7 @@ def quantized_like(model: nn.Module, q: QuantConfig) -> nn.Module:
 def quantized_report(
     cfg: ModelConfig, objective: ObjectiveConfig | None = None, seq_len: int = 128, quant: QuantConfig | None = None
 ) -> ParamReport:
-    """:func:`~ablate.lightning_modules.model.accounting.report_for`, with a ``quant`` method built for real
+    """:func:`~ablate.lightning_modules.measure.accounting.report_for`, with a ``quant`` method built for real
     and quantized: the quantized model's ``model_bytes``.
 
     Raises:

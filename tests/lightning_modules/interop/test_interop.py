@@ -369,7 +369,7 @@ def test_export_is_a_transformers_model(name, wordpiece, tmp_path):
     assert len(filled) == 5 and all(r["token_str"] for r in filled)
 
     card = (out / "README.md").read_text()
-    from ablate.lightning_modules.model.accounting import param_report
+    from ablate.lightning_modules.measure.accounting import param_report
 
     report = param_report(model, cfg.model, cfg.data.max_length)
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n")

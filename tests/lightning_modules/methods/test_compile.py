@@ -9,8 +9,8 @@ from torch._dynamo.utils import counters
 
 from ablate.lightning_modules.config.experiment import LayerSpec
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.measure.measuring import random_batch
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.measuring import random_batch
 
 T, B = 32, 4
 FAMILIES = {

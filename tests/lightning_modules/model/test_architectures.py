@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model.accounting import report_for
+from ablate.lightning_modules.measure.accounting import report_for
 from ablate.lightning_modules.model.encoder import build_encoder
 
 

@@ -8,17 +8,13 @@ import pytest
 import torch
 
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model.accounting import flops_per_token, linear_flops
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier, hidden_width
 from ablate.lightning_modules.model.early_exit import (
     build_exits,
-    exit_counts,
     exit_logits,
-    latency_ratio,
     normalized_entropy,
     predict_early_exit,
     self_distillation_loss,
-    speed_curve,
 )
 from ablate.lightning_modules.model.heads import build_pretraining_model
 
@@ -157,43 +153,6 @@ def test_self_distillation_gradient_reaches_only_the_exits() -> None:
     loss.backward()
     assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.exits.parameters())
     assert all(p.grad is None for p in [*model.encoder.parameters(), *model.head.parameters()])
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_speed_curve(preset: str) -> None:
-    model = _model(preset)
-    examples = _examples()
-    labels = torch.arange(len(examples)) % C
-    hs = sorted(h for ex in examples for h in _entropies(model, ex)[1][:-1])
-    speeds = [0.0, hs[len(hs) // 4], hs[len(hs) // 2], hs[3 * len(hs) // 4], 1.0]
-    points = speed_curve(model, examples, labels, speeds, timed=3, repeats=1, warmup=1)
-    layers = [p.mean_layers for p in points]
-    L = len(model.encoder.plan)
-    assert layers[0] == L and layers[-1] == 1
-    assert all(a >= b for a, b in zip(layers, layers[1:], strict=False))
-    assert all(p.latency_ms > 0 and 0 <= p.metric_value <= 1 for p in points)
-    full = [flops_per_token(model.encoder, ex["input_ids"].shape[1]) * ex["input_ids"].shape[1] for ex in examples]
-    expected = sum(full) / len(full) + linear_flops(model.head)
-    assert points[0].flops_per_example == pytest.approx(expected, rel=1e-12)
-    flops = [p.flops_per_example for p in points]
-    assert all(a >= b for a, b in zip(flops[1:], flops[2:], strict=False))
-    with torch.no_grad():
-        final = torch.cat([model(ex) for ex in examples]).argmax(-1)
-    assert points[0].metric_value == pytest.approx((final == labels).float().mean().item())
-    counts = exit_counts(model, examples, speeds[2])
-    assert sum(counts) == len(examples) and len(counts) == L
-    assert sum((i + 1) * n for i, n in enumerate(counts)) / len(examples) == pytest.approx(layers[2])
-
-
-def test_latency_ratio_times_both_on_the_same_examples() -> None:
-    model = _model("bert-tiny").train()
-    try:
-        r = latency_ratio(model, _examples(3), 1.0, repeats=1, warmup=1)
-        assert model.training  # measured in eval mode, the mode restored
-    finally:
-        model.eval()
-    assert r.speed == 1.0 and r.mean_layers == 1
-    assert r.early_ms > 0 and r.full_ms > 0 and r.ratio == r.early_ms / r.full_ms
 
 
 def test_row_entropy_is_normalized_entropy_on_the_host() -> None:

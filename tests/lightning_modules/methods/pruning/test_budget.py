@@ -10,6 +10,7 @@ import torch
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig, ObjectiveConfig
 from ablate.lightning_modules.config.presets import get_preset
+from ablate.lightning_modules.measure.accounting import count
 from ablate.lightning_modules.methods.pruning.budget import (
     backbone_params,
     beta,
@@ -20,7 +21,6 @@ from ablate.lightning_modules.methods.pruning.budget import (
     unit_costs,
 )
 from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, VARIANTS, Keep
-from ablate.lightning_modules.model.accounting import count
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import build_pretraining_model
 

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.measure.accounting import count, param_report, report_for
 from ablate.lightning_modules.methods.pruning.gates import Gates, attach, detach
 from ablate.lightning_modules.methods.pruning.keep import DIMS, VARIANTS, Keep
 from ablate.lightning_modules.methods.pruning.surgery import keep_from_gates, shrink
-from ablate.lightning_modules.model.accounting import count, param_report, report_for
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from tests.lightning_modules.methods.pruning.test_gates import BASE, CASES, _batch, _case, _outputs, _random_gates
 

@@ -15,10 +15,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ablate.lightning_modules.config.experiment import ObjectiveConfig
 from ablate.lightning_modules.config.presets import get_preset
+from ablate.lightning_modules.measure.measuring import random_batch
 from ablate.lightning_modules.methods.quantization.apply import targets
 from ablate.lightning_modules.methods.quantization.hessian import Eigen, top_eigenvalues
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.measuring import random_batch
 
 TIGHT = {"iters": 300, "tol": 1e-6}  # converged: what the full Hessian is compared with
 

@@ -15,6 +15,8 @@ from ablate.lightning_modules.config.experiment import ObjectiveConfig, run_para
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.presets import get_preset
 from ablate.lightning_modules.config.quant import QuantConfig
+from ablate.lightning_modules.measure.accounting import count, report_for
+from ablate.lightning_modules.measure.measuring import random_batch
 from ablate.lightning_modules.methods.quantization.apply import (
     convert_weight_qat,
     prepare_qat,
@@ -27,9 +29,7 @@ from ablate.lightning_modules.methods.quantization.apply import (
     uniform_plan,
 )
 from ablate.lightning_modules.methods.quantization.mixed import average_bits, choose_plan, mixed_plan
-from ablate.lightning_modules.model.accounting import count, report_for
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.measuring import random_batch
 
 V = 1000
 SMALL = {
@@ -338,7 +338,7 @@ def test_embedding_tables_quantize_per_row_and_count_in_model_bytes(kind, bits):
 
 def test_bert_base_with_4_bit_groups_and_int8_embeddings_is_a_fifth_of_fp32():
     """Q-BERT's size: ``ablate params bert-base quant.method=weight-int4 quant.embeddings=int8``."""
-    from ablate.lightning_modules.model.accounting import report_for
+    from ablate.lightning_modules.measure.accounting import report_for
 
     base = get_preset("bert-base")
     fp32 = report_for(base).model_bytes

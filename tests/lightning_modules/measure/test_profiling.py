@@ -11,16 +11,15 @@ import pytest
 import torch
 
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.measuring import (
+from ablate.lightning_modules.measure.measuring import (
     autocast_for,
     cpu_model,
     describe_device,
     describe_machine,
     training_device,
 )
-from ablate.lightning_modules.model.memory import peak_train_memory
-from ablate.lightning_modules.model.profiling import (
+from ablate.lightning_modules.measure.memory import peak_train_memory
+from ablate.lightning_modules.measure.profiling import (
     Latency,
     Measured,
     measure,
@@ -28,6 +27,7 @@ from ablate.lightning_modules.model.profiling import (
     measure_latency,
     time_forward,
 )
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
 ROOT = Path(__file__).resolve().parents[3]
 V = 8192  # albert-tiny's vocabulary

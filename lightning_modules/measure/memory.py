@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ablate.lightning_modules.measure.measuring import autocast_for, forked_rng, placed, random_batch, sync
 from ablate.lightning_modules.model.heads import PretrainingModel
-from ablate.lightning_modules.model.measuring import autocast_for, forked_rng, placed, random_batch, sync
 
 
 def peak_train_memory(

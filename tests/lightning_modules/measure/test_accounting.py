@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.presets import get_preset
-from ablate.lightning_modules.model.accounting import flops_per_token, report_for
+from ablate.lightning_modules.measure.accounting import flops_per_token, report_for
 from ablate.lightning_modules.model.encoder import build_encoder
 
 M = 1e6

@@ -21,10 +21,10 @@ from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.model import measuring, profiling
-from ablate.lightning_modules.model.accounting import param_report
+from ablate.lightning_modules.measure import measuring, profiling
+from ablate.lightning_modules.measure.accounting import param_report
+from ablate.lightning_modules.measure.reference_load import REFERENCE_SUFFIX, reference_workload
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, reference_workload
 from ablate.reports import build_report
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec

@@ -3,7 +3,7 @@
 A busy machine does not always show in a latency's spread: a model timed entirely beside someone
 else's job gets repeats that agree with each other, all of them slow (a 2-core machine logged
 724 ms and 98 ms for models an idle one times at 39 and 25). So
-:func:`ablate.lightning_modules.model.profiling.time_forward` runs this workload once after every
+:func:`ablate.lightning_modules.measure.profiling.time_forward` runs this workload once after every
 timed repeat of the model, on the same device and threads, and keeps its times. The workload never
 changes: a small fixed encoder-like stack (matrix products, GELU, residual adds and LayerNorms on the
 same inputs every time, float32, no autocast), many short parallel operations like a model's

@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.measure.measuring import training_device
+from ablate.lightning_modules.measure.profiling import measure, measure_latencies
 from ablate.lightning_modules.model.components.attention import MultiHeadAttention
 from ablate.lightning_modules.model.encoder import Encoder, Residual
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.lightning_modules.model.measuring import training_device
-from ablate.lightning_modules.model.profiling import measure, measure_latencies
 
 
 def count(module: nn.Module | None) -> int:

@@ -12,7 +12,7 @@ machine only ever adds time, so the fastest repeat is the least disturbed figure
 its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
 running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
 A machine busy the whole time gives repeats that agree, all slow: so a fixed reference workload
-runs after every timed repeat (:mod:`~ablate.lightning_modules.model.reference_load`), and its median
+runs after every timed repeat (:mod:`~ablate.lightning_modules.measure.reference_load`), and its median
 time goes beside the latency (``latency_ms_b1_reference``), for a report to compare across runs.
 """
 
@@ -26,8 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ablate.lightning_modules.model.heads import PretrainingModel
-from ablate.lightning_modules.model.measuring import (
+from ablate.lightning_modules.measure.measuring import (
     autocast_for,
     describe_device,
     forked_rng,
@@ -36,8 +35,9 @@ from ablate.lightning_modules.model.measuring import (
     random_batch,
     sync,
 )
-from ablate.lightning_modules.model.memory import peak_train_memory
-from ablate.lightning_modules.model.reference_load import REFERENCE_SUFFIX, Workload, reference_workload
+from ablate.lightning_modules.measure.memory import peak_train_memory
+from ablate.lightning_modules.measure.reference_load import REFERENCE_SUFFIX, Workload, reference_workload
+from ablate.lightning_modules.model.heads import PretrainingModel
 
 LATENCY_BATCHES = (1, 32)  # the batch sizes every run times: metrics latency_ms_b1, latency_ms_b32
 SPREAD_SUFFIX = "_spread"  # latency_ms_b1_spread = (median - min) / min of latency_ms_b1's repeats
@@ -65,7 +65,7 @@ class Measured:
             repeat was 5 % slower than the fastest); large when the machine was busy.
         latency_ms_b32_spread: the same at batch 32.
         latency_ms_b1_reference: ms of the fixed reference workload timed after each batch-1 repeat
-            (:mod:`~ablate.lightning_modules.model.reference_load`), the median; NaN if not timed.
+            (:mod:`~ablate.lightning_modules.measure.reference_load`), the median; NaN if not timed.
         latency_ms_b32_reference: the same beside the batch-32 repeats.
     """
 
@@ -146,7 +146,7 @@ def time_forward(
         warmup: untimed runs first.
         device: where to run; ``None`` = where the model is. The model is moved back afterwards.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
-        reference: a fixed workload on ``device`` (:func:`~ablate.lightning_modules.model.reference_load.
+        reference: a fixed workload on ``device`` (:func:`~ablate.lightning_modules.measure.reference_load.
             reference_workload`), timed after each repeat; None times none.
 
     Returns:
@@ -213,7 +213,7 @@ def measure_latencies(
     (:func:`time_forward`): ``latency_ms_b1`` (the minimum of the repeats, ms),
     ``latency_ms_b1_spread`` (``(median - min) / min``), ``latency_ms_b1_reference`` (the median
     run of the reference workload beside them: ``reference``, by default
-    :func:`~ablate.lightning_modules.model.reference_load.reference_workload` on the device), and the
+    :func:`~ablate.lightning_modules.measure.reference_load.reference_workload` on the device), and the
     same three for batch 32.
 
     A run logs these before training (:func:`measure`); ``ablate report --remeasure`` times the
@@ -272,7 +272,7 @@ def measure(
         memory_batch: batch size of the memory measurement.
         precision: the Lightning precision to run under (``32-true``, ``bf16-mixed``, ``16-mixed``).
         reference: the workload timed beside the latency repeats (default: :func:`~ablate.
-            lightning_modules.model.reference_load.reference_workload` on the device).
+            lightning_modules.measure.reference_load.reference_workload` on the device).
 
     Returns:
         The :class:`Measured` costs, ``device`` described by :func:`describe_device`.
