@@ -299,7 +299,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         raise ConfigError("--private: only with --push-to-hub REPO")
     api = None
     if args.push_to_hub:
-        from ablate.lightning_modules.interop.export import hub_api
+        from ablate.lightning_modules.interop.hub import hub_api
 
         api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
     run_id = args.run.removeprefix(RUNS).strip("/")
@@ -310,7 +310,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
     print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
     if api is not None:
-        from ablate.lightning_modules.interop.export import push_to_hub
+        from ablate.lightning_modules.interop.hub import push_to_hub
 
         print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
 

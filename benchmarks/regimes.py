@@ -174,7 +174,7 @@ def padding_comparison(step: Step, data: list[Batch], length: int, pad_id: int, 
 def _save(model_cfg: object, objective: ObjectiveConfig, data: DataConfig, folder: Path, seed: int) -> str:
     """A model of ``model_cfg`` at its initialisation, exported to ``folder`` with ``data``'s tokenizer."""
     from ablate.datamodules.tokenizer import load_or_train_tokenizer
-    from ablate.lightning_modules.interop.pretrained import export
+    from ablate.lightning_modules.interop.export import export
 
     cfg = ExperimentConfig(model=model_cfg, objective=objective, data=data, seed=seed)  # type: ignore[arg-type]
     _, tokenizer = load_or_train_tokenizer(data, cfg.model.vocab_size)
@@ -342,7 +342,7 @@ def _finetune(
         from tokenizers import Tokenizer
 
         from ablate.datamodules.tokenizer import special_ids
-        from ablate.lightning_modules.interop.export import folder_tokenizer
+        from ablate.lightning_modules.interop.hub import folder_tokenizer
 
         pad = special_ids(Tokenizer.from_file(str(folder_tokenizer(source)))).pad
         return padding_comparison(*step(min(steps, 20)), case.seq_len, pad)

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.interop.pretrained import export
+from ablate.lightning_modules.interop.export import export
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base

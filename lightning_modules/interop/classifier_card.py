@@ -130,7 +130,7 @@ def classifier_use(
                 if pair
                 else "."
             )
-            + " In ablate, `ablate.lightning_modules.interop.pretrained.load_classifier(folder)` loads it as "
+            + " In ablate, `ablate.lightning_modules.interop.classifier.load_classifier(folder)` loads it as "
             "ablate's classifier.",
         ]
     return lines

@@ -1,66 +1,51 @@
-"""Interop with Hugging Face ``transformers``: convert, export, load, start from a checkpoint.
+"""Interop with Hugging Face ``transformers``: convert, load, start from a checkpoint.
 
 - :func:`to_transformers` / :func:`from_transformers`: our :class:`PretrainingModel` <->
   ``BertForPreTraining`` / ``AlbertForPreTraining`` / ``MobileBertForPreTraining``, when the
-  config is expressible (see :mod:`lightning_modules.interop_maps`). Encoder and sentence head
+  config is expressible (see :mod:`ablate.lightning_modules.interop.maps`). Encoder and sentence head
   are exact for all three; so is the MLM head, for MobileBERT with ``model.mlm_head: mobilebert``
   (HF's H -> H transform, LayerNorm over H, decoder ``[word_embedding (V x E) ; dense (V x (H - E))]``;
   HF -> ours always builds that head).
 - A MobileBERT with our ``factorized`` head (H -> E, norm at E, tied V x E decoder) exports
   approximately: our transform fills HF's first E rows (zeros elsewhere, ``dense`` = 0), so only
   the norm statistics differ.
-- :func:`export` writes a transformers checkpoint (``save_pretrained``, safetensors) when
-  expressible, else ``model.safetensors`` of our state dict; ``ablate.yaml``, the run's tokenizer
-  as a transformers tokenizer and a model card (``README.md``, :mod:`lightning_modules.hf_export`)
-  either way.
+- Writing a folder (a transformers checkpoint, or our state dict, with config, tokenizer and model
+  card) is :func:`ablate.lightning_modules.interop.export.export`.
 - :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
   ``init_from`` starts from (refusing a checkpoint whose tokenizer is not the run's).
-- A fine-tuned :class:`Classifier` exports the same way (:func:`export` takes one) as a
-  ``*ForSequenceClassification`` (:mod:`lightning_modules.interop_classifier`), without its
-  FastBERT exits; :func:`load_classifier` reads such folders and transformers classifier checkpoints.
+- A fine-tuned :class:`~ablate.lightning_modules.model.classifier.Classifier` is a
+  ``*ForSequenceClassification`` (:mod:`ablate.lightning_modules.interop.classifier`, whose
+  :func:`~ablate.lightning_modules.interop.classifier.load_classifier` reads such folders and
+  transformers classifier checkpoints).
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import yaml
 
-from ablate.lightning_modules.config.errors import ConfigError, require
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict, to_yaml
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict
 from ablate.lightning_modules.config.yamlio import dump_yaml
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
-    WEIGHTS,
     ablate_checkpoint,
     checkpoint_folder,
-    export_labels,
     hf_checkpoint,
     load_weights,
-    to_transformers_classifier,
-    without_exits,
-    write_labels,
 )
 from ablate.lightning_modules.interop.classifier import (
     load_classifier as load_classifier,  # re-exported: the loaders side by side
 )
-from ablate.lightning_modules.interop.classifier_card import tokenizer_length
-from ablate.lightning_modules.interop.export import (
-    CARD,
+from ablate.lightning_modules.interop.hub import (
     folder_tokenizer,
-    model_card,
-    redact,
     same_vocabulary,
-    save_tokenizer,
 )
 from ablate.lightning_modules.interop.maps import (
     CLASSES,
-    CLASSIFIER_CLASSES,
     albert_identity_in,
     check_albert_identity_in,
     check_covered,
@@ -72,7 +57,6 @@ from ablate.lightning_modules.interop.maps import (
     pairs,
 )
 from ablate.lightning_modules.model import names
-from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
 # the sentence task of each family; HF label 0 = in order, as ours
@@ -179,110 +163,6 @@ def expressible(cfg: ModelConfig) -> bool:
     except ConfigError:
         return False
     return True
-
-
-def export(
-    model: PretrainingModel | Classifier,
-    cfg: ExperimentConfig,
-    out_dir: str | Path,
-    format: Literal["auto", "transformers", "ablate"] = "auto",  # noqa: A002 - the CLI's word
-    *,
-    tokenizer: str | Path | None = None,
-    metrics: Mapping[str, float] | None = None,
-    source: str | None = None,
-    repo: str | None = None,
-    labels: Sequence[str] | None = None,
-) -> str:
-    """Write ``model`` to a new folder ``out_dir``; return the format written.
-
-    ``transformers``: ``save_pretrained`` (config.json + model.safetensors), loadable with the
-    ``*ForPreTraining`` class and the ``Auto*`` classes; ``ablate``: ``model.safetensors`` of our
-    state dict. Both add ``ablate.yaml`` (the resolved config), ``README.md`` (a model card with
-    the parameter and FLOP counts and ``metrics``, the run's final values) and, given the run's
-    ``tokenizer`` (its JSON file), that tokenizer as a transformers tokenizer (``save_pretrained``:
-    ``tokenizer.json`` + ``tokenizer_config.json``). ``auto`` picks transformers when expressible.
-    ``source`` (``runs:/RUN_ID``) and ``repo`` (the Hub repository it is meant for) go in the card.
-    A fine-tuned :class:`Classifier` (``cfg``: its fine-tuning run's config, whose ``model`` is its
-    encoder's) becomes a ``*ForSequenceClassification`` (``id2label``: ``labels``, else
-    ``finetune.label_names``, else ``LABEL_i``; ``problem_type`` by ``finetune.kind``; its tokenizer's
-    ``model_max_length`` ``finetune.max_length``) or our state dict, without FastBERT's exits either
-    way; its card names the task and dev metric and shows the pipeline that scores as ablate did.
-    Written to a temporary sibling and renamed, so a failure leaves nothing behind.
-    """
-    out, classifier = Path(out_dir), isinstance(model, Classifier)
-    if cfg.quant.enabled:  # its model/ artifacts hold the float weights: never hand those out as the model
-        where = f"its source {cfg.quant.source}" if cfg.quant.source else "the same run without quant.method"
-        raise ConfigError(
-            f"quant.method: {cfg.quant.method}: a quantized model has no transformers (or ablate) export, and "
-            f"writing its float weights would not be this model; export {where} instead"
-        )
-    if classifier and cfg.regime != "finetune":
-        raise ConfigError(f"regime: {cfg.regime!r}; a classifier is exported with its fine-tuning run's config")
-    if labels is not None and not isinstance(model, Classifier):
-        raise ConfigError("--labels: only for a fine-tuned classifier (a fine-tuning run's export)")
-    if isinstance(model, Classifier):  # --labels, else finetune.label_names, else None (LABEL_i)
-        labels = export_labels(cfg.finetune, model.num_labels, labels)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out}: already exists and is not an empty folder")
-    if format not in ("auto", "transformers", "ablate"):
-        raise ConfigError(f"--format: {format!r} is not one of auto, transformers, ablate")
-    why_not = None
-    try:
-        name = family(cfg.model)
-    except ConfigError as exc:
-        name, why_not = None, str(exc)
-    if format == "auto":
-        format = "transformers" if name is not None else "ablate"  # noqa: A001
-    hf = None  # ConfigError says why not expressible
-    if format == "transformers":
-        hf = (
-            to_transformers_classifier(model, cfg.model, labels, cfg.finetune.kind)
-            if isinstance(model, Classifier)
-            else to_transformers(model, cfg.model)
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        tokens = None
-        if tokenizer is not None:  # without transformers, an ablate export copies the tokenizer file
-            length = tokenizer_length(cfg, classifier)  # a classifier's: finetune.max_length
-            tokens = save_tokenizer(tokenizer, tmp, cfg.data.lowercase, length, required=hf is not None)
-            if tokens > cfg.model.vocab_size:
-                raise ConfigError(
-                    f"{tokenizer}: {tokens} tokens, more than model.vocab_size={cfg.model.vocab_size} "
-                    "(not the tokenizer this model was trained with)"
-                )
-        if hf is not None:
-            require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Writing model shards" bar
-            hf.save_pretrained(tmp)
-            if classifier:
-                write_labels(tmp)
-        else:
-            from safetensors.torch import save_file
-
-            state = without_exits(state_dict(model)) if classifier else state_dict(model)
-            save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
-        classes = CLASSIFIER_CLASSES if classifier else CLASSES
-        card = model_card(
-            model,
-            cfg,
-            hf_class=classes[name] if hf is not None and name is not None else None,
-            why_not=why_not,
-            tokens=tokens,
-            metrics=metrics,
-            source=source,
-            repo=repo,
-            labels=labels if hf is not None else None,
-        )
-        (tmp / CARD).write_text(card, encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return format
 
 
 def _saved_regime(folder: Path) -> object:

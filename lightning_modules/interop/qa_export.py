@@ -28,7 +28,7 @@ from ablate.lightning_modules.interop.classifier import (
     load_weights,
     read_weights,
 )
-from ablate.lightning_modules.interop.export import CARD, redact, save_tokenizer
+from ablate.lightning_modules.interop.hub import CARD, redact, save_tokenizer
 from ablate.lightning_modules.interop.maps import (
     Pair,
     albert_identity_in,

@@ -15,7 +15,7 @@ import torch
 from ablate.datamodules.squad import SquadDataModule, collate
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.interop.export import same_vocabulary
+from ablate.lightning_modules.interop.hub import same_vocabulary
 from ablate.lightning_modules.measure.exit_speed import full_latency_ms
 from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.span import SpanModule, span_distill_module

@@ -30,8 +30,9 @@ from ablate.lightning_modules.config.errors import AblateError, ConfigError, Sto
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.interop.classifier import WEIGHTS
-from ablate.lightning_modules.interop.export import TOKENIZER_FILE, load_tokenizer, save_tokenizer
-from ablate.lightning_modules.interop.pretrained import export, load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.interop.export import export
+from ablate.lightning_modules.interop.hub import TOKENIZER_FILE, load_tokenizer, save_tokenizer
+from ablate.lightning_modules.interop.pretrained import load_classifier, load_pretrained, state_dict
 from ablate.lightning_modules.interop.qa_export import export_span, load_span_model
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
@@ -345,7 +346,7 @@ def export_run(
     labels: Sequence[str] | None = None,
 ) -> Exported:
     """``ablate export``: run ``run_id``'s ``model/`` weights, its tokenizer and a model card with
-    its final metrics, written to ``out_dir`` by :func:`lightning_modules.interop.export`; a
+    its final metrics, written to ``out_dir`` by :func:`ablate.lightning_modules.interop.export.export`; a
     fine-tuning run's classifier becomes a sequence classifier (``format`` auto: a transformers
     ``*ForSequenceClassification`` when expressible; ``labels``: its class names)."""
     with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-export-") as tmp:

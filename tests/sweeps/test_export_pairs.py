@@ -15,8 +15,8 @@ from ablate.cli import main  # noqa: E402
 from ablate.datamodules.classification import collate, encode  # noqa: E402
 from ablate.datamodules.tokenizer import train_tokenizer  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
-from ablate.lightning_modules.interop.export import load_tokenizer  # noqa: E402
-from ablate.lightning_modules.interop.pretrained import export  # noqa: E402
+from ablate.lightning_modules.interop.export import export  # noqa: E402
+from ablate.lightning_modules.interop.hub import load_tokenizer  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 from ablate.sweeps.engine import tracking  # noqa: E402
 from ablate.sweeps.engine.runner import train  # noqa: E402

@@ -17,7 +17,7 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ObjectiveConfig
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.quant import QuantConfig
-from ablate.lightning_modules.interop.pretrained import export
+from ablate.lightning_modules.interop.export import export
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import QuantizationNotApplied, quantize, targets
 from ablate.lightning_modules.model.heads import build_pretraining_model

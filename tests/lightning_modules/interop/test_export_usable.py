@@ -22,8 +22,8 @@ from ablate.lightning_modules.interop.classifier import (  # noqa: E402
     from_transformers_classifier,
     to_transformers_classifier,
 )
-from ablate.lightning_modules.interop.export import hf_tokenizer  # noqa: E402
-from ablate.lightning_modules.interop.pretrained import export  # noqa: E402
+from ablate.lightning_modules.interop.export import export  # noqa: E402
+from ablate.lightning_modules.interop.hub import hf_tokenizer  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 from tests.conftest import SHARED_DATA  # noqa: E402

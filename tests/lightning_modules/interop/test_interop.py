@@ -9,8 +9,8 @@ transformers = pytest.importorskip("transformers")
 
 from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
 from ablate.lightning_modules.config.experiment import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
+from ablate.lightning_modules.interop.export import export  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import (  # noqa: E402
-    export,
     from_transformers,
     initial_model,
     load_pretrained,  # noqa: E402
@@ -385,7 +385,7 @@ def test_exported_tokenizer_encodes_as_the_runs(wordpiece, tmp_path):
     from tokenizers import Tokenizer
 
     from ablate.datamodules.tokenizer import new_tokenizer, train_tokenizer
-    from ablate.lightning_modules.interop.export import hf_tokenizer, save_tokenizer
+    from ablate.lightning_modules.interop.hub import hf_tokenizer, save_tokenizer
 
     tok_path, docs = wordpiece
     raw = Tokenizer.from_file(str(tok_path))
@@ -451,7 +451,7 @@ def test_without_transformers_the_tokenizer_file_is_copied(wordpiece, tmp_path, 
     """A run's model/ artifacts keep its tokenizer where the hf extra is not installed; an export that
     needs transformers says how to install it."""
     from ablate.lightning_modules.config.errors import AblateError
-    from ablate.lightning_modules.interop import export as hf_export
+    from ablate.lightning_modules.interop import hub as hf_export
 
     def missing(module, extra):
         raise AblateError(f"{module} is not installed: run pip install -e '.[{extra}]' in the ablate checkout")
