@@ -4,7 +4,8 @@ Latencies logged by the runs were measured wherever and whenever each run traine
 other work; two of them are only comparable when one quiet process measured both. For every run
 the table averages, the model is rebuilt from the run's logged config (``model/config.yaml``, the
 model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's pretraining
-stage's), with random weights (timing depends on the architecture, not the values), and timed as
+stage's), with random weights (timing depends on the architecture, not the values), by the measuring
+layer (:mod:`ablate.lightning_modules.measure.retime`; this module reads runs and tabulates), and timed as
 runs time themselves (:func:`ablate.lightning_modules.measure.profiling.time_forward`: warm-up, then timed
 repeats; the latency is the fastest, the spread ``(median - min) / min``), one model after the
 other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same architecture
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -35,6 +36,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ablate.sweeps.engine import tracking
+
+if TYPE_CHECKING:  # torch is imported when a pass runs
+    from ablate.lightning_modules.measure.retime import Retimed
 
 #: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX, + REFERENCE_SUFFIX)
 #: for b in LATENCY_BATCHES.
@@ -133,28 +137,25 @@ def _load() -> float | None:
 
 def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> Any:
     """The :class:`ExperimentConfig` of the model run ``run_id`` ended with (see the module doc)."""
-    import yaml
-
     from ablate.lightning_modules.config.load import build_config
+    from ablate.lightning_modules.config.yamlio import load_yaml
 
     source = client.get_run(run_id).data.tags.get(PRETRAIN_RUN) or run_id
     for folder, name in (("model", "model/config.yaml"), (None, "config.yaml")):
         listed = {a.path for a in client.list_artifacts(source, folder)}
         if name in listed:
             text = Path(client.download_artifacts(source, name, str(workdir))).read_text(encoding="utf-8")
-            return build_config(yaml.safe_load(text))
+            return build_config(load_yaml(text))
     raise FileNotFoundError(f"run {source} logged no config.yaml")
 
 
 @dataclass
 class _Model:
-    """One architecture to time, and the runs that share it."""
+    """One architecture to time (the measuring layer's :class:`~ablate.lightning_modules.measure.retime.Retimed`)
+    and the runs that share it."""
 
-    cfg: Any
-    device: Any
+    timing: Retimed
     runs: list[dict[str, Any]]
-    times: dict[int, list[float]] = field(default_factory=dict)  # batch -> every timed repeat, ms
-    refs: dict[int, list[float]] = field(default_factory=dict)  # batch -> the reference workload's runs, ms
 
 
 def remeasure_runs(
@@ -189,12 +190,8 @@ def remeasure_runs(
         The :class:`Remeasured` figures; a run whose config cannot be read or built is left out
         and named in ``missing``.
     """
-    import torch
-
-    from ablate.lightning_modules.measure import measuring, profiling
-    from ablate.lightning_modules.measure.reference_load import reference_workload
+    from ablate.lightning_modules.measure.retime import Retimed
     from ablate.lightning_modules.methods.quantization.apply import quantized_like
-    from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
@@ -213,10 +210,8 @@ def remeasure_runs(
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
                 continue
-            # a quantized model runs on the CPU, in float32 around its int8 kernels, as its run measured it
-            device = torch.device("cpu") if cfg.quant.enabled else measuring.training_device(cfg.trainer.accelerator)
-            key = (repr(cfg.model), repr(cfg.quant), str(cfg.data.max_length), cfg.trainer.precision, str(device))
-            models.setdefault(key, _Model(cfg, device, [])).runs.append(run)
+            timing = Retimed.of(cfg)  # on the device its run measured on
+            models.setdefault(timing.key, _Model(timing, [])).runs.append(run)
     bar = Progress(
         TextColumn("[bold]re-measuring latency[/]"),
         BarColumn(),
@@ -229,41 +224,20 @@ def remeasure_runs(
     )
     with bar:
         task = bar.add_task("", total=rounds * len(models))
-        workloads = {str(m.device): reference_workload(m.device) for m in models.values()}
+        workloads = {str(m.timing.device): m.timing.workload() for m in models.values()}
         for r in range(rounds):
             for m in models.values():
                 names = ", ".join(str(run["run_name"]) for run in m.runs)
                 bar.update(task, description=f"round {r + 1}/{rounds}: {names}")
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(0)
-                    model = build_pretraining_model(m.cfg.model, m.cfg.objective)  # random weights: the shape times
-                cfg = m.cfg
-                if cfg.quant.enabled:
-                    model = cast(PretrainingModel, quantized_like(model, cfg.quant))  # quantized in place
-                for batch in profiling.LATENCY_BATCHES:
-                    lat = profiling.time_forward(
-                        model,
-                        cfg.model.vocab_size,
-                        batch,
-                        cfg.data.max_length,
-                        repeats,
-                        warmup,
-                        m.device,
-                        "32-true" if cfg.quant.enabled else cfg.trainer.precision,
-                        workloads[str(m.device)],
-                    )
-                    m.times.setdefault(batch, []).extend(lat.times_ms)
-                    m.refs.setdefault(batch, []).extend(lat.reference_ms)
-                del model
+                m.timing.time_round(quantized_like, repeats, warmup, workloads[str(m.timing.device)])
                 bar.advance(task)
     rows: list[dict[str, Any]] = []
     machines: dict[str, str] = {}
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
     for m in models.values():
-        described = measuring.describe_device(m.device)
-        machines.setdefault(described, measuring.describe_machine(m.device))
-        timed = {b: profiling.Latency(tuple(t), tuple(m.refs.get(b, ()))) for b, t in m.times.items()}
-        metrics = profiling.latency_metrics(timed)
+        described, machine = m.timing.described()
+        machines.setdefault(described, machine)
+        metrics = m.timing.metrics()
         for run in m.runs:
             logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
             rows.append({"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described})
