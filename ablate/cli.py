@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="key=value")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
     s.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    s.add_argument(
+        "--print-plan", action="store_true", help="print the run's phases and finishers (what it will do) and exit"
+    )
     s.add_argument("--resume", metavar="RUN_ID", help="continue a killed or failed run from its last checkpoint")
     s.add_argument(
         "--checkpoints", help="where last.ckpt and best.ckpt go: a folder, an fsspec URL or mlflow (artifacts)"
@@ -52,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_train)
     s = sub.add_parser("sweep", help="run (or resume) a study as an Optuna sweep")
     s.add_argument("study", help="STUDY.yaml")
+    s.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value: set a config field in the study's base (every trial), e.g. trainer.max_steps=50; not a "
+        "searched field; the changed study is a study of its own, named STUDY-<digest> (or name=NEW)",
+    )
     s.add_argument("--n-trials", type=positive_int, help="run at most this many more trials")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite in ./ablate-runs)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
@@ -66,14 +75,30 @@ def parser() -> argparse.ArgumentParser:
         "<tracking.root>/smoke/STUDY (a GPU study on a machine without one: its models built on the meta device)",
     )
     s.set_defaults(func=cmd_sweep)
-    s = sub.add_parser("report", help="regenerate a study's table and plots from MLflow")
+    s = sub.add_parser(
+        "report", help="regenerate a study's table and plots from MLflow (or tabulate an experiment's train runs)"
+    )
     s.add_argument(
         "spec",
         metavar="TARGET",
+        nargs="?",
         help="STUDY.yaml, REPORT.yaml, a shipped report (" + ", ".join(report_names()) + ") or a shipped study "
         "(quickstart, ...)",
     )
     s.add_argument("--study", help="the study (MLflow experiment) to read; default: the spec's")
+    s.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="instead of TARGET: the ablate train runs of this MLflow experiment (tracking.experiment; default "
+        "ablate), one row each: its varying config fields and its final metrics",
+    )
+    s.add_argument(
+        "--tag",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="with --experiment: only runs with this tag or param (model.sharing=all); repeatable",
+    )
     s.add_argument("--out", help="output folder (default: ./ablate-runs/reports/STUDY)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI")
     s.add_argument(

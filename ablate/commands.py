@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotations only
 
     from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.measure.profiling import Measured
+    from ablate.sweeps.overrides import Overridden
     from ablate.sweeps.spec import StudySpec
 
 
@@ -32,6 +33,9 @@ def _config(target: str, overrides: list[str]) -> ExperimentConfig:
         return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
     if not target.endswith((".yaml", ".yml")) and not Path(target).exists():
         raise ConfigError(f"{target}: neither a preset ({', '.join(PRESETS)}) nor a config file")
+    from ablate.kinds import check_kind
+
+    check_kind(target, "config")  # a study or report spec is named as such
     return load_config(target, overrides)
 
 
@@ -121,6 +125,14 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
         print(to_yaml(cfg), end="")
         return
+    if args.print_plan:  # the phases and finishers the config makes, nothing run
+        if cfg is None:
+            raise ConfigError("--print-plan: give CONFIG.yaml or a preset name")
+        from ablate.sweeps.engine import runner
+
+        print(f"{cfg.name}: regime {cfg.regime}")
+        print(runner.plan(cfg).describe())
+        return
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps.engine import checkpoints, tracking
     from ablate.sweeps.engine.context import RunContext
@@ -193,14 +205,33 @@ def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> i
     return run_smoke(spec, base, args.study)
 
 
+def _study(args: argparse.Namespace) -> tuple[StudySpec, dict[str, Any], Overridden | None]:
+    """The study of ``ablate sweep STUDY [key=value ...]``: its file (a config or report spec given
+    instead is named as such), its overrides applied (:mod:`ablate.sweeps.overrides`) and said, and the
+    whole validated, before anything is written."""
+    from ablate.kinds import check_kind
+    from ablate.sweeps.spec import load_study, validate_study
+
+    check_kind(args.study, "study")
+    spec, base = load_study(args.study)
+    if not args.overrides:
+        return spec, base, None
+    from ablate.sweeps.overrides import override_study
+
+    changed = override_study(spec, base, args.overrides)
+    validate_study(changed.spec, changed.base, args.study)
+    said = sys.stderr if args.print_config else sys.stdout  # --print-config's stdout is the YAML alone
+    print(f"study {changed.spec.name}: {changed.original} with {changed.shown}, a study of its own", file=said)
+    return changed.spec, changed.base, changed
+
+
 def cmd_sweep(args: argparse.Namespace) -> int | None:
     from ablate.reports.catalog import study_report
     from ablate.sweeps import workers
     from ablate.sweeps.engine import tracking
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
-    from ablate.sweeps.spec import load_study
 
-    spec, base = load_study(args.study)
+    spec, base, overridden = _study(args)
     report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
     if args.smoke:
         return _smoke(args, spec, base)
@@ -233,15 +264,23 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
     check_arms(spec, base, args.study)  # every arm's models, built on the meta device
     check_sqlite(args.storage, "--storage")
     check_sqlite(args.tracking_uri, "--tracking-uri")
+    from ablate.sweeps.overrides import TAG
     from ablate.sweeps.study import INTERRUPTED, run_study
 
     try:
         result = run_study(
-            spec, base, storage=args.storage, tracking_uri=args.tracking_uri, n_trials=args.n_trials, where=args.study
+            spec,
+            base,
+            storage=args.storage,
+            tracking_uri=args.tracking_uri,
+            n_trials=args.n_trials,
+            where=args.study,
+            tags={TAG: overridden.shown} if overridden is not None else None,
         )
     except Interrupted as stop:
         stores = (("--storage", args.storage), ("--tracking-uri", args.tracking_uri))
-        again = " ".join([f"ablate sweep {args.study}", *(f"{k} {tracking.redact(v)}" for k, v in stores if v)])
+        command = f"ablate sweep {args.study}" + (f" {overridden.shown}" if overridden is not None else "")
+        again = " ".join([command, *(f"{k} {tracking.redact(v)}" for k, v in stores if v)])
         stop.advice = (
             f"the study's running runs are KILLED; resume the study with the same command ({again}): "
             "a trial that validated goes on from its checkpoint in the same run"
@@ -265,6 +304,8 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
         print(f"best trial {best.number}: {spec.optimize.metric}={best.value:.4f} {best.params}")
     except ValueError:
         pass
+    if overridden is not None and report is not None:
+        print(f"its report: ablate report {args.study} --study {spec.name}")
     _print_ui_hint(result.tracking_uri, study=spec.name)
     return None
 
@@ -275,6 +316,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     from ablate.reports.target import resolve_target
     from ablate.sweeps.engine import tracking
 
+    if args.experiment is not None or args.tag:
+        _experiment_report(args)
+        return
+    if args.spec is None:
+        raise ConfigError("TARGET: give a study, a report spec or a shipped name (or --experiment NAME: train runs)")
+    if Path(args.spec).is_file():  # a run config is named as such
+        from ablate.kinds import check_kind
+
+        check_kind(args.spec, "report", also=("study",), hint="; its runs' report: ablate report --experiment NAME")
     target = resolve_target(args.spec, args.study)  # a study, report file, shipped report or shipped study
     uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
     out = Path(args.out) if args.out else Path(target.root) / "reports" / target.study
@@ -286,6 +336,34 @@ def cmd_report(args: argparse.Namespace) -> None:
     extra = ", remeasured.csv" if result.remeasured is not None else ""
     print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
     _print_ui_hint(uri, study=target.study)
+
+
+def _experiment_report(args: argparse.Namespace) -> None:
+    """``ablate report --experiment NAME [--tag KEY=VALUE ...]``: the experiment's ``ablate train`` runs."""
+    from ablate.lightning_modules.config.paths import output_folder
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.reports.build import render_console
+    from ablate.reports.experiment import build_experiment_report
+    from ablate.sweeps.engine import tracking
+
+    if args.experiment is None:
+        raise ConfigError("--tag: only with --experiment NAME")
+    options = (("TARGET", args.spec), ("--study", args.study), ("--remeasure", args.remeasure))
+    if given := [flag for flag, value in options if value]:
+        raise ConfigError(f"{given[0]}: not with --experiment (a report of a study's trials: ablate report STUDY)")
+    where = {}
+    for text in args.tag:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--tag {text!r}: expected KEY=VALUE (a run's tag or param), e.g. model.sharing=all")
+        where[key.strip()] = value
+    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)  # read, not created
+    out = Path(args.out) if args.out else Path(DEFAULT_ROOT) / "reports" / f"experiment-{args.experiment}"
+    output_folder(out, "--out")  # before the store is read
+    result = build_experiment_report(args.experiment, where, uri, out)
+    render_console(result)
+    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv, runs.csv)")
+    _print_ui_hint(uri)
 
 
 def cmd_export(args: argparse.Namespace) -> None:

@@ -4,7 +4,7 @@ Two measurements of one configuration, in one process, for the run ``--regime`` 
 (:mod:`benchmarks.regimes`: pre-training by default, distillation, pruning, fine-tuning; what
 follows describes pre-training, and the others differ only in their run and module):
 
-- the loop: a real ``ablate train`` (:func:`sweeps.runner.train`: the Lightning loop, the
+- the loop: a real ``ablate train`` (:func:`ablate.sweeps.engine.runner.train`: the Lightning loop, the
   streamed corpus through ``PretrainDataModule`` and its DataLoader workers, MLflow logging
   into a temporary store, latency and memory probes before training, the NaN guard, the
   progress bar, validation at the end). A callback stamps the wall clock at the end of every
@@ -45,10 +45,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from rich.progress import Progress
@@ -57,37 +56,15 @@ from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, check_task
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_ratios
-from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, clock_in, setup
+from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, setup
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
 from ablate.lightning_modules.config.run import TrackingConfig, TrainerConfig
+from ablate.sweeps.engine.context import RunContext
 
 TARGET = 0.90
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
 STEPS = {"cpu": 40, "cuda": 300}
 BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after the run
-
-
-@contextlib.contextmanager
-def timed_measurement(stamps: dict[str, float]) -> Iterator[None]:
-    """Stamp the start and end of the run's parameter, latency and memory measurement
-    (:func:`ablate.lightning_modules.measure.accounting.metric_counts`, called by name from
-    :func:`ablate.sweeps.engine.runner.train`)."""
-    from ablate.sweeps.engine import runner
-
-    measure = runner.metric_counts
-
-    def stamped(*args: Any, **kwargs: Any) -> Any:
-        stamps["measure_start"] = time.perf_counter()
-        try:
-            return measure(*args, **kwargs)
-        finally:
-            stamps["measure_end"] = time.perf_counter()
-
-    runner.metric_counts = stamped
-    try:
-        yield
-    finally:
-        runner.metric_counts = measure
 
 
 def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: str) -> ExperimentConfig:
@@ -178,9 +155,13 @@ def measure(
         clock = StepClock(warmup, steps, device, block, alone)
         stamps: dict[str, float] = {}
         begin = time.perf_counter()
+
         # the run's own progress bar goes to stderr with the bench's status: stdout keeps the tables
-        with timed_measurement(stamps), clock_in(clock), contextlib.redirect_stdout(sys.stderr):
-            s.run()
+        def timed(what: str, start: float, end: float) -> None:
+            stamps[f"{what}_start"], stamps[f"{what}_end"] = start, end
+
+        with contextlib.redirect_stdout(sys.stderr):
+            s.run(RunContext(callbacks=(clock,), timed=timed))
         end = time.perf_counter()
         if alone is None:
             progress(f"{regime}: the step alone")

@@ -109,7 +109,8 @@ class StepClock(pl.Callback):
     """Wall-clock stamps of every training batch end; the loop's steady state (steps
     ``warmup + 1`` to ``warmup + steps - 1``) timed in blocks of ``block`` steps between device
     syncs, with its real tokens counted on the device; after each block but the last, a block of
-    as many steps of ``alone`` (when given), whose time the run's phases leave out."""
+    as many steps of ``alone`` (when given), whose time the run's phases leave out. It times the
+    run's first fit (given as a run context callback, it is in every phase's): later fits are left alone."""
 
     def __init__(
         self, warmup: int, steps: int, device: torch.device, block: int | None = None, alone: Alone | None = None
@@ -129,13 +130,18 @@ class StepClock(pl.Callback):
         self._block_start = 0.0
         self._previous = warmup
         self._val_start = 0.0
+        self._fits = 0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.fit_start = time.perf_counter()
+        self._fits += 1
+        if self._fits == 1:
+            self.fit_start = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._fits != 1:
+            return
         step = len(self.ends)
         if self.warmup < step <= self.last:
             count = batch["attention_mask"].sum()
@@ -161,11 +167,15 @@ class StepClock(pl.Callback):
             self._block_start = now
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._fits != 1:
+            return
         self._val_start = time.perf_counter()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._fits != 1:
+            return
         self.validation_s += time.perf_counter() - self._val_start
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._tokens is not None:
+        if self._fits == 1 and self._tokens is not None:
             self.timing.tokens = float(self._tokens)

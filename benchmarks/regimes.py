@@ -20,19 +20,17 @@ speed does not depend on the weights) into the run's temporary folder with the r
 as ``ablate export`` writes them, and named by that folder. The step alone is the module the run
 builds (the same code: :func:`~lightning_modules.methods.pretrain.distill_module`,
 ``PruneModule``, ``FinetuneModule``) trained by :func:`module_step` on the same batches; the
-run's own ``Trainer`` gets the clock (:func:`clock_in`).
+run's own Trainers get the clock through the run context's callbacks (it times the first fit).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
 
 from ablate.benchmarks.cases import Case
@@ -45,6 +43,7 @@ from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.prune import PruneConfig
 from ablate.lightning_modules.methods.train_module import TrainModule
 from ablate.lightning_modules.model.heads import build_pretraining_model
+from ablate.sweeps.engine.context import RunContext
 
 REGIMES = ("pretrain", "distill", "prune", "finetune")
 DEFAULT_CASE = {
@@ -76,34 +75,9 @@ class Setup:
     cfg: ExperimentConfig
     what: str
     loader: str
-    run: Callable[[], object]
+    run: Callable[[RunContext], object]
     step: Callable[[int], tuple[Step, list[Batch]]]
     after: Callable[[], list[str]] | None = None
-
-
-@contextlib.contextmanager
-def clock_in(clock: pl.Callback) -> Iterator[None]:
-    """Add ``clock`` to the first Trainer the run builds (the fit that is timed: pre-training,
-    distillation, the gate phase of a pruning, a fine-tuning), whichever module builds it."""
-    from ablate.sweeps.engine import finetune as finetune_run
-    from ablate.sweeps.engine import prune as prune_run
-    from ablate.sweeps.engine import runner, trainer
-
-    users = [m for m in (runner, prune_run, finetune_run) if hasattr(m, "build_trainer")]
-    build = trainer.build_trainer
-    first = [True]
-
-    def with_clock(cfg: ExperimentConfig, logger: object, callbacks: list[pl.Callback], **kwargs: object) -> pl.Trainer:
-        extra, first[0] = ([clock] if first[0] else []), False
-        return build(cfg, logger, [*callbacks, *extra], **kwargs)  # type: ignore[arg-type]
-
-    for module in users:
-        module.build_trainer = with_clock  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        for module in users:
-            module.build_trainer = build  # type: ignore[attr-defined]
 
 
 def module_step(module: TrainModule, device: torch.device, grad_clip: float) -> Step:
@@ -206,11 +180,11 @@ def synthetic_sst2(folder: Path, train: int = 4000, validation: int = 400, seed:
     return folder
 
 
-def _train(cfg: ExperimentConfig) -> Callable[[], object]:
-    def run() -> object:
+def _train(cfg: ExperimentConfig) -> Callable[[RunContext], object]:
+    def run(ctx: RunContext) -> object:
         from ablate.sweeps.engine.runner import train
 
-        return train(cfg)
+        return train(cfg, ctx)
 
     return run
 

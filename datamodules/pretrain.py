@@ -160,8 +160,12 @@ class PretrainDataModule(pl.LightningDataModule):
         self.skip_train_batches = int(state.get("train_batches", 0))
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
-        """Endless training batches, reshuffled each epoch of the corpus (seed + epoch)."""
-        return self._loader("train", None)
+        """Endless training batches, reshuffled each epoch of the corpus (seed + epoch); a fit resumed
+        from a checkpoint skips the batches it consumed, and the next fit (a run's next phase) starts
+        the stream afresh, as it does in a run that was not interrupted."""
+        loader = self._loader("train", None)
+        self.skip_train_batches = 0
+        return loader
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         """Finite, deterministic validation batches: the same pairs and masks every time."""

@@ -35,6 +35,7 @@ from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.interrupt import as_interrupted
 from ablate.sweeps.engine.runner import run_name, train
 from ablate.sweeps.engine.weights import RUNS
+from ablate.sweeps.space import check_search_space
 from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config, trial_config
 
 DONE = workers.DONE
@@ -48,7 +49,8 @@ class StepPruningCallback(PyTorchLightningPruningCallback):  # type: ignore[misc
 
     The library reports each validation at ``current_epoch``; ablate trains one endless
     epoch of a stream and validates every ``trainer.val_every`` steps, so every report
-    would land on step 0. Everything else (DDP included) is the library's own code.
+    would land on step 0; a run's later phases report at the run's steps (its logger's offset).
+    Everything else (DDP included) is the library's own code.
     """
 
     @dataclass
@@ -56,7 +58,9 @@ class StepPruningCallback(PyTorchLightningPruningCallback):  # type: ignore[misc
         current_epoch: int  # the only attribute the library's callback reads from the module
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        super().on_validation_end(trainer, self._AtStep(trainer.global_step))
+        # the run's step: a later phase's fit goes on from the steps of the phases before it
+        step = trainer.global_step + getattr(trainer.logger, "offset", 0)
+        super().on_validation_end(trainer, self._AtStep(step))
 
 
 @dataclass
@@ -155,11 +159,13 @@ def run_study(
     n_trials: int | None = None,
     where: str = "study",
     keep_going: bool = False,
+    tags: dict[str, str] | None = None,
 ) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
     worker has run ``n_trials`` more trials. A study whose name has trials of another definition
     (edited since they ran) is refused before anything is written (``where``: its file, for the message).
-    A trial that fails stops the study, unless ``keep_going`` (a smoke study: every trial runs)."""
+    A trial that fails stops the study, unless ``keep_going`` (a smoke study: every trial runs).
+    ``tags`` go on the study's parent run (its command-line overrides: ``ablate.overrides``)."""
     base_cfg = corner_configs(spec, base)[0]  # where the study is tracked (a trial's own settings)
     preflight(spec, base)
     root = base_cfg.tracking.root
@@ -176,6 +182,7 @@ def run_study(
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # trial failures reach the user as exceptions
     study, created = open_study(spec, rdb, base_cfg.trainer.max_steps, url)
+    check_search_space(study, spec, where, url)  # a changed search: which parameter, from what to what
     check_unchanged(study, spec, base, where)  # an edited study is refused before its experiment is touched
     exp_id = tracking.experiment_id(client, spec.name, uri)
     killed.append(study_model_runs.on_stale(client, exp_id, spec.name, workers.mark_killed(client, exp_id, spec.name)))
@@ -187,7 +194,8 @@ def run_study(
             client, exp_id, spec.name, {tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}
         ),
     )
-    client.set_tag(parent, "ablate.storage", tracking.redact(url))
+    for key, value in {"ablate.storage": tracking.redact(url), **(tags or {})}.items():
+        client.set_tag(parent, key, value)
     optuna.storages.fail_stale_trials(study)  # trials of dead workers: KILLED in MLflow, retried
     for stale in tracking.stale_running(client, exp_id, spec.name):  # runs whose trial is no longer running
         if _trial_state(study, stale) != TrialState.RUNNING:

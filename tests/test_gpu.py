@@ -26,7 +26,8 @@ from ablate.lightning_modules.measure.profiling import measure
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
-from ablate.sweeps.engine.runner import MEASURED_ON, train
+from ablate.lightning_modules.measure.accounting import MEASURED_ON
+from ablate.sweeps.engine.runner import train
 from tests.conftest import requires_cuda
 from tests.sweeps.conftest import InterruptAt
 

@@ -69,15 +69,20 @@ class RngState(Callback):
     ) -> None:
         if self.on_resume is not None:
             self.on_resume(int(checkpoint["global_step"]))
-        state = checkpoint.get("ablate_rng")
-        if state is not None:
-            random.setstate(state["python"])
-            kind, keys, pos, has_gauss, cached = state["numpy"]
-            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-            torch.set_rng_state(state["torch"])
-            cuda = state.get("cuda") or []
-            if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda)
+        restore_rng(checkpoint)
+
+
+def restore_rng(checkpoint: dict[str, Any]) -> None:
+    """Set the generators to the state :class:`RngState` saved in ``checkpoint`` (none saved: left as they are)."""
+    state = checkpoint.get("ablate_rng")
+    if state is not None:
+        random.setstate(state["python"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(state["torch"])
+        cuda = state.get("cuda") or []
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def location(setting: str | None, uri: str, root: str | Path) -> str:
@@ -172,30 +177,31 @@ def callbacks(
     return [saving, RngState(on_resume)]
 
 
-def _exists(path: str) -> bool:
+def exists(path: str) -> bool:
+    """Whether ``path`` (a local path or an fsspec URL) exists."""
     fs, inner = fsspec.core.url_to_fs(path)
     return bool(fs.exists(inner))
 
 
-def _download(client: Any, run_id: str, folder: str) -> str | None:
-    """The artifact ``checkpoints/last.ckpt`` of ``run_id``, downloaded into ``folder``; None if it has none."""
+def _download(client: Any, run_id: str, folder: str, name: str = LAST) -> str | None:
+    """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-            got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{LAST}", tmp))
-            return str(got.replace(Path(folder) / LAST))
+            got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{name}", tmp))
+            return str(got.replace(Path(folder) / name))
     except (MlflowException, OSError):
         return None
 
 
-def resume_path(plan: Plan | None, client: Any, run_id: str) -> str | None:
-    """``last.ckpt`` that an earlier attempt at this run's config left: in ``plan.folder``, else (with
-    ``plan.mirror``) the newest one uploaded by a run of the experiment with the same config (the run
-    itself, when it goes on from its own stopped attempt)."""
+def resume_path(plan: Plan | None, client: Any, run_id: str, name: str = LAST) -> str | None:
+    """``name`` (``last.ckpt``, a phase's end) that an earlier attempt at this run's config left: in
+    ``plan.folder``, else (with ``plan.mirror``) the newest one uploaded by a run of the experiment with
+    the same config (the run itself, when it goes on from its own stopped attempt)."""
     if plan is None:
         return None
-    last = f"{plan.folder}/{LAST}"
-    if _exists(last):
+    last = f"{plan.folder}/{name}"
+    if exists(last):
         return last
     if not plan.mirror:
         return None
@@ -203,7 +209,7 @@ def resume_path(plan: Plan | None, client: Any, run_id: str) -> str | None:
     for run in client.search_runs(
         [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
     ):
-        if (got := _download(client, run.info.run_id, plan.folder)) is not None:  # its own, when it goes on
+        if (got := _download(client, run.info.run_id, plan.folder, name)) is not None:  # its own, when it goes on
             return got
     return None
 
@@ -214,7 +220,7 @@ def resumable(client: Any, run_id: str) -> bool:
     if where is None:
         return False
     if where != MLFLOW:
-        return _exists(f"{where}/{LAST}")
+        return exists(f"{where}/{LAST}")
     return any(a.path == f"{ARTIFACTS}/{LAST}" for a in client.list_artifacts(run_id, ARTIFACTS))
 
 
@@ -224,7 +230,7 @@ def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
     where = client.get_run(run_id).data.tags.get(WHERE)
     if where is None:
         return None
-    if where != MLFLOW and _exists(f"{where}/{LAST}"):
+    if where != MLFLOW and exists(f"{where}/{LAST}"):
         return f"{where}/{LAST}"
     return _download(client, run_id, folder)
 

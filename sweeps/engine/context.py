@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -36,6 +36,9 @@ from ablate.sweeps.engine.interrupt import as_interrupted, signalled
 
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import Callback
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class RunContext:
         reopen: an existing run (KILLED) to continue instead of starting a new one: the attempt whose
             checkpoint ``resume`` starts from (``ablate train --resume``, a retried trial), so that its
             curves go on in the same run.
+        timed: told ``(what, start, end)`` (``time.perf_counter`` seconds) of the run's timed parts
+            (``measure``: its parameter, FLOP, latency and memory measurement): the benchmark's hook.
     """
 
     tracking_uri: str | None = None
@@ -67,6 +72,16 @@ class RunContext:
     checkpoint: checkpoints.Plan | None = None
     resume: str | bool = False
     reopen: str | None = None
+    timed: Callable[[str, float, float], None] | None = None
+
+    def measure(self, what: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``what(*args, **kwargs)`` (the run's measurement), its start and end told to ``timed``."""
+        start = time.perf_counter()
+        try:
+            return what(*args, **kwargs)
+        finally:
+            if self.timed is not None:
+                self.timed("measure", start, time.perf_counter())
 
     def nested(
         self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False, reopen: str | None = None
@@ -78,21 +93,6 @@ class RunContext:
             self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, reopen=reopen
         )
         return stage if trains else dataclasses.replace(stage, callbacks=(), checkpoint=None, resume=False)
-
-    def checkpointing(self, run: ActiveRun, monitor: str | None) -> tuple[str | None, list[Callback]]:
-        """The checkpoint a fit of ``run`` starts from (None: from the start) and the callbacks that keep
-        its ``last.ckpt`` (and ``best.ckpt``, lowest ``monitor``) where ``self.checkpoint`` says, at each
-        validation; none without a plan. The run is tagged ``ablate.resumed_from`` (checkpoint and step)
-        when the fit restores one."""
-        plan = None if self.checkpoint is None else self.checkpoint.for_run(run.run_id)
-        start = checkpoints.resume_path(plan, run.client, run.run_id) if self.resume is True else self.resume or None
-        if plan is None:
-            return start, []
-
-        def resumed(step: int) -> None:
-            run.tag(tracking.RESUMED, f"{start} (step {step})")
-
-        return start, checkpoints.callbacks(plan, run.client, run.run_id, resumed, monitor=monitor)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from ablate.datamodules.squad import SquadDataModule
 from ablate.datamodules.tokenizer import given_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.measure.accounting import stored_bytes
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
@@ -45,15 +47,14 @@ from ablate.lightning_modules.methods.span import span_loss
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
+from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import QuantPlan, planned, quantized_model, validate
 from ablate.sweeps.engine.span import span_data, span_latency, span_module
-from ablate.sweeps.engine.trainer import build_trainer, fit, run_logger
 from ablate.sweeps.engine.weights import (
     Source,
     check_same_tokenizer,
     load_classifier_source,
     load_source,
-    log_weights,
 )
 
 AUGMENT_SAMPLE = "augment/sample.tsv"
@@ -82,8 +83,11 @@ def quantize_classifier(
     quantized, plan = quantized_model(module.model, cfg, data, task_loss, run) if done is None else done
     if run is not None:
         run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
-    module.model = quantized  # the same dev metrics, on the quantized classifier
-    scores = validate(module, cfg, data)
+    float_model, module.model = module.model, quantized  # the same dev metrics, on the quantized classifier
+    try:
+        scores = validate(module, cfg, data)
+    finally:
+        module.model = float_model  # the run leaves its float weights (the weights finisher logs them)
     out = {
         f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"],
         f"{f.task}/fp32_{f.metric}": fp32,
@@ -168,9 +172,18 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
         data.setup("fit")
     if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
         module.model = prepare_qat(module.model)
+
+    def work(run: ActiveRun) -> dict[str, float]:
+        m = FinetuneRun(cfg, module, data, source.tokenizer, run)
+        if ctx.reopen is None:  # the baselines, at step 0 (not again when the run goes on)
+            run.log(m.baseline)
+            if data.augment_sample is not None:
+                run.text(data.augment_sample, AUGMENT_SAMPLE)
+        return execute(finetune_plan(cfg, m.steps_per_epoch), m, cfg, data, run, ctx)
+
     return Prepared(
         cfg=cfg,
-        work=lambda run: _fine_tune(run, cfg, module, data, source, ctx),
+        work=work,
         tokenizer=source.tokenizer,
         tags={tracking.SOURCE: source.run_id or source.source, **module_tags},
     )
@@ -189,84 +202,186 @@ class StoppedEarly(Callback):
             trainer.should_stop = True
 
 
-def _fine_tune(
-    run: ActiveRun,
-    cfg: ExperimentConfig,
-    module: FinetuneModule,
-    data: ClassificationDataModule | SquadDataModule,
-    source: Source,
-    ctx: RunContext,
-) -> dict[str, float]:
-    """Fine-tune inside ``run``: the task (checkpointed and resumed as ``ctx`` says), then FastBERT's
-    exits, Q-BERT's quantization-aware phase and the quantized classifier as the config says; the run's
-    final metrics."""
-    f = cfg.finetune
-    majority = data.majority_accuracy  # None for regression
-    baseline = {f"{f.task}/train_examples": float(data.num_train)}
-    if majority is not None:
-        baseline[f"{f.task}/majority_accuracy"] = majority
-    run.log(baseline)
-    if data.augment_sample is not None:
-        run.text(data.augment_sample, AUGMENT_SAMPLE)
-    logger = run_logger(run.uri, run.run_id)
-    steps_per_epoch = max(1, len(data.train_dataloader()))
-    # strict=False: the dev set is not scored while an intermediate stage trains the layers
-    stop = EarlyStopping(
-        monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
-    )
-    val_every = min(f.val_every, steps_per_epoch)
-    start, saving = ctx.checkpointing(run, None)  # the best validation's weights travel in last.ckpt
-    callbacks = [stop, StoppedEarly(stop), *ctx.callbacks, *saving]
-    trainer = build_trainer(
-        cfg, logger, callbacks, max_steps=f.max_steps, val_every=val_every, val_batches=1.0, checkpointing=bool(saving)
-    )
-    run.phase("fine-tuning", f"{f.task}, at most {f.max_steps} steps" + (f", from {start}" if start else ""))
-    metrics = {**fit(trainer, module, data, ckpt_path=start), **baseline}
-    # the model the run leaves: the best validation's weights (early stopping's choice) ...
-    module.restore_best()
-    best = module.best if module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
-    kept = {best_name(name): value for name, value in module.best_values.items()}  # every dev metric, kept model's
-    metrics.update(kept)
-    metrics[f"{f.task}/best_{f.metric}"] = metrics[f"{f.task}/final_{f.metric}"] = best
-    step = trainer.global_step
-    if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
-        module.self_distillation()
-        exits = build_trainer(cfg, logger, [], max_steps=f.exit_steps, val_every=f.exit_steps, val_batches=0)
-        run.phase("exits", f"FastBERT's self-distillation of the exits, {f.exit_steps} steps")
-        fit(exits, module, data)
-        step += exits.global_step
-    if f.exits:
-        run.phase("exit curve", f"early exit at {len(f.exit_speeds)} speeds on {data.num_validation} dev examples")
-        assert isinstance(data, ClassificationDataModule), "a span task has no exits (refused by its config)"
-        metrics.update(exit_curve(module.model, cfg, data, run, step))
-    metrics["model_bytes"] = float(stored_bytes(module.model))  # the classifier's
-    # model/ artifacts: the classifier (float weights), its config and tokenizer: a teacher, an export
-    log_weights(run.client, run.run_id, module.model, cfg, tokenizer=source.tokenizer)
-    done = None
-    if cfg.quant.qat_steps:  # Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits
-        plan = planned(module.model, cfg, data, task_loss, run)
-        assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
-        module.quantization_aware(plan.plan)
-        qat_every = min(f.val_every, cfg.quant.qat_steps)
-        qat = build_trainer(cfg, logger, [], max_steps=cfg.quant.qat_steps, val_every=qat_every, val_batches=1.0)
-        run.phase("QAT", f"{cfg.quant.method} fake-quantized, {cfg.quant.qat_steps} steps")
-        fit(qat, module, data)
-        module.restore_best()  # the best validation of the quantization-aware phase
-        step += qat.global_step
-        done = (convert_weight_qat(copy.deepcopy(module.model), plan.plan, cfg.quant), plan)
-    if cfg.quant.enabled:  # ... quantized: its dev score is scored again
-        scores, plan = quantize_classifier(module, cfg, data, best, run, done)
-        metrics.update(scores)
-        if plan.table is not None:
-            run.text(plan.table.to_csv(index=False), "quant/plan.csv")
-    if cfg.trainer.measure or f.exit_at is not None:  # the classifier as it ships: timed, at its speed
-        at = "" if f.exit_at is None else f", early exit at speed {f.exit_at:g}"
-        run.phase("latency", f"batch-1 latency on the CPU{at}")
-        if isinstance(data, SquadDataModule):  # a span task's model, on its dev windows
-            metrics.update(span_latency(module.model, cfg, data))
-        else:
-            metrics.update(used_at(module.model, cfg, data))
+@dataclass
+class FinetuneRun:
+    """A fine-tuning run's materials: its module (the classifier, its teacher and exits), data and tokenizer.
+
+    Attributes:
+        best: the fine-tuning phase's best ``finetune.metric`` (the kept weights').
+        kept: every dev metric at that validation, as ``<dev set>/best_<metric>``.
+        done: after Q-BERT's QAT, the classifier quantized as it trained and its plan.
+    """
+
+    cfg: ExperimentConfig
+    module: FinetuneModule
+    data: ClassificationDataModule | SquadDataModule
+    tokenizer: Path | None
+    run: ActiveRun | None = None
+    best: float = float("nan")
+    kept: dict[str, float] = field(default_factory=dict)
+    plan: QuantPlan | None = None
+    done: tuple[nn.Module, QuantPlan] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, len(self.data.train_dataloader()))
+
+    @property
+    def baseline(self) -> dict[str, float]:
+        """The training set's size and the majority class's accuracy (None for regression) to compare against."""
+        f = self.cfg.finetune
+        out = {f"{f.task}/train_examples": float(self.data.num_train)}
+        if self.data.majority_accuracy is not None:
+            out[f"{f.task}/majority_accuracy"] = self.data.majority_accuracy
+        return out
+
+    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+        return self.module.model, self.cfg, self.tokenizer
+
+
+def _early_stopping(f: FinetuneConfig) -> Callable[[], list[Callback]]:
+    def callbacks() -> list[Callback]:
+        # strict=False: the dev set is not scored while an intermediate stage trains the layers
+        stop = EarlyStopping(
+            monitor=f"{f.task}/{f.metric}", mode="max", patience=f.patience, check_finite=True, strict=False
+        )
+        return [stop, StoppedEarly(stop)]
+
+    return callbacks
+
+
+def _tuned(m: FinetuneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+    """The model the run leaves: the best validation's weights (early stopping's choice)."""
+    f = m.cfg.finetune
+    m.module.restore_best()
+    m.best = m.module.best if m.module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
+    m.kept = {best_name(name): value for name, value in m.module.best_values.items()}
+    m.kept[f"{f.task}/best_{f.metric}"] = m.best
+    return {}
+
+
+def _exits(m: FinetuneRun) -> pl.LightningModule:
+    m.module.self_distillation()
+    return m.module
+
+
+def _qat(m: FinetuneRun) -> pl.LightningModule:
+    """Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits."""
+    m.plan = planned(m.module.model, m.cfg, m.data, task_loss, m.run)
+    assert m.plan.plan is not None  # qat_steps is checked to come with a weight-only method
+    m.module.quantization_aware(m.plan.plan)
+    return m.module
+
+
+def _quantized_after_qat(m: FinetuneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+    m.module.restore_best()  # the best validation of the quantization-aware phase
+    assert m.plan is not None and m.plan.plan is not None
+    m.done = (convert_weight_qat(copy.deepcopy(m.module.model), m.plan.plan, m.cfg.quant), m.plan)
+    return {}
+
+
+def _exit_curve(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    f = m.cfg.finetune
+    run.phase("exit curve", f"early exit at {len(f.exit_speeds)} speeds on {m.data.num_validation} dev examples")
+    assert isinstance(m.data, ClassificationDataModule), "a span task has no exits (refused by its config)"
+    return exit_curve(m.module.model, m.cfg, m.data, run, step)
+
+
+def _size(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    return {"model_bytes": float(stored_bytes(m.module.model))}  # the float classifier's
+
+
+def _quantized(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The classifier quantized as ``quant`` says, its dev score scored again (``quant/plan.csv``: its plan)."""
+    scores, plan = quantize_classifier(m.module, m.cfg, m.data, m.best, run, m.done)
+    if plan.table is not None:
+        run.text(plan.table.to_csv(index=False), "quant/plan.csv")
+    return scores
+
+
+def _latency(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The classifier as it ships: timed at batch 1 on the CPU (at its early-exit speed)."""
+    f = m.cfg.finetune
+    at = "" if f.exit_at is None else f", early exit at speed {f.exit_at:g}"
+    run.phase("latency", f"batch-1 latency on the CPU{at}")
+    if isinstance(m.data, SquadDataModule):  # a span task's model, on its dev windows
+        return span_latency(m.module.model, m.cfg, m.data)
+    return used_at(m.module.model, m.cfg, m.data)
+
+
+def _summary(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The run's final values, logged at its last step: the kept model's dev metrics, its size, latency."""
+    f = m.cfg.finetune
+    out = {**m.kept, **m.baseline}
+    out.setdefault(f"{f.task}/final_{f.metric}", m.best)
+    merged = {**metrics, **out}
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
-    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *kept)
-    run.log({key: metrics[key] for key in keys if key in metrics}, step=step)
-    return metrics
+    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *m.kept)
+    run.log({key: merged[key] for key in keys if key in merged}, step=step)
+    return out
+
+
+def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> RunPlan[FinetuneRun]:
+    """Fine-tuning with early stopping (a task distillation's stages in its schedule), then FastBERT's
+    self-distillation of the exits and Q-BERT's quantization-aware phase as the config says; the exit
+    curve, the quantized classifier scored again, the latency, the summary and the weights."""
+    f, q = cfg.finetune, cfg.quant
+    val_every = min(f.val_every, steps_per_epoch or f.val_every)
+    teacher = "" if cfg.distill.teacher is None else f", distilled from distill.teacher ({cfg.distill.strategy})"
+    detail = f"{f.task}{teacher}, early stopping on {f.task}/{f.metric}"
+    how = "new module (the source's encoder, a new classifier)"
+    phases: list[Phase[FinetuneRun]] = [
+        Phase(
+            "fine-tuning",
+            f.max_steps,
+            lambda m: m.module,
+            how,
+            detail,
+            _early_stopping(f),
+            val_every,
+            1.0,
+            None,
+            _tuned,
+        ),
+    ]
+    if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
+        phases.append(
+            Phase(
+                "exits",
+                f.exit_steps,
+                _exits,
+                "same module, new stages (only the exits train)",
+                "FastBERT's self-distillation",
+                list,
+                f.exit_steps,
+                0,
+                None,
+            )
+        )
+    if q.qat_steps:
+        phases.append(
+            Phase(
+                "QAT",
+                q.qat_steps,
+                _qat,
+                "same module, new stages (fake-quantized at the plan's bits)",
+                q.method,
+                list,
+                min(f.val_every, q.qat_steps),
+                1.0,
+                None,
+                _quantized_after_qat,
+            )
+        )
+    finishers: list[Finisher[FinetuneRun]] = []
+    if f.exits:
+        finishers.append(
+            Finisher("exit curve", f"early exit at {len(f.exit_speeds)} speeds on the dev set", _exit_curve)
+        )
+    finishers.append(Finisher("size", "the float classifier's stored bytes", _size))
+    if q.enabled:
+        finishers.append(Finisher("quantize and score", f"{q.method}, the dev set on the CPU", _quantized))
+    if cfg.trainer.measure or f.exit_at is not None:
+        finishers.append(Finisher("latency", "batch-1 latency on the CPU", _latency))
+    finishers.append(Finisher("summary", "the kept model's dev metrics, logged at the last step", _summary))
+    return RunPlan(phases, [*finishers, weights_finisher()])

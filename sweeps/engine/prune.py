@@ -1,59 +1,156 @@
-"""One pruning run (``prune.source`` set) as one MLflow run: the algorithm is
-:func:`ablate.lightning_modules.methods.pruning.schubert.prune`; this module trains its phases in one
-MLflow run and logs the outcome.
+"""A pruning run (``prune.source`` set) as a list of phases: schuBERT's rounds (each a phase that
+trains the gates, cut when it ends, and a phase that re-trains what is left), or a baseline's one cut
+and its re-training (:class:`~ablate.lightning_modules.methods.pruning.schubert.Pruning`: the steps
+between the phases).
 
-The run logs the parameter count after each round (``prune/params``), latency and FLOPs
-before (``source/...``) and after, the per-layer dimension table (``dims.md``/``dims.csv``)
-and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-layer
-``model.layers``) ``ablate train`` can also train from scratch.
+The run logs the parameter count at the start and after each cut (``prune/params``), latency and
+FLOPs before (``source/...``) and after, the per-layer dimension table (``dims.md``/``dims.csv``)
+and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-layer ``model.layers``)
+``ablate train`` can also train from scratch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
 
 import lightning.pytorch as pl
+from torch import nn
 
 from ablate.datamodules.pretrain import PretrainDataModule
+from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.measure.accounting import metric_counts
-from ablate.lightning_modules.methods.pruning.schubert import dims_markdown, dims_table, prune
-from ablate.sweeps.engine.context import ActiveRun
+from ablate.lightning_modules.methods.prune import PruneModule
+from ablate.lightning_modules.methods.pruning.gates import check_supported
+from ablate.lightning_modules.methods.pruning.schubert import Pruning, dims_markdown, dims_table
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
+from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
+from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import quantize_and_log
-from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
-from ablate.sweeps.engine.weights import Source, log_weights
+from ablate.sweeps.engine.weights import Source
 
 
-def prune_train(cfg: ExperimentConfig, source: Source, data: PretrainDataModule, run: ActiveRun) -> dict[str, float]:
-    """Prune ``source`` as ``cfg.prune`` says inside ``run``, log the outcome; the last metrics."""
-    client, run_id = run.client, run.run_id
-    before, _ = metric_counts(source.model, source.model_cfg, cfg)  # on the training device, as the run's own
-    run.log({f"source/{key}": float(value) for key, value in before.items()})
-    logger = run_logger(run.uri, run_id)  # its offset: the steps of the phases before
+@dataclass
+class PruneRun:
+    """A pruning run's materials: the pruning under way and the corpus."""
 
-    def train(module: pl.LightningModule, steps: int) -> dict[str, float]:
-        """Train ``module`` for ``steps`` steps (validating at the end) and move the step offset on."""
-        metrics = fit(build_trainer(cfg, logger, [ValidateAtEnd()], max_steps=steps), module, data)
-        logger.offset += steps
-        return metrics
+    pruning: Pruning
+    data: PretrainDataModule
 
-    def record(params: int) -> None:
-        run.log({"prune/params": params}, step=logger.offset)
+    @property
+    def cfg(self) -> ExperimentConfig:
+        """The run's config with the model's shape now."""
+        return dataclasses.replace(self.pruning.cfg, model=self.pruning.shape)
 
-    new_cfg, model, metrics = prune(cfg, source.model_cfg, source.model, train, record)
-    final = dataclasses.replace(cfg, model=new_cfg)
-    after, measured_on = metric_counts(model, new_cfg, final)
-    run.log({key: float(value) for key, value in after.items()})
+    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+        return self.pruning.model, self.cfg, None
+
+
+def _gates(m: PruneRun) -> pl.LightningModule:
+    return m.pruning.gates()
+
+
+def _cut(round_: int) -> Callable[[PruneRun, pl.LightningModule, dict[str, float]], dict[str, float]]:
+    """When round ``round_``'s gates have trained: the cut, and the parameters left (logged there)."""
+
+    def cut(m: PruneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+        assert isinstance(module, PruneModule)
+        return {"prune/params": float(m.pruning.cut(module, round_))}
+
+    return cut
+
+
+def _retraining(m: PruneRun) -> pl.LightningModule:
+    return m.pruning.retraining()
+
+
+def _shape(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The pruned shape: its counts and latency, the per-layer table, the layers as a tag and a param."""
+    cfg = m.cfg
+    new_cfg = cfg.model
+    after, measured_on = metric_counts(m.pruning.model, new_cfg, cfg)
+    run.log({key: float(value) for key, value in after.items()}, step=step)
     for key, value in measured_on.items():
-        client.log_param(run_id, key, value)
+        run.client.log_param(run.run_id, key, value)
     table = dims_table(new_cfg)
-    client.log_text(run_id, dims_markdown(table), "dims.md")
-    client.log_text(run_id, table.assign(hidden=new_cfg.hidden_dim).to_csv(index=False), "dims.csv")
+    run.text(dims_markdown(table), "dims.md")
+    run.text(table.assign(hidden=new_cfg.hidden_dim).to_csv(index=False), "dims.csv")
     layers = " ".join(f"{s.num_heads}/{s.qk_dim}/{s.v_dim}/{s.ffn_dim}" for s in new_cfg.layer_specs())
-    client.set_tag(run_id, "ablate.pruned_layers", layers)
+    run.tag("ablate.pruned_layers", layers)
     # the shape found, as a param a report can show beside the metrics: "h=96 a/k/v/f per layer"
-    client.log_param(run_id, "pruned.dims", f"h={new_cfg.hidden_dim} {layers}")
-    if cfg.quant.enabled:  # the pruned model, quantized
-        metrics.update(quantize_and_log(model, final, data, run, logger.offset, metrics))
-    log_weights(client, run_id, model, final)
-    return metrics
+    run.client.log_param(run.run_id, "pruned.dims", f"h={new_cfg.hidden_dim} {layers}")
+    return {}
+
+
+def _quantized(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The pruned model, quantized."""
+    return quantize_and_log(m.pruning.model, m.cfg, m.data, run, step, metrics)
+
+
+def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun]:
+    """schuBERT: ``prune.rounds`` x (gates for ``prune.gate_steps``, cut; re-training for
+    ``prune.finetune_steps``); a baseline: one cut, re-training for rounds x finetune_steps. Then the
+    pruned shape, the quantized model (``quant.method``) and the weights."""
+    p = cfg.prune
+    phases: list[Phase[PruneRun]] = []
+    if p.method.startswith("schubert"):  # the gated methods (VARIANTS of methods/pruning/keep.py)
+        for r in range(p.rounds):
+            at = f"{r + 1}/{p.rounds}"
+            how = "new module (gates on the frozen model)"
+            phases.append(Phase(f"gates {at}", p.gate_steps, _gates, how, p.method, ended=_cut(r)))
+            if p.finetune_steps:
+                phases.append(Phase(f"re-training {at}", p.finetune_steps, _retraining, "new module (the cut model)"))
+    elif p.rounds * p.finetune_steps:
+        phases.append(
+            Phase("re-training", p.rounds * p.finetune_steps, _retraining, f"new module ({p.method}: cut at once)")
+        )
+    finishers = [
+        Finisher[PruneRun]("pruned shape", "counts, latency and the per-layer table of the pruned model", _shape)
+    ]
+    if cfg.quant.enabled:
+        finishers.append(
+            Finisher("quantize and score", f"{cfg.quant.method}, held-out MLM metrics on the CPU", _quantized)
+        )
+    return RunPlan(phases, [*finishers, weights_finisher()])
+
+
+def _start(m: PruneRun, run: ActiveRun, source: Source, ctx: RunContext) -> None:
+    """What the run logs at step 0 (not again when it goes on from an earlier attempt)."""
+    if ctx.reopen is not None:
+        return
+    before, _ = metric_counts(source.model, source.model_cfg, m.pruning.cfg)  # on the training device
+    run.log({f"source/{key}": float(value) for key, value in before.items()})
+    run.log({"prune/params": float(m.pruning.start)})
+
+
+def _baseline_cut(m: PruneRun, run: ActiveRun, ctx: RunContext) -> None:
+    """A baseline's cut to the target at once, before its re-training (logged once, at step 0)."""
+    now = m.pruning.cut_once()
+    if ctx.reopen is None:
+        run.log({"prune/params": float(now)})
+
+
+def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+    """Pruning ``prune.source`` as ``prune.method`` says."""
+    data = corpus(cfg)
+    tokenizer = tokenizer_of(data)
+    source = checked_source(cfg, cfg.prune.source, "prune.source", uri, tokenizer)  # type: ignore[arg-type]
+    try:  # a source that layer surgery cannot shrink (shared layers ...) fails before the run exists
+        if cfg.prune.method != "fewer-layers":  # which only drops whole layers
+            check_supported(source.model_cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"prune.source: {exc}") from None
+
+    def work(run: ActiveRun) -> dict[str, float]:
+        m = PruneRun(Pruning(cfg, source.model, source.model_cfg), data)
+        _start(m, run, source, ctx)
+        if not m.pruning.gated:
+            _baseline_cut(m, run, ctx)
+        return execute(prune_plan(cfg), m, cfg, data, run, ctx)
+
+    return Prepared(cfg=cfg, work=work, tokenizer=tokenizer, tags={tracking.SOURCE: source.run_id or source.source})

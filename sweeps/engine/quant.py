@@ -17,16 +17,19 @@ The ``quant`` regime with ``quant.method: none`` is a comparison's float arm: th
 the quantized arms are (held-out MLM metrics on the CPU in float32, ``model_bytes``, CPU latency),
 ``quant/layers`` 0; the check that a quantized model holds integers applies wherever a method is set.
 
-The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config:
-quantization is a deterministic function of both, redone where the model is used (a fine-tuning
-task quantizes its fine-tuned classifier the same way).
+The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config,
+logged last as every run's (:func:`~ablate.sweeps.engine.phases.weights_finisher`): quantization is a
+deterministic function of both, redone where the model is used (a fine-tuning task quantizes its
+fine-tuned classifier the same way).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import cast
 
 import lightning.pytorch as pl
@@ -36,7 +39,7 @@ from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import WEIGHT_BITS
-from ablate.lightning_modules.measure.accounting import quantized_counts, stored_bytes
+from ablate.lightning_modules.measure.accounting import metric_counts, quantized_counts, stored_bytes
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import (
     Plan,
@@ -50,9 +53,12 @@ from ablate.lightning_modules.methods.quantization.apply import (
 )
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
 from ablate.lightning_modules.model.heads import PretrainingModel
-from ablate.sweeps.engine.context import ActiveRun
-from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
-from ablate.sweeps.engine.weights import Source, log_weights
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
+from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
+from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.trainer import build_trainer
+from ablate.sweeps.engine.weights import Source
 
 MLM = ("val/loss", "val/mlm_loss", "val/mlm_acc")
 """The held-out metrics compared before and after quantization."""
@@ -160,42 +166,95 @@ def quantize_and_log(
     return metrics
 
 
-def quant_train(
-    cfg: ExperimentConfig, source: Source, data: pl.LightningDataModule, run: ActiveRun
-) -> dict[str, float]:
-    """The ``quant`` regime in ``run``: evaluate ``source``, train it with fake quantization for
-    ``trainer.max_steps`` when the method is ``qat-int8``, quantize, evaluate and log it.
+@dataclass
+class QuantRun:
+    """The ``quant`` regime's materials: the source being quantized and the run's data.
 
-    With ``quant.method: none`` (and float embeddings) the source is the float arm of a comparison:
-    it is evaluated as the quantized arms are (on the CPU, in float32: held-out MLM metrics, stored
-    bytes, CPU latency), and no quantized model is claimed (``quant/layers`` 0)."""
-    model, eval_cfg, q = source.model, on_cpu(cfg), cfg.quant
-    run.phase("evaluation", "the source in float32 on the CPU")
-    fp32 = validate(PretrainModule(eval_cfg, model), eval_cfg, data)
-    if not q.enabled:
-        metrics = {**fp32, **quantized_counts(model, eval_cfg), "quant/layers": 0.0}
-        run.log(metrics)
-        log_weights(run.client, run.run_id, model, cfg)
-        return metrics
-    step, done = 0, None
-    logger = run_logger(run.uri, run.run_id)
+    Attributes:
+        cfg: the run's config (the source's architecture as ``model``).
+        source: the trained model to quantize.
+        data: the corpus: validation batches, calibration and QAT batches.
+        run: the run it works in.
+        model: the model now: the source, trained fake-quantized in place by a QAT phase.
+        plan: Q-BERT's plan (its bits per layer) for its QAT phase.
+        done: after that phase, the model quantized as it trained and its plan.
+    """
+
+    cfg: ExperimentConfig
+    source: Source
+    data: pl.LightningDataModule
+    run: ActiveRun
+    model: PretrainingModel = dataclasses.field(init=False)
+    plan: QuantPlan | None = None
+    done: tuple[nn.Module, QuantPlan] | None = None
+    _fp32: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.model = self.source.model
+
+    def fp32(self) -> dict[str, float]:
+        """The source's held-out MLM metrics in float32 on the CPU, evaluated once (before any QAT)."""
+        if self._fp32 is None:
+            self.run.phase("evaluation", "the source in float32 on the CPU")
+            eval_cfg = on_cpu(self.cfg)
+            self._fp32 = validate(PretrainModule(eval_cfg, self.model), eval_cfg, self.data)
+        return self._fp32
+
+    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+        """What the run logs as its weights: the model (after QAT, the trained float weights), its config."""
+        return self.model, self.cfg, None
+
+
+def _qat_int8(m: QuantRun) -> pl.LightningModule:
+    m.fp32()
+    m.model = cast(PretrainingModel, prepare_qat(m.model))  # prepared in place
+    return PretrainModule(m.cfg, m.model)
+
+
+def _qat_weights(m: QuantRun) -> pl.LightningModule:
+    """Q-BERT: the plan on the float model, then the model fake-quantized at its bits."""
+    m.fp32()
+    q = m.cfg.quant
+    plan = planned(m.model, m.cfg, m.data, mlm_loss, m.run)
+    assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
+    m.model = cast(PretrainingModel, prepare_weight_qat(m.model, plan.plan, q))  # prepared in place
+    m.plan = plan
+    return PretrainModule(replace(m.cfg, trainer=replace(m.cfg.trainer, max_steps=q.qat_steps)), m.model)
+
+
+def _converted(m: QuantRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+    assert m.plan is not None and m.plan.plan is not None
+    m.done = (convert_weight_qat(copy.deepcopy(m.model), m.plan.plan, m.cfg.quant), m.plan)
+    return {}
+
+
+def _float_arm(m: QuantRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """``quant.method: none``: the source evaluated as the quantized arms are, ``quant/layers`` 0."""
+    out = {**m.fp32(), **quantized_counts(m.model, on_cpu(m.cfg)), "quant/layers": 0.0}
+    run.log(out, step=step)
+    return out
+
+
+def _quantized(m: QuantRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+    return quantize_and_log(m.model, m.cfg, m.data, run, step, m.fp32(), m.done)
+
+
+def quant_plan(cfg: ExperimentConfig) -> RunPlan[QuantRun]:
+    """The ``quant`` regime: for ``qat-int8``, ``trainer.max_steps`` of int8 fake-quantized training; for
+    Q-BERT's ``quant.qat_steps``, its plan's bits fake-quantized; then quantized and scored against the
+    source's float evaluation (``quant.method: none``: the float arm, scored as the quantized ones)."""
+    q = cfg.quant
+    phases: list[Phase[QuantRun]] = []
     if q.method == "qat-int8":
-        model = cast(PretrainingModel, prepare_qat(model))  # prepared in place
-        run.phase("QAT", f"int8 fake-quantized, {cfg.trainer.max_steps} steps")
-        fit(build_trainer(cfg, logger, [ValidateAtEnd()]), PretrainModule(cfg, model), data)
-        step = cfg.trainer.max_steps
-    elif q.qat_steps:  # Q-BERT: the plan on the float model, then trained fake-quantized at its bits
-        plan = planned(model, cfg, data, mlm_loss, run)
-        assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
-        model = cast(PretrainingModel, prepare_weight_qat(model, plan.plan, q))  # prepared in place
-        qat_cfg = replace(cfg, trainer=replace(cfg.trainer, max_steps=q.qat_steps))
-        run.phase("QAT", f"{q.method} fake-quantized, {q.qat_steps} steps")
-        fit(build_trainer(qat_cfg, logger, [ValidateAtEnd()]), PretrainModule(qat_cfg, model), data)
-        step = q.qat_steps
-        done = (convert_weight_qat(copy.deepcopy(model), plan.plan, q), plan)
-    metrics = quantize_and_log(model, cfg, data, run, step, fp32, done)
-    log_weights(run.client, run.run_id, model, cfg)  # float weights (after QAT, the trained ones)
-    return metrics
+        phases.append(Phase("QAT", cfg.trainer.max_steps, _qat_int8, "new module (the source, int8 fake-quantized)"))
+    elif q.qat_steps:
+        how = f"new module (the source, {q.method} fake-quantized at its plan's bits)"
+        phases.append(Phase("QAT", q.qat_steps, _qat_weights, how, ended=_converted))
+    if not q.enabled:
+        score = Finisher("float evaluation", "the source in float32 on the CPU, as the quantized arms are", _float_arm)
+    else:
+        score = Finisher("quantize and score", f"{q.method}, held-out MLM metrics on the CPU", _quantized)
+    return RunPlan(phases, (score, weights_finisher()))
 
 
 def planned(
@@ -212,3 +271,20 @@ def planned(
 def mlm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The masked-LM loss of a pre-training model on one batch: what its plan is ranked by."""
     return model(batch).mlm_loss  # type: ignore[no-any-return]
+
+
+def prepare_quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+    """Quantizing ``quant.source`` (trained with fake quantization first for ``qat-int8``)."""
+    data = corpus(cfg)
+    tokenizer = tokenizer_of(data)
+    source = checked_source(cfg, cfg.quant.source, "quant.source", uri, tokenizer)  # type: ignore[arg-type]
+    cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
+    inputs, measured_on = ctx.measure(metric_counts, source.model, cfg.model, cfg)
+    return Prepared(
+        cfg=cfg,
+        work=lambda run: execute(quant_plan(cfg), QuantRun(cfg, source, data, run), cfg, data, run, ctx),
+        tokenizer=tokenizer,
+        tags={tracking.SOURCE: source.run_id or source.source},
+        inputs=inputs,
+        params=measured_on,
+    )

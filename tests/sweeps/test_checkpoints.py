@@ -20,7 +20,8 @@ from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.checkpoints import RngState
 from ablate.sweeps.engine.context import RunContext
-from ablate.sweeps.engine.runner import RESUMED, train
+from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.tracking import RESUMED
 from tests.sweeps.conftest import InterruptAt, tiny_base
 
 

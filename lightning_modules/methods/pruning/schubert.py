@@ -1,4 +1,4 @@
-"""schuBERT's pruning as one algorithm, given a way to train (the caller's Lightning fit).
+"""schuBERT's pruning, a step at a time between the fits of the run's phases (:mod:`~ablate.sweeps.engine.prune`).
 
 schuBERT (``prune.method: schubert-*``), for T rounds: train gates for R steps on the frozen
 model (:class:`~ablate.lightning_modules.methods.prune.PruneModule`); zero the smallest gates until the
@@ -12,9 +12,7 @@ at once (``uniform``: every dimension shrunk by one factor, largest-norm units k
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
-import lightning.pytorch as pl
 import pandas as pd
 from rich.console import Console
 
@@ -31,9 +29,6 @@ from ablate.lightning_modules.methods.pruning.budget import (
 from ablate.lightning_modules.methods.pruning.keep import VARIANTS
 from ablate.lightning_modules.methods.pruning.surgery import first_layers, shrink
 from ablate.lightning_modules.model.heads import PretrainingModel
-
-Fit = Callable[[pl.LightningModule, int], dict[str, float]]
-"""Train a module for a number of steps (validating at the end); its final metrics."""
 
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -60,68 +55,75 @@ def dims_markdown(table: pd.DataFrame) -> str:
     return f"hidden h = {table.attrs['hidden h']}\n\n" + "\n".join(lines) + "\n"
 
 
-def prune(
-    cfg: ExperimentConfig,
-    source_cfg: ModelConfig,
-    model: PretrainingModel,
-    fit: Fit,
-    record: Callable[[int], None],
-) -> tuple[ModelConfig, PretrainingModel, dict[str, float]]:
-    """Prune ``model`` (of shape ``source_cfg``) as ``cfg.prune`` says.
+@dataclasses.dataclass
+class Pruning:
+    """schuBERT's pruning of one model, a step at a time: the engine trains each phase's module (a
+    round's gates, the re-training after it) and calls the step that follows its fit.
 
-    Args:
+    Attributes:
         cfg: the run's config (``prune.*``, and the trainer and optimiser of each phase).
-        source_cfg: the trained model's shape.
-        model: the trained model (left unchanged; the pruned one is a new module).
-        fit: trains a phase's module for some steps (gates, then fine-tuning).
-        record: called with the backbone parameter count at the start and after each round.
-
-    Returns:
-        The pruned shape, the pruned model and the last fine-tuning phase's metrics.
+        model: the model now (the trained source at first, left unchanged: the pruned one is a new module).
+        shape: its shape now (the source's at first).
+        start: the source's backbone parameters; ``target``: ``prune.target``'s count.
     """
-    p = cfg.prune
-    start = backbone_params(source_cfg)
-    eta = p.target_params(start)
-    cur_cfg, metrics = source_cfg, {}
-    record(start)
-    if p.method in VARIANTS:
-        for r in range(p.rounds):
-            gate = PruneModule(_with_model(cfg, cur_cfg), model, VARIANTS[p.method])
-            fit(gate, p.gate_steps)
-            plan = round(start - (r + 1) * (start - eta) / p.rounds)
-            keep = choose(
-                cur_cfg,
-                {d: [g.detach() for g in v] for d, v in gate.gates.vectors().items()},
-                backbone_params(cur_cfg) - plan,
-            )
-            gate.gates.zero_except(keep)  # the smallest gates to exactly zero
-            model = gate.release()
-            cur_cfg, model = shrink(model, cur_cfg, keep, gate.gates)  # removes them, folds the others in
-            now = backbone_params(cur_cfg)
-            record(now)
-            short = "" if now <= plan else f"; {p.method} cannot remove more (one unit of each gated dimension stays)"
-            _CONSOLE.print(
-                f"prune round {r + 1}/{p.rounds}: {now / 1e6:.3f}M backbone parameters "
-                f"(plan {plan / 1e6:.3f}M, target {eta / 1e6:.3f}M){short}",
-                markup=False,
-            )
-            if p.finetune_steps:
-                metrics = fit(PretrainModule(_with_model(cfg, cur_cfg), model), p.finetune_steps)
-    else:
-        shapes = {"uniform": uniform, "fewer-layers": fewer_layers}
-        new_cfg = shapes[p.method](source_cfg, eta)
-        model = (
-            first_layers(model, new_cfg, cfg.objective)
-            if p.method == "fewer-layers"
-            else shrink(model, source_cfg, magnitude_keep(model, source_cfg, new_cfg))[1]
+
+    cfg: ExperimentConfig
+    model: PretrainingModel
+    shape: ModelConfig
+    start: int = 0
+    target: int = 0
+
+    def __post_init__(self) -> None:
+        self.start = backbone_params(self.shape)
+        self.target = self.cfg.prune.target_params(self.start)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the method learns gates (schuBERT) rather than cutting once (the baselines)."""
+        return self.cfg.prune.method in VARIANTS
+
+    def gates(self) -> PruneModule:
+        """A round's module: gates on the frozen model now."""
+        return PruneModule(_with_model(self.cfg, self.shape), self.model, VARIANTS[self.cfg.prune.method])
+
+    def cut(self, gate: PruneModule, round_: int) -> int:
+        """After round ``round_``'s gates trained: zero the smallest until the round's share is gone and
+        remove them for real; the backbone parameters left."""
+        p = self.cfg.prune
+        plan = round(self.start - (round_ + 1) * (self.start - self.target) / p.rounds)
+        keep = choose(
+            self.shape,
+            {d: [g.detach() for g in v] for d, v in gate.gates.vectors().items()},
+            backbone_params(self.shape) - plan,
         )
-        cur_cfg = new_cfg
-        now = backbone_params(cur_cfg)
-        record(now)
+        gate.gates.zero_except(keep)  # the smallest gates to exactly zero
+        self.shape, self.model = shrink(gate.release(), self.shape, keep, gate.gates)  # folds the others in
+        now = backbone_params(self.shape)
+        short = "" if now <= plan else f"; {p.method} cannot remove more (one unit of each gated dimension stays)"
         _CONSOLE.print(
-            f"prune {p.method}: {now / 1e6:.3f}M backbone parameters (target {eta / 1e6:.3f}M)", markup=False
+            f"prune round {round_ + 1}/{p.rounds}: {now / 1e6:.3f}M backbone parameters "
+            f"(plan {plan / 1e6:.3f}M, target {self.target / 1e6:.3f}M){short}",
+            markup=False,
         )
-        steps = p.rounds * p.finetune_steps
-        if steps:
-            metrics = fit(PretrainModule(_with_model(cfg, cur_cfg), model), steps)
-    return cur_cfg, model, metrics
+        return now
+
+    def cut_once(self) -> int:
+        """A baseline's cut to the target at once (``uniform``, ``fewer-layers``); the backbone parameters left."""
+        p = self.cfg.prune
+        shapes = {"uniform": uniform, "fewer-layers": fewer_layers}
+        new = shapes[p.method](self.shape, self.target)
+        self.model = (
+            first_layers(self.model, new, self.cfg.objective)
+            if p.method == "fewer-layers"
+            else shrink(self.model, self.shape, magnitude_keep(self.model, self.shape, new))[1]
+        )
+        self.shape = new
+        now = backbone_params(new)
+        _CONSOLE.print(
+            f"prune {p.method}: {now / 1e6:.3f}M backbone parameters (target {self.target / 1e6:.3f}M)", markup=False
+        )
+        return now
+
+    def retraining(self) -> PretrainModule:
+        """The module that fine-tunes every weight of the model now with the pre-training loss."""
+        return PretrainModule(_with_model(self.cfg, self.shape), self.model)
