@@ -1,4 +1,5 @@
-"""Build a study's report: MLflow runs -> table files, plots, and artifacts on the parent run."""
+"""Build a report: the MLflow runs of a study (or an experiment's `ablate train` runs) -> table files, plots,
+and artifacts on the parent run."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 from mlflow import MlflowClient
 from rich.console import Console
 from rich.markup import escape
@@ -19,7 +23,7 @@ from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
-from ablate.reports.runs import absent_store, load_runs, load_stages
+from ablate.reports.runs import ExperimentRuns, absent_store, load_runs, load_stages
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import (
     Expected,
@@ -73,22 +77,28 @@ class ReportResult:
         return [self.markdown, self.latex, self.csv, self.runs_csv, *extra, *self.plots]
 
 
-def markdown_document(table: Table, study: str, missing: list[str]) -> str:
-    """The full ``report.md``: title, table, its footnotes, runs used, missing cells."""
+def markdown_document(
+    table: Table, study: str, missing: list[str], settings: Mapping[str, Any] | None = None, of: str = "study"
+) -> str:
+    """The full ``report.md``: title, table, its footnotes, runs used, missing cells; for ``ablate train``
+    runs (``of="experiment"``), ``settings``: the config fields every run shares, as a table of their own."""
     spec = table.spec
     parts = [f"# {spec.title}", ""]
     if table.stats.empty:
-        parts += [f"No runs found for study `{study}`.", ""]
+        parts += [f"No runs found for {of} `{study}`.", ""]
     else:
         parts += [to_markdown(table)]
         if notes := footnotes(table):
             parts += [line for n in notes for line in (n, "")]
-    parts.append(f"Study: `{study}`; states included: {', '.join(spec.include_states)}.")
+    parts.append(f"{of.capitalize()}: `{study}`; states included: {', '.join(spec.include_states)}.")
     parts += ["", f"Runs used ({len(table.run_ids)}): " + (", ".join(f"`{r}`" for r in table.run_ids) or "none"), ""]
     if missing:
         parts += ["Missing:", "", *(f"- {m}" for m in missing), ""]
     else:
         parts += ["Missing: none", ""]
+    if settings:
+        parts += ["Settings every run shares:", "", "| field | value |", "|---|---|"]
+        parts += [*(f"| {key} | {'' if value is None else value} |" for key, value in settings.items()), ""]
     return "\n".join(parts)
 
 
@@ -100,6 +110,18 @@ def _publish(staging: Path, out_dir: Path) -> None:
     for f in staging.iterdir():
         os.replace(f, out_dir / f.name)
     staging.rmdir()
+
+
+def _study_runs(tracking_uri: str, study: str, sweep: str | None) -> tuple[pd.DataFrame, str | None, pd.DataFrame]:
+    """A study's trial runs, its parent run and its chained trials' stage runs (ConfigError, naming
+    ``sweep``, where the store holds no run of it)."""
+    run = f"run: {sweep}" if sweep else "run the study with ablate sweep STUDY.yaml first, or name another with --study"
+    if absent_store(tracking_uri) is not None:  # nothing ran here yet: say what makes the runs, create nothing
+        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)} (no MLflow store there yet); {run}")
+    runs, parent = load_runs(tracking_uri, study)
+    if runs.empty:  # nothing to tabulate: an error, not an empty report
+        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)}; {run}")
+    return runs, parent, load_stages(tracking_uri, study, runs["run_id"].to_list())  # chained trials' seeds
 
 
 def latency_columns(spec: ReportSpec) -> list[str]:
@@ -117,6 +139,7 @@ def build_report(
     progress: bool = True,
     expected: Expected | None = None,
     sweep: str | None = None,
+    train_runs: ExperimentRuns | None = None,
 ) -> ReportResult:
     """Read the study's runs from MLflow and write the report into ``out_dir``.
 
@@ -139,6 +162,9 @@ def build_report(
         expected: The trials the study's grid runs per row: a row no trial started is listed
             as missing (:func:`~ablate.reports.tables.aggregate`).
         sweep: The command that runs the study, named when the store holds no run of it.
+        train_runs: Instead of a study's trials, these runs of ``ablate train`` (``study``: their
+            experiment), read already (:func:`~ablate.reports.runs.load_experiment`); ``report.md``
+            adds the settings they share.
 
     Raises:
         StorageError: the tracking store cannot be read, or the artifacts cannot be logged.
@@ -146,13 +172,10 @@ def build_report(
             param of any run; ``remeasure`` for a report that shows no latency.
     """
     output_folder(out_dir, "--out")  # before anything is read or written
-    run = f"run: {sweep}" if sweep else "run the study with ablate sweep STUDY.yaml first, or name another with --study"
-    if absent_store(tracking_uri) is not None:  # nothing ran here yet: say what makes the runs, create nothing
-        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)} (no MLflow store there yet); {run}")
-    runs, parent = load_runs(tracking_uri, study)
-    if runs.empty:  # nothing to tabulate: an error, not an empty report
-        raise ConfigError(f"no runs for study {study} in {redact(tracking_uri)}; {run}")
-    stages = load_stages(tracking_uri, study, runs["run_id"].to_list())  # chained trials' seeds
+    if train_runs is not None:
+        runs, parent, stages = train_runs.frame, None, None
+    else:
+        runs, parent, stages = _study_runs(tracking_uri, study, sweep)
     table = aggregate(runs, spec, expected, stages)  # a bad spec fails here, before any measuring
     again: Remeasured | None = None
     if remeasure:
@@ -171,7 +194,9 @@ def build_report(
         if again is not None:
             names["remeasured"] = CSV_NAME
             (staging / names["remeasured"]).write_text(again.to_csv(), encoding="utf-8")
-        (staging / names["markdown"]).write_text(markdown_document(table, study, missing), encoding="utf-8")
+        shared, of = (train_runs.shared, "experiment") if train_runs is not None else (None, "study")
+        document = markdown_document(table, study, missing, shared, of=of)
+        (staging / names["markdown"]).write_text(document, encoding="utf-8")
         (staging / names["latex"]).write_text(to_latex(table), encoding="utf-8")
         (staging / names["csv"]).write_text(to_csv(table), encoding="utf-8")
         runs.to_csv(staging / names["runs_csv"], index=False)

@@ -1,4 +1,4 @@
-"""Read a study's trial runs back from MLflow as one flat row per run."""
+"""Read a study's trial runs, or an experiment's `ablate train` runs, back from MLflow as one flat row per run."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -209,3 +210,75 @@ def load_runs(tracking_uri: str, study: str) -> tuple[pd.DataFrame, str | None]:
             raise StorageError(f"{tracking_uri}: cannot read MLflow tracking store ({first})") from exc
     parents.sort(key=lambda r: r.info.start_time or 0)
     return _frame(trials), (parents[0].info.run_id if parents else None)
+
+
+#: A run's MLflow status -> its ``state`` column where it has no ``ablate.state`` tag (an ``ablate train`` run).
+STATUS_STATE = {"FINISHED": "COMPLETE", "FAILED": "FAIL"}
+
+
+@dataclass(frozen=True)
+class ExperimentRuns:
+    """An experiment's ``ablate train`` runs (:func:`load_experiment`).
+
+    Attributes:
+        frame: One row per run, as :func:`load_runs` makes them (its ``state``: COMPLETE for a FINISHED
+            run, FAIL for a FAILED one, else its status).
+        params, metrics: The frame's param and metric columns.
+        started: The run ids, the earliest started first.
+        others: Runs of the experiment that are not ``ablate train`` runs (a study's trials, stage runs).
+    """
+
+    frame: pd.DataFrame
+    params: list[str]
+    metrics: list[str]
+    started: list[str]
+    others: int
+
+    @property
+    def varying(self) -> list[str]:
+        """The params whose values differ between the runs."""
+        return [p for p in self.params if self.frame[p].astype(str).nunique(dropna=False) > 1]
+
+    @property
+    def shared(self) -> dict[str, Any]:
+        """The params every run has with the same value, and that value."""
+        varying = set(self.varying)
+        return {p: self.frame[p].iloc[0] for p in self.params if p not in varying and len(self.frame)}
+
+
+def _matches(run: Run, where: dict[str, str]) -> bool:
+    """Whether ``run`` has every ``key=value`` of ``where`` as a tag or a param (numbers compared as numbers)."""
+    for key, value in where.items():
+        found = run.data.tags.get(key, run.data.params.get(key))
+        if found is None or parse_param(found) != parse_param(value):
+            return False
+    return True
+
+
+def load_experiment(tracking_uri: str, experiment: str, where: dict[str, str] | None = None) -> ExperimentRuns:
+    """Read the ``ablate train`` runs of an MLflow experiment (top-level runs of role ``run``), those with
+    every ``key=value`` of ``where`` as a tag or param. An unknown experiment gives no runs.
+
+    Raises:
+        StorageError: the tracking store cannot be reached or read.
+    """
+    _check_sqlite(tracking_uri)
+    check_database(tracking_uri)
+    with _fail_fast():
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri)
+            exp = client.get_experiment_by_name(experiment)
+            found = [] if exp is None else _search(client, exp.experiment_id, "")
+        except Exception as exc:  # noqa: BLE001 - any failure talking to the store is a storage error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(f"{tracking_uri}: cannot read MLflow tracking store ({first})") from exc
+    mine = [r for r in found if r.data.tags.get("ablate.role", "run") == "run" and PARENT_TAG not in r.data.tags]
+    runs = sorted((r for r in mine if _matches(r, where or {})), key=lambda r: r.info.start_time or 0)
+    frame = _frame(runs)
+    states = [STATUS_STATE.get(r.info.status, r.info.status) for r in runs]
+    frame["state"] = frame["state"].fillna(
+        frame["run_id"].map(dict(zip([r.info.run_id for r in runs], states, strict=True)))
+    )
+    params = sorted({k for r in runs for k in r.data.params} - set(BASE_COLUMNS))
+    metrics = [c for c in frame.columns if c not in BASE_COLUMNS and c not in params]
+    return ExperimentRuns(frame, params, metrics, [r.info.run_id for r in runs], len(found) - len(mine))

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
+from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error, spec_keys
 from ablate.lightning_modules.config.load import read_yaml
 from ablate.lightning_modules.config.metric_names import check_name
 
@@ -258,7 +258,7 @@ class ReportSpec:
         try:
             return _ADAPTER.validate_python(dict(data))
         except ValidationError as exc:
-            raise ConfigError(format_error(exc, where)) from None
+            raise ConfigError(format_error(exc, where, known=spec_keys(ReportSpec))) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ReportSpec:

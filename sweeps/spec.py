@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +50,14 @@ import optuna
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError, format_error
+from ablate.lightning_modules.config.errors import (
+    STRICT,
+    ConfigError,
+    FieldError,
+    did_you_mean,
+    format_error,
+    spec_keys,
+)
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
@@ -257,7 +264,7 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     try:
         spec = StudySpec(**raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_error(exc)}") from None
+        raise ConfigError(f"{path}: {format_error(exc, known=spec_keys(StudySpec))}") from None
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     base = spec.base if isinstance(spec.base, dict) else read_yaml(path.parent / spec.base)
@@ -277,7 +284,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     for section, keys in sections.items():
         for key in keys:
             if key not in known:
-                raise ConfigError(f"{where}: {section}.{key}: not a config field")
+                raise ConfigError(f"{where}: {section}.{key}: not a config field{did_you_mean(key, known)}")
             if key in spec.set_by_study:
                 raise ConfigError(f"{where}: {section}.{key}: set by the study's {owner} section")
             if spec.tasks and key.startswith("finetune."):
@@ -300,6 +307,30 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     check_task_variants(spec.tasks, list(spec.variants), where)
 
 
+def check_not_searched(spec: StudySpec, keys: Iterable[str], where: str = "") -> None:
+    """Refuse a fixed setting of a field the study's search samples (``search:``, a variant's change,
+    ``seed`` with the study's ``seeds:``): every trial would set its own value over it, so the setting
+    would be silently dropped (or, set over the search, drop the search).
+
+    Raises:
+        ConfigError: ``{where}KEY: searched by the study (search.KEY) ...``, naming the first such key.
+    """
+    for key in keys:
+        arms = [name for name, changes in spec.variants.items() if key in changes]
+        if key in spec.search:
+            how = f"search.{key}"
+        elif arms:
+            how = f"variants {', '.join(arms)}"
+        elif key == "seed":
+            how = "seeds"
+        else:
+            continue
+        raise ConfigError(
+            f"{where}{key}: searched by the study ({how}), which sets it in every trial; a fixed value "
+            "would be dropped: change the study's search instead"
+        )
+
+
 def _validate_study_model(
     study_model: StudyModel, spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
 ) -> None:
@@ -307,7 +338,7 @@ def _validate_study_model(
     known, section = field_names(), study_model.SECTION
     for key in study_model.overrides:
         if key not in known:
-            raise ConfigError(f"{where}: {section}.overrides.{key}: not a config field")
+            raise ConfigError(f"{where}: {section}.overrides.{key}: not a config field{did_you_mean(key, known)}")
         if key in ("regime", *REGIME_SOURCE.values()):
             raise ConfigError(f"{where}: {section}.overrides.{key}: the study's {section} is pre-trained from scratch")
     try:

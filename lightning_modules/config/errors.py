@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
+from collections.abc import Collection
 from types import ModuleType
 
 from pydantic import ConfigDict, ValidationError
@@ -104,11 +107,45 @@ def _dotted(where: str, loc: tuple[int | str, ...]) -> str:
     return key
 
 
-def format_error(exc: ValidationError, where: str = "") -> str:
+def did_you_mean(key: str, known: Collection[str]) -> str:
+    """`` (did you mean model.embed_dim?)`` for an unknown dotted ``key`` (list positions such as
+    ``tasks[0].`` left out when matching) among the ``known`` dotted keys: keys of other sections with
+    the same last part, else the closest key of the same section; ``""`` when none is close."""
+    plain = re.sub(r"\[\d+\]", "", key)
+    parent, _, leaf = plain.rpartition(".")
+    elsewhere = sorted(k for k in known if k.rpartition(".")[2] == leaf and k != plain)
+    if elsewhere:  # the right name in another section (model.max_steps: trainer.max_steps)
+        return f" (did you mean {' or '.join(elsewhere[:3])}?)"
+    siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(leaf, siblings, n=1)
+    return f" (did you mean {key[: len(key) - len(leaf)]}{close[0]}?)" if close else ""
+
+
+def spec_keys(cls: type, prefix: str = "") -> set[str]:
+    """The dotted keys of a pydantic dataclass, its nested dataclasses' (in lists and optionals
+    too) included: what :func:`did_you_mean` matches an unknown key of a study or report spec against."""
+    keys: set[str] = set()
+    for name, info in getattr(cls, "__pydantic_fields__", {}).items():
+        keys.add(prefix + name)
+        pending, seen = [info.annotation], []
+        while pending:
+            kind = pending.pop()
+            if isinstance(kind, type) and hasattr(kind, "__pydantic_fields__"):
+                seen.append(kind)
+            elif getattr(kind, "__origin__", None) is not dict:
+                pending.extend(getattr(kind, "__args__", ()))
+        for nested in seen:
+            keys |= spec_keys(nested, f"{prefix}{name}.")
+    return keys
+
+
+def format_error(exc: ValidationError, where: str = "", known: Collection[str] = ()) -> str:
     """One line naming the dotted key of each problem, e.g. ``report.metrics[2].name: Field required``.
 
     ``where`` prefixes the keys (``report`` for a study's report section). A validator's
-    :class:`FieldError` names its field (``num_heads``: must divide ...).
+    :class:`FieldError` names its field (``num_heads``: must divide ...). An unknown key says the
+    closest of the ``known`` dotted keys (relative to what was validated): ``model.embd_dim: unknown
+    key (did you mean model.embed_dim?)``.
     """
     errors = exc.errors(include_url=False)
     locs = [tuple(e["loc"]) for e in errors]
@@ -121,7 +158,7 @@ def format_error(exc: ValidationError, where: str = "") -> str:
         if isinstance(found, FieldError):
             key, msg = _dotted(key, (found.key,)), found.msg
         elif err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-            msg = "unknown key"
+            msg = "unknown key" + did_you_mean(_dotted("", loc), known)
         elif err["type"] == "missing":
             msg = "required key is missing"
         parts.append(f"{key}: {msg}" if key else msg)

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ablate.lightning_modules.config.errors import ConfigError, format_error
-from ablate.lightning_modules.config.experiment import ExperimentConfig, to_dict
+from ablate.lightning_modules.config.errors import ConfigError, did_you_mean, format_error
+from ablate.lightning_modules.config.experiment import ExperimentConfig, field_names, to_dict
 from ablate.lightning_modules.config.presets import preset_fields
 from ablate.lightning_modules.config.yamlio import YamlLoader, load_yaml  # noqa: F401 - re-exported
 
@@ -104,10 +104,18 @@ def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     try:
         return ExperimentConfig(**tree)
     except ValidationError as exc:
-        raise ConfigError(format_error(exc)) from None
+        raise ConfigError(format_error(exc, known=config_keys())) from None
     except TypeError as exc:  # positional/unknown top-level arguments
         match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        raise ConfigError(f"{match.group(1)}: unknown key" if match else str(exc)) from None
+        if match is None:
+            raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{match.group(1)}: unknown key{did_you_mean(match.group(1), config_keys())}") from None
+
+
+def config_keys() -> set[str]:
+    """Every key a config may set: each dotted field, each section (``model``) and ``model.preset``."""
+    fields = field_names()
+    return fields | {key.rpartition(".")[0] for key in fields} - {""} | {"model.preset"}
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
