@@ -38,6 +38,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, DataError, format_error
 from ablate.lightning_modules.config.load import read_yaml
+from ablate.lightning_modules.config.paths import kind_problem
 
 ENV = "ABLATE_DATA_CATALOG"
 """The environment variable naming the catalog file."""
@@ -270,8 +271,9 @@ def _mapped(name: str, field: str) -> Path | None:
     """The catalog's folder for hub model ``name`` (checked to exist), or None when it maps none."""
     catalog = active_catalog()
     folder = catalog.model(name) if catalog is not None else None
-    if catalog is not None and folder is not None and not folder.is_dir():
-        raise DataError(f"{field}: {name}: {ENV}: {catalog.file}: models.{name}: {folder}: no such folder")
+    problem = kind_problem(folder, "folder") if catalog is not None and folder is not None else None
+    if catalog is not None and problem is not None:
+        raise DataError(f"{field}: {name}: {ENV}: {catalog.file}: models.{name}: {folder}: {problem}")
     return folder
 
 
@@ -286,7 +288,9 @@ def check_model(name: str, field: str) -> None:
     if name.startswith(RUNS) or Path(name).expanduser().is_dir() or _mapped(name, field) is not None:
         return
     kind = "tokenizer" if field.endswith("tokenizer") else "checkpoint"
-    problem = f"no such {kind} folder" if looks_local(name) else model_name_problem(name)
+    exists = Path(name).expanduser().exists()
+    problem = f"is a file, not a {kind} folder" if exists else None
+    problem = problem or (f"no such {kind} folder" if looks_local(name) else model_name_problem(name))
     if problem:
         raise ConfigError(f"{field}: {name}: {problem}")
 

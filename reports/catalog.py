@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.paths import kind_problem
 from ablate.reports.spec import ReportSpec
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ def load_named(target: str, base_dir: Path | None = None) -> ReportSpec:
     """
     if looks_like_path(target):
         path = (base_dir or Path.cwd()) / target
-        if not path.is_file():
-            raise ConfigError(f"{target}: no such report spec file")
+        problem = kind_problem(path, "file")
+        if problem is not None:
+            raise ConfigError(f"{target}: {problem}" if path.exists() else f"{target}: no such report spec file")
         return ReportSpec.from_yaml(path)
     found = shipped(target)
     if found is None:

@@ -139,6 +139,8 @@ def resolve_target(target: str, study: str | None = None) -> Target:
             a report; a report spec without a study (and no ``--study``); an invalid spec.
     """
     path = Path(target)
+    if path.is_dir():
+        raise ConfigError(f"{target}: is a folder, not a file (a study or REPORT.yaml)")
     if path.is_file():
         from ablate.lightning_modules.config.load import read_yaml
 

@@ -41,7 +41,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import itertools
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +60,8 @@ from ablate.lightning_modules.config.errors import (
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
+from ablate.sweeps.reach import check_search_reaches
+from ablate.sweeps.space import culprits, points, range_values
 from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
     PLACEHOLDER_SOURCE,
     REFERENCE_FIELDS,
@@ -127,8 +128,12 @@ class ParamSpace:
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
 
     def corners(self) -> list[Any]:
-        """Values that together exercise the space (for validation before running)."""
-        return list(self.choices) if self.choices is not None else [self.low, self.high]
+        """The values checked before running: every value it can sample, or for a longer or continuous
+        range its ends and chosen values between (:mod:`~ablate.sweeps.space`), ends first."""
+        if self.choices is not None:
+            return list(self.choices)
+        assert self.low is not None and self.high is not None  # checked: choices, or both low and high
+        return range_values(self.low, self.high, step=self.step, log=self.log, is_int=self.is_int)
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -296,9 +301,11 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
     elif spec.n_trials is None:
         raise ConfigError(f"{where}: n_trials: required for the {spec.sampler} sampler")
     try:
-        students = corner_configs(spec, base)
+        trials = corner_trials(spec, base)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    check_search_reaches(spec, trials, where)
+    students = [cfg for _, cfg in trials]
     if spec.study_model is not None and spec.study_model.model is not None:
         _validate_study_model(spec.study_model, spec, base, students, where)
     if spec.tasks and isinstance(base.get("finetune"), dict):
@@ -372,18 +379,35 @@ def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str,
     """:func:`corner_configs` with each one's params (``variant`` included, the first seed). A point
     whose config is invalid raises a ConfigError naming its searched values (``search.model.num_heads=3:``)."""
     space = {k: v for k, v in spec.space.items() if k != "seed"}
-    keys = list(space)
+    values = {k: v.corners() for k, v in space.items()}
     study_model = PLACEHOLDER_SOURCE if spec.study_model is not None else None
+    seed = {"seed": spec.seeds[0]}
     trials = []
-    for values in itertools.product(*(space[k].corners() for k in keys)):
-        params = dict(zip(keys, values, strict=False)) | {"seed": spec.seeds[0]}
+    for point in points(values, full=all(v.choices is not None for v in space.values())):
         try:
-            trials.append((params, trial_config(base, spec, params, study_model)))
+            trials.append((point | seed, trial_config(base, spec, point | seed, study_model)))
         except ConfigError as exc:
-            searched = ", ".join(f"search.{k}={v}" for k, v in params.items() if k in spec.search)
-            named = searched and not str(exc).startswith("variants.")  # a variant's error names the variant
-            raise ConfigError(f"{searched}: {exc}" if named else str(exc)) from None
+            if str(exc).startswith("variants."):  # a variant's error names the variant
+                raise
+            keys = _searched_culprits(base, spec, point | seed, values, study_model)
+            searched = ", ".join(f"search.{k}={point[k]}" for k in keys)
+            raise ConfigError(f"{searched}: {exc}" if searched else str(exc)) from None
     return trials
+
+
+def _searched_culprits(
+    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], values: dict[str, list[Any]], study_model: str | None
+) -> list[str]:
+    """The searched keys whose values make the invalid trial ``params`` invalid (:func:`culprits`)."""
+
+    def valid(changed: dict[str, Any]) -> bool:
+        try:
+            trial_config(base, spec, changed, study_model)
+        except ConfigError:
+            return False
+        return True
+
+    return [k for k in culprits(params, values, valid) if k in spec.search] or list(spec.search)
 
 
 def trial_config(

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 
 from ablate.lightning_modules.config.errors import ConfigError, did_you_mean, format_error
 from ablate.lightning_modules.config.experiment import ExperimentConfig, field_names, to_dict
+from ablate.lightning_modules.config.paths import kind_problem
 from ablate.lightning_modules.config.presets import preset_fields
-from ablate.lightning_modules.config.yamlio import YamlLoader, load_yaml  # noqa: F401 - re-exported
+from ablate.lightning_modules.config.yamlio import AliasBombError, YamlLoader, load_yaml  # noqa: F401 - re-exported
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -36,7 +37,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
     try:
         value = load_yaml(raw) if raw.strip() else ""
-    except yaml.constructor.ConstructorError as exc:  # a duplicate key in a flow mapping
+    except (yaml.constructor.ConstructorError, AliasBombError) as exc:  # a duplicate key in a flow mapping
         raise ConfigError(f"override {text!r}: {exc.problem}") from None
     except yaml.YAMLError:
         value = raw
@@ -46,8 +47,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> dict[str, Any]:
     """Read a YAML mapping (config, study or report spec), raising ConfigError naming the file on any problem."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
+    problem = kind_problem(path, "file")
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem}")
     try:
         data = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from ablate.lightning_modules.config.errors import ConfigError
 
@@ -71,13 +72,32 @@ def output_file(path: str | Path, key: str) -> Path:
     return path
 
 
-def input_file(path: str | Path, key: str) -> Path:
-    """A file a command reads: it exists and is a file."""
+def kind_problem(path: str | Path, want: Literal["file", "folder"]) -> str | None:
+    """What keeps ``path`` from being read as a ``want`` (None: nothing): ``no such file`` (``folder``),
+    ``is a folder, not a file`` (and the opposite) or ``cannot be read``. The one wording of these
+    problems, wherever a path is read."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise ConfigError(f"{key}: {path}: no such file")
-    if path.is_dir():
-        raise ConfigError(f"{key}: {path}: is a folder, not a file")
-    if not os.access(path, os.R_OK):
-        raise ConfigError(f"{key}: {path}: cannot be read")
-    return path
+        return f"no such {want}"
+    actual = "folder" if path.is_dir() else "file"
+    if actual != want:
+        return f"is a {actual}, not a {want}"
+    if not os.access(path, os.R_OK | (os.X_OK if want == "folder" else 0)):
+        return "cannot be read"
+    return None
+
+
+def input_file(path: str | Path, key: str) -> Path:
+    """A file a command reads: it exists and is a file."""
+    problem = kind_problem(path, "file")
+    if problem is not None:
+        raise ConfigError(f"{key}: {path}: {problem}")
+    return Path(path).expanduser()
+
+
+def input_folder(path: str | Path, key: str) -> Path:
+    """A folder a command reads: it exists and is a folder."""
+    problem = kind_problem(path, "folder")
+    if problem is not None:
+        raise ConfigError(f"{key}: {path}: {problem}")
+    return Path(path).expanduser()

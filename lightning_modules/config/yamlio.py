@@ -16,8 +16,16 @@ class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type
       silently); keys merged in with ``<<: *anchor`` may be overridden;
     * ``1e-3`` and ``5E4`` are floats (YAML 1.1 reads them as strings: it wants ``1.0e-3``);
     * only ``true`` and ``false`` are booleans: ``yes``, ``no``, ``on`` and ``off`` stay strings (a
-      variant called ``no``, a choice ``off``); a boolean field still takes them, as pydantic does.
+      variant called ``no``, a choice ``off``); a boolean field still takes them, as pydantic does;
+    * aliases may not expand a document far beyond what is written (:func:`check_expansion`: a
+      "billion laughs" of a few lines is refused at once instead of hanging whoever reads it).
     """
+
+    def get_single_node(self) -> yaml.Node | None:
+        node: yaml.Node | None = super().get_single_node()
+        if node is not None:
+            check_expansion(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -35,6 +43,79 @@ class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type
             seen[key] = key_node.start_mark.line + 1
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
+
+
+ALIAS_FLOOR = 10_000
+"""Values (nodes) that aliases may add to any document, however short."""
+ALIAS_FACTOR = 10
+"""... and, beyond that, per value written: a document expands to at most ``written + max(ALIAS_FLOOR,
+ALIAS_FACTOR * written)`` values. A config, study, report spec or catalog repeats a section a few
+times; an alias bomb multiplies one a billion times."""
+
+
+class AliasBombError(yaml.composer.ComposerError):  # type: ignore[misc]  # PyYAML ships no type hints
+    """A document whose aliases expand it beyond the bound of :func:`check_expansion`."""
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Refuse a composed document whose aliases (``*name``, ``<<: *name`` merges included) expand it to
+    more values than :data:`ALIAS_FLOOR` and :data:`ALIAS_FACTOR` allow, or that contains itself
+    (``&a [*a]``). PyYAML composes an alias as the same node again, so the document is a graph of the
+    nodes written; each node's expanded size is counted once, in time linear in what is written.
+
+    Raises:
+        AliasBombError: at the first node (in document order, innermost first) that alone expands
+            beyond the bound, or at the node that contains itself.
+    """
+    written = _count_nodes(root)
+    limit = written + max(ALIAS_FLOOR, ALIAS_FACTOR * written)
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        children = _children(node)
+        if done:
+            on_path.discard(id(node))
+            size[id(node)] = min(limit + 1, 1 + sum(size[id(child)] for child in children))
+            if size[id(node)] > limit:
+                raise AliasBombError(
+                    None,
+                    None,
+                    f"aliases expand this document to more than {limit} values ({written} written); "
+                    f"a config, study or catalog repeats a section a few times, not this many",
+                    node.start_mark,
+                )
+            continue
+        on_path.add(id(node))
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise AliasBombError(None, None, "an alias refers to a node that contains it", child.start_mark)
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _count_nodes(root: yaml.Node) -> int:
+    """How many distinct nodes the document has: what is written, each alias's target once."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
 
 
 YamlLoader.yaml_implicit_resolvers = {

@@ -1,0 +1,83 @@
+"""A searched key reaches every trial it is sampled for: nothing the study itself fixes replaces the
+sampled value, and the trial reads it. Otherwise the search would run silently without it (trials
+that differ only in a value nobody reads). Checked by :func:`~ablate.sweeps.spec.validate_study`.
+
+A searched key is refused (one ``error:`` line naming it and what overrides it) when:
+
+* the study fixes it too: in its ``overrides:`` (:func:`~ablate.sweeps.spec.check_not_searched`, as a
+  command-line override is) or in a variant (the sampled value would replace the variant's);
+* it is ``seed`` (the study's ``seeds:`` set each trial's) or ``name`` (the study's own name);
+* no trial of the study reads it: another setting makes it moot
+  (:data:`MOOT`), or the trial's regime or quantization method does not use it (what a run logs as
+  its params, :func:`~ablate.lightning_modules.config.experiment.run_params`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig, run_params
+
+if TYPE_CHECKING:
+    from ablate.sweeps.spec import StudySpec
+
+SET_BY_STUDY = {
+    "seed": "each trial's seed is one of the study's seeds: (give seeds: [...] instead)",
+    "name": "each trial is named by the study's name:",
+}
+"""Config fields the study sets in each trial after its search, and how."""
+
+MOOT: dict[str, Callable[[ExperimentConfig], str | None]] = {
+    "model.num_heads": lambda c: "model.layers gives every layer's heads" if c.model.layers is not None else None,
+    "model.ffn_dim": lambda c: "model.layers gives every layer's feed-forward width" if c.model.layers else None,
+    "objective.max_ngram": lambda c: (
+        f"objective.masking is {c.objective.masking!r}, not 'ngram'" if c.objective.masking != "ngram" else None
+    ),
+    "objective.sentence_weight": lambda c: (
+        "objective.sentence is 'none' (no sentence loss to weigh)" if c.objective.sentence == "none" else None
+    ),
+}
+"""A field, and what makes it moot in a trial's config (None: it is read)."""
+
+
+def _unread(key: str, cfg: ExperimentConfig) -> str | None:
+    """Why the trial ``cfg`` does not read ``key`` (None: it does)."""
+    moot = MOOT.get(key)
+    why = moot(cfg) if moot is not None else None
+    if why is not None or key in run_params(cfg) or key in SET_BY_STUDY:
+        return why
+    if key.startswith("quant."):
+        return f"quant.method {cfg.quant.method!r} does not read it"
+    return f"a {cfg.regime} run does not use it"
+
+
+def check_search_reaches(
+    spec: StudySpec, trials: Sequence[tuple[dict[str, Any], ExperimentConfig]], where: Path | str
+) -> None:
+    """Refuse a searched key that the study's own settings override or that no trial reads (see the
+    module's docstring); ``trials``: the checked trials (:func:`~ablate.sweeps.spec.corner_trials`)."""
+    from ablate.sweeps.spec import check_not_searched
+
+    for key in spec.search:
+        if key in SET_BY_STUDY:
+            raise ConfigError(f"{where}: search.{key}: {SET_BY_STUDY[key]}; the sampled value would be dropped")
+        for name, changes in spec.variants.items():
+            if key in changes:
+                raise ConfigError(
+                    f"{where}: search.{key}: also set by variants.{name} ({changes[key]!r}); the sampled value "
+                    f"would replace the variant's in each of its trials: search it or set it in variants, not both"
+                )
+    for key in spec.overrides:
+        if key in SET_BY_STUDY:
+            raise ConfigError(f"{where}: overrides.{key}: {SET_BY_STUDY[key]}; this value would be dropped")
+    check_not_searched(spec, [k for k in spec.overrides if k in spec.search], where=f"{where}: overrides.")
+    configs = [cfg for _, cfg in trials]
+    for key in spec.search:
+        reasons = [_unread(key, cfg) for cfg in configs]
+        if configs and all(reasons):
+            raise ConfigError(
+                f"{where}: search.{key}: no trial reads it ({reasons[0]}); its trials would differ in nothing"
+            )

@@ -1,0 +1,179 @@
+"""The values a study's search can sample, and the combinations of them that are checked before
+anything runs (:func:`~ablate.sweeps.spec.corner_trials`).
+
+* A list of ``choices`` is checked at every choice.
+* An ``int`` range (and a ``float`` range with a ``step``) is checked at every value it can sample,
+  up to :data:`MAX_VALUES` of them; a longer one at its ends, the values next to them, evenly spaced
+  values between and every power of two in it (where divisibility changes most).
+* A continuous ``float`` range at its ends, :data:`INTERIOR` evenly spaced points between (in log
+  space for ``log``) and, where it spans a few integers, at each integer and halfway between (where a
+  value read as a whole number changes).
+
+A range is checked at its ends first, so the first value refused is an end where an end is bad.
+Every combination of the keys' values is checked where there are at most :data:`MAX_POINTS` (a grid
+always: its combinations are its trials); beyond that, every value of each key and every pair of
+values of two keys, the other keys at their first values.
+
+A study run again in the same store samples the same space (:func:`check_search_space`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from ablate.lightning_modules.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ablate.sweeps.spec import ParamSpace, StudySpec
+
+MAX_VALUES = 64
+"""The most values of one range checked one by one; a longer range is checked at chosen values."""
+INTERIOR = 9
+"""Evenly spaced points checked inside a longer range or a continuous one (besides its ends)."""
+MAX_POINTS = 512
+"""The most combinations of searched values checked in full (a study with ranges); beyond, all pairs."""
+MAX_INTEGERS = 16
+"""A continuous range spanning at most this many integers is also checked at each of them, and halfway."""
+
+
+def range_values(low: float, high: float, *, step: float | None, log: bool, is_int: bool) -> list[Any]:
+    """The values of a numeric range that are checked, ends first (see the module's docstring)."""
+    if is_int:
+        lo, stride = int(low), int(step or 1)
+        count = (int(high) - lo) // stride + 1  # Optuna's suggest_int: high rounded down onto the steps
+        return _ends_first(_on_grid(count, log, lambda i: lo + i * stride))
+    if step is not None:
+        count = int(math.floor((high - low) / step + 1e-9)) + 1
+        return _ends_first(_on_grid(count, log, lambda i: _rounded(low + i * step, step)))
+    if low == high:
+        return [low]
+    inside = [float(f"{_between(low, high, (i + 1) / (INTERIOR + 1), log):.12g}") for i in range(INTERIOR)]
+    first, last = math.ceil(low), math.floor(high)
+    integers = range(first, last + 1) if 0 < last - first + 1 <= MAX_INTEGERS else range(0)
+    halves = [k + 0.5 for k in range(first - 1, last + 1) if low < k + 0.5 < high] if integers else []
+    return _ends_first(sorted({*inside, *(float(k) for k in integers), *halves, low, high}))
+
+
+def _on_grid(count: int, log: bool, value: Callable[[int], Any]) -> list[Any]:
+    """Every value of a grid of ``count`` values, or (a longer one) the chosen ones, ascending."""
+    if count <= MAX_VALUES:
+        return [value(i) for i in range(count)]
+    lo, hi = value(0), value(count - 1)
+    stride = value(1) - lo
+    inside = [_between(lo, hi, (i + 1) / (INTERIOR + 1), log) for i in range(INTERIOR)]
+    spots = {0, 1, count - 2, count - 1} | {min(count - 1, round((x - lo) / stride)) for x in inside}
+    values = {value(i) for i in spots}
+    if isinstance(lo, int) and lo > 0:  # the powers of two on the grid (where divisibility changes most)
+        power = 2 ** max(0, math.ceil(math.log2(lo)))
+        while power <= hi:
+            if (power - lo) % stride == 0:
+                values.add(power)
+            power *= 2
+    return sorted(values)
+
+
+def _between(low: float, high: float, fraction: float, log: bool) -> float:
+    if log and low > 0:
+        return float(math.exp(math.log(low) + fraction * (math.log(high) - math.log(low))))
+    return low + fraction * (high - low)
+
+
+def _rounded(value: float, step: float) -> float:
+    """``value`` without the float noise of adding steps (0.1 + 2 * 0.1 = 0.30000000000000004)."""
+    places = max(0, -math.floor(math.log10(step))) + 6 if step > 0 else 12
+    return round(value, places)
+
+
+def _ends_first(values: list[Any]) -> list[Any]:
+    if len(values) <= 2:
+        return values
+    return [values[0], values[-1], *values[1:-1]]
+
+
+def points(values: dict[str, list[Any]], *, full: bool) -> Iterator[dict[str, Any]]:
+    """The combinations checked: every one (``full``, or at most :data:`MAX_POINTS`), else the first
+    values, each value of each key and each pair of values of two keys (the others at their first)."""
+    keys = list(values)
+    if full or math.prod(len(v) for v in values.values()) <= MAX_POINTS:
+        for combination in itertools.product(*(values[k] for k in keys)):
+            yield dict(zip(keys, combination, strict=True))
+        return
+    first = {k: values[k][0] for k in keys}
+    yield first
+    for key in keys:
+        for value in values[key][1:]:
+            yield first | {key: value}
+    for a, b in itertools.combinations(keys, 2):
+        for x, y in itertools.product(values[a][1:], values[b][1:]):
+            yield first | {a: x, b: y}
+
+
+def culprits(point: dict[str, Any], values: dict[str, list[Any]], valid: Callable[[dict[str, Any]], bool]) -> list[str]:
+    """The keys of an invalid ``point`` whose value makes it invalid: those where another of their
+    values makes the point valid (all of the point's keys where no single change does)."""
+    found = []
+    for key, value in point.items():
+        others = [v for v in values.get(key, ()) if v != value][:8]
+        if any(valid(point | {key: other}) for other in others):
+            found.append(key)
+    return found or list(point)
+
+
+def _described(dist: BaseDistribution) -> str:
+    """A distribution as a study writes it: ``choices [32, 64]``, ``int 1..8 (step 2)``, ``float 1e-05..0.01 (log)``."""
+    if isinstance(dist, CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    if isinstance(dist, (IntDistribution, FloatDistribution)):
+        kind = "int" if isinstance(dist, IntDistribution) else "float"
+        extra = [*(["log"] if dist.log else []), *([f"step {dist.step}"] if dist.step not in (None, 1) else [])]
+        return f"{kind} {dist.low}..{dist.high}" + (f" ({', '.join(extra)})" if extra else "")
+    return repr(dist)
+
+
+def _distribution(space: ParamSpace) -> BaseDistribution:
+    """The Optuna distribution :meth:`ParamSpace.suggest` samples from."""
+    if space.choices is not None:
+        return CategoricalDistribution(space.choices)
+    assert space.low is not None and space.high is not None  # checked: choices, or both low and high
+    if space.is_int:
+        return IntDistribution(int(space.low), int(space.high), log=space.log, step=int(space.step or 1))
+    return FloatDistribution(space.low, space.high, log=space.log, step=space.step)
+
+
+def check_search_space(study: optuna.Study, spec: StudySpec, where: str, url: str) -> None:
+    """Refuse a study whose search space differs from the one its earlier trials in this store sampled
+    (the same name, another search: Optuna would fail the first trial with its own message), naming the
+    parameter and both spaces, before anything is written. Also for a study made before ablate recorded
+    a study's definition (:func:`~ablate.sweeps.definition.check_unchanged`)."""
+    from ablate.sweeps.engine.tracking import redact  # MLflow's import: only where a study runs
+
+    names = {"seed": "seeds", "variant": "variants"}
+    mine = {name: _distribution(space) for name, space in spec.space.items()}
+    for trial in study.get_trials(deepcopy=False):
+        for name, old in trial.distributions.items():
+            new = mine.get(name)
+            if new == old:
+                continue
+            key = names.get(name, f"search.{name}")
+            here, there = (_described(d) if d is not None else "not searched" for d in (new, old))
+            if name in names:  # seeds [0, 1], variants ['a', 'b']
+                here, there = (text.removeprefix("choices ") for text in (here, there))
+            raise ConfigError(
+                f"{where}: {key}: {here} here, but the study {spec.name!r} in {redact(url)} sampled "
+                f"{there} (trial {trial.number}); its trials cannot go on with another search: give the "
+                f"study a new name (name:) or another store (--storage)"
+            )
+        added = [name for name in mine if trial.distributions and name not in trial.distributions]
+        if added:
+            key = names.get(added[0], f"search.{added[0]}")
+            raise ConfigError(
+                f"{where}: {key}: searched here, but not by the study {spec.name!r} in {redact(url)} "
+                f"(trial {trial.number}); its trials cannot go on with another search: give the study a new name "
+                f"(name:) or another store (--storage)"
+            )
