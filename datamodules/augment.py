@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,12 +30,38 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tqdm.auto import tqdm
 
 from ablate.datamodules.tokenizer import SpecialIds, special_ids
-from ablate.lightning_modules.model.heads import PretrainingModel
 
 ALGORITHM_VERSION = 1
 """Bumped whenever the output for the same inputs changes, so stale cached augmentations miss."""
 _MAX_TOKENS = 512  # context per masked sequence when the model has no position embedding
 _ENCODE_BATCH = 4096  # sentences per encode_batch call
+
+
+class MaskedLM(Protocol):
+    """What augmentation asks of a masked language model; the caller hands one in (a pre-training
+    model with an MLM head, :class:`ablate.lightning_modules.model.heads.PretrainingModel`, is one).
+    It is put in eval mode while it proposes words, then its mode is restored."""
+
+    training: bool
+
+    def train(self, mode: bool = True) -> object:
+        """Training mode on (``mode``) or off."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """V: the ids it predicts."""
+        ...
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest input it reads ([CLS] and [SEP] included); None: no limit of its own."""
+        ...
+
+    def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Logits (N, V) at ``rows`` (N,) of the flattened (B*T) positions of ``input_ids`` (B, T)
+        (token types 0, ``attention_mask`` (B, T) bool True on real tokens), on its own device."""
+        ...
 
 
 @dataclass
@@ -93,7 +120,7 @@ def _allowed(tokenizer: Tokenizer, vocab_size: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _candidates(
-    mlm: PretrainingModel,
+    mlm: MaskedLM,
     queries: list[tuple[list[int], int]],
     window: int,
     allowed: torch.Tensor,
@@ -102,7 +129,6 @@ def _candidates(
 ) -> np.ndarray:
     """For each (sentence pieces, masked piece j): the top-k allowed predictions at j, never the
     word itself, with at most ``window`` pieces of context around j -> (N, k) ids."""
-    device = next(mlm.parameters()).device
     rows, slots, words = [], [], []
     for pieces, j in queries:
         start = min(max(j - window // 2, 0), max(len(pieces) - window, 0))
@@ -116,10 +142,9 @@ def _candidates(
         input_ids[i, : len(r)] = torch.tensor(r)
     mask = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]  # (B, T), True on real tokens
     flat = torch.arange(len(rows)) * input_ids.shape[1] + torch.tensor(slots)  # (B,) into the B*T positions
-    ids, mask, flat = input_ids.to(device), mask.to(device), flat.to(device)
-    hidden = mlm.encoder(ids, torch.zeros_like(ids), mask, rows=flat)  # (B, H) at the masked positions
-    logits = mlm.mlm_head(hidden, mlm.encoder.embeddings.word.weight).float()  # (B, V)
-    logits = logits.masked_fill(~allowed, float("-inf"))
+    logits = mlm.masked_logits(input_ids, mask, flat)  # (B, V) at the masked positions
+    device = logits.device
+    logits = logits.masked_fill(~allowed.to(device), float("-inf"))
     logits[torch.arange(len(rows), device=device), torch.tensor(words, device=device)] = float("-inf")
     top: np.ndarray = logits.topk(top_k, dim=-1).indices.cpu().numpy()
     return top
@@ -128,7 +153,7 @@ def _candidates(
 def augment_rows(
     texts: list[list[str]],
     tokenizer: Tokenizer,
-    mlm: PretrainingModel,
+    mlm: MaskedLM,
     copies: int,
     prob: float,
     top_k: int,
@@ -143,7 +168,7 @@ def augment_rows(
         texts: per example, its text fields (one sentence, or two for a pair); fields are
             augmented independently, each with its own masked-LM context.
         tokenizer: the masked LM's WordPiece tokenizer (with ``[PAD] [UNK] [CLS] [SEP] [MASK]``).
-        mlm: a model with an MLM head; run in eval mode on its own device, then restored.
+        mlm: the masked LM (:class:`MaskedLM`); run in eval mode on its own device, then restored.
         copies: augmented versions per example (TinyBERT's N).
         prob: probability that a word of a copy is replaced (TinyBERT's p_t).
         top_k: candidates per word (TinyBERT's K).
@@ -157,7 +182,7 @@ def augment_rows(
         ``len(texts) * copies`` rows, each with as many fields as its example.
     """
     sp = special_ids(tokenizer)
-    allowed = _allowed(tokenizer, mlm.encoder.embeddings.word.num_embeddings)
+    allowed = _allowed(tokenizer, mlm.vocab_size)
     k = min(top_k, int(allowed.sum()) - 1)  # the word itself is never a candidate
     sents = _split([t for row in texts for t in row], tokenizer, lowercase)
 
@@ -179,18 +204,16 @@ def augment_rows(
             queries.append((s, int(sents[s].piece_of[w])))
             done_at.append(rank)
 
-    position = mlm.encoder.embeddings.position
-    window = (position.num_embeddings if position is not None else _MAX_TOKENS) - 2
-    device = next(mlm.parameters()).device
+    window = (mlm.max_tokens or _MAX_TOKENS) - 2
     candidates = np.zeros((len(queries), k), dtype=np.int32)
     was_training = mlm.training
-    mlm.eval()
+    mlm.train(False)
     bar = tqdm(total=len(sents), desc="augmenting", unit="sentence", disable=not progress, delay=1.0)
     try:
         for b in range(0, len(queries), batch_size):
             end = min(b + batch_size, len(queries))
             batch = [(sents[s].pieces, j) for s, j in queries[b:end]]
-            candidates[b:end] = _candidates(mlm, batch, window, allowed.to(device), k, sp)
+            candidates[b:end] = _candidates(mlm, batch, window, allowed, k, sp)
             bar.update((done_at[end] if end < len(queries) else len(sents)) - bar.n)
         bar.update(len(sents) - bar.n)
     finally:

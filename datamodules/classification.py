@@ -32,7 +32,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from ablate.datamodules.augment import augment_rows, cached_augmentation, sample_table, vocab_digest
+from ablate.datamodules.augment import MaskedLM, augment_rows, cached_augmentation, sample_table, vocab_digest
 from ablate.datamodules.sources import TaskData
 from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
@@ -40,7 +40,6 @@ from ablate.datamodules.transfer import task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
-from ablate.lightning_modules.model.heads import PretrainingModel
 
 _READ_BATCH = READ_BATCH  # texts per encode_batch call
 
@@ -183,7 +182,7 @@ class ClassificationDataModule(pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         limit_train: int | None = None,
-        mlm: PretrainingModel | None = None,
+        mlm: MaskedLM | None = None,
         cache_dir: str | Path | None = None,
         mlm_id: str = "",
     ) -> None:

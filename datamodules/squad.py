@@ -17,7 +17,7 @@ windows of up to ``finetune.max_length`` tokens in all, ``finetune.doc_stride`` 
 ``doc_stride``). The tokenizer's offsets map each context token to its characters: a training
 window is labelled with the first answer's first and last tokens, or [CLS] (position 0) when the
 question has no answer or the answer is not wholly in the window; the dev windows keep their
-tokens' characters (:class:`~ablate.lightning_modules.methods.squad_metrics.SpanDev`), from which
+tokens' characters (:class:`~ablate.datamodules.span_dev.SpanDev`), from which
 the predicted spans are read back as text.
 
 Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
@@ -43,11 +43,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import TaskData, resolve_task
+from ablate.datamodules.span_dev import Reference, SpanDev, Windows
 from ablate.datamodules.tokenizer import special_ids
 from ablate.datamodules.transfer import task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
-from ablate.lightning_modules.methods.squad_metrics import Reference, SpanDev, Windows
 
 _BATCH = 4096  # texts per encode_batch call
 

@@ -25,19 +25,20 @@ ORDER = [
     "ablate.lightning_modules.config",
     "ablate.lightning_modules.model",
     "ablate.lightning_modules.measure",
+    "ablate.datamodules",
     "ablate.lightning_modules.methods",
     "ablate.lightning_modules.interop",
-    "ablate.datamodules",
     "ablate.sweeps.engine",
     "ablate.sweeps",
     "ablate.reports",
     "ablate.benchmarks",
     "ablate",
 ]
-"""The layers, lowest first: a module may import only from its own layer or the ones below it. Inside
-``lightning_modules``: config (validated dataclasses, YAML) -> model (blocks, encoder, heads) ->
-measure (accounting, latency, memory) -> methods (training modules, losses, pruning, quantization) ->
-interop (transformers)."""
+"""The layers, lowest first: a module may import only from its own layer or the ones below it: config
+(validated dataclasses, YAML) -> model (blocks, encoder, heads) -> measure (accounting, latency,
+memory) -> data (which reads configs only) -> methods (training modules, losses, pruning,
+quantization) -> interop (transformers) -> the single-run engine -> studies -> reports -> benchmarks
+-> the CLI. docs/development.md states the same order (:func:`test_the_docs_state_this_order`)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -84,8 +85,21 @@ def test_every_module_imports_through_the_ablate_namespace() -> None:
             assert not any(n.split(".")[0] in old for n in names), f"{module} imports {names} outside ablate.*"
 
 
+def _documented_order() -> list[str]:
+    """The layer order docs/development.md states: the code block after "Imports point one way"."""
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    block = text.split("Imports point one way", 1)[1].split("```", 2)[1]
+    return [name.strip() for name in block.split("->")]
+
+
+def test_the_docs_state_this_order() -> None:
+    """Every layer docs/development.md names is one of :data:`ORDER`, in the same order, and every layer
+    of :data:`ORDER` is named there (``ablate.lightning_modules`` itself is only the namespace)."""
+    assert _documented_order() == [p for p in ORDER if p != "ablate.lightning_modules"]
+
+
 def test_imports_point_one_way() -> None:
-    """config -> model -> data -> methods -> sweeps -> reports / CLI: no package imports a later one."""
+    """No module imports a later layer of :data:`ORDER`."""
     upward = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() for b in bs if _layer(b) > _layer(a))
     assert upward == []
 
@@ -97,6 +111,14 @@ def test_the_config_layer_imports_no_model_code() -> None:
     """Reading and validating a config needs nothing above it (and so no torch): the config layer
     imports only itself."""
     assert {m: sorted(GRAPH[m] - CONFIG) for m in CONFIG if GRAPH[m] - CONFIG} == {}
+
+
+def test_the_data_layer_imports_only_the_config_of_lightning_modules() -> None:
+    """Data modules read configs, never models: a model they use (augmentation's masked LM) is handed in
+    by the caller, typed by a Protocol (``ablate.datamodules.augment.MaskedLM``)."""
+    data = {m for m in _modules() if m.startswith("ablate.datamodules")}
+    lightning = {m for m in _modules() if m.startswith("ablate.lightning_modules.")}
+    assert {m: sorted(GRAPH[m] & lightning - CONFIG) for m in data if GRAPH[m] & lightning - CONFIG} == {}
 
 
 def test_no_import_cycles() -> None:

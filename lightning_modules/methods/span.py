@@ -16,7 +16,7 @@ its context (:func:`~lightning_modules.methods.squad_metrics.best_answers`) and 
 scores (:func:`~lightning_modules.methods.squad_metrics.span_metrics`) as ``<task>/exact``,
 ``<task>/f1`` (SQuAD 2.0: the no-answer threshold chosen on the dev set, its other scores beside),
 ``<task>/loss``, ``<task>/score`` and ``<task>/best_<metric>``. The dev questions and windows are the
-data module's ``dev`` (:class:`~lightning_modules.methods.squad_metrics.SpanDev`).
+data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torchmetrics import MeanMetric
 
+from ablate.datamodules.span_dev import SpanDev
 from ablate.lightning_modules.config.distill import Stage, schedule
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.finetune import FinetuneModule, finetune_weights
-from ablate.lightning_modules.methods.squad_metrics import SpanDev, best_answers, span_metrics
+from ablate.lightning_modules.methods.squad_metrics import best_answers, span_metrics
 from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.lightning_modules.model.span import SpanModel, build_span_model, span_logits

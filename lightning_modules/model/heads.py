@@ -138,6 +138,26 @@ class PretrainingModel(nn.Module):
         self.encoder, self.mlm_head, self.sentence_head = encoder, mlm_head, sentence_head
         self.sentence_weight, self.mask_prob = sentence_weight, mask_prob
 
+    @property
+    def vocab_size(self) -> int:
+        """V: the ids the MLM head predicts (the word embedding's rows)."""
+        return self.encoder.embeddings.word.num_embeddings
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest input it reads: the position embedding's rows (None without position embeddings)."""
+        position = self.encoder.embeddings.position
+        return None if position is None else position.num_embeddings
+
+    def masked_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The MLM head's logits at some positions of a batch: ``input_ids`` (B, T), token types 0,
+        ``attention_mask`` (B, T) bool, ``rows`` (N,) indices into the flattened (B*T) positions ->
+        (N, V) float32, on the model's device (the inputs are moved there)."""
+        device = self.encoder.embeddings.word.weight.device
+        ids, mask, rows = input_ids.to(device), attention_mask.to(device), rows.to(device)
+        hidden = self.encoder(ids, torch.zeros_like(ids), mask, rows=rows)  # (N, H)
+        return self.mlm_head(hidden, self.encoder.embeddings.word.weight).float()  # type: ignore[no-any-return]
+
     def forward(self, batch: dict[str, torch.Tensor], trace: Trace | None = None) -> PretrainOutput:
         """The losses of one batch; ``trace`` records the encoder's internals (distillation).
 

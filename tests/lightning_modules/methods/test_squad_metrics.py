@@ -12,11 +12,9 @@ import string
 import numpy as np
 import pytest
 
+from ablate.datamodules.span_dev import Reference, SpanDev, Windows
 from ablate.lightning_modules.methods.squad_metrics import (
     V2_LOGGED,
-    Reference,
-    SpanDev,
-    Windows,
     best_answers,
     evaluate_v1,
     evaluate_v2,
