@@ -5,7 +5,8 @@ same section serves both stages of the field: a pre-training run (regime ``disti
 DistilBERT, TinyBERT's general distillation) and a fine-tuning run (``finetune.source`` and
 ``distill.teacher`` both set: task distillation from a fine-tuned teacher, TinyBERT's
 task-specific stage). The losses are loss terms (each with its own weight, 0 = off) of the one
-training step (:mod:`lightning_modules.train_module`); the strategies are schedules of stages.
+training step, declared in its registry (``ablate.lightning_modules.methods.terms``); the strategies
+are schedules of stages.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ from ablate.lightning_modules.config.errors import STRICT, FieldError
 _Weight = Annotated[float, Field(ge=0.0)]
 
 Strategy = Literal["auxiliary", "joint", "progressive"]
-TRANSFER = ("fmt", "at", "embed", "cos")  # the intermediate (layer-wise) losses
-# "pd": the prediction layer: the data's own loss (MLM + sentence, or the task's labels) and KD on the logits
+Placement = Literal["layers", "embedding", "last"]
+TRANSFER: dict[str, Placement] = {"fmt": "layers", "at": "layers", "embed": "embedding", "cos": "last"}
+"""The intermediate (layer-wise) terms, each weighted by ``distill.<name>_weight``, and where the
+progressive strategy counts it: on each layer's stage, with the embeddings (the first layer's stage),
+or on the last layer's stage. How each is computed: ``ablate.lightning_modules.methods.terms``."""
+PD = "pd"
+"""The prediction layer's entry in a stage's losses: the data's own terms (MLM + sentence, or the
+task's labels), KD on the logits and the dual term."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -98,7 +105,7 @@ class DistillConfig:
     @property
     def transfer_weights(self) -> dict[str, float]:
         """The layer-wise transfer losses that are on, by name."""
-        weights = {"fmt": self.fmt_weight, "at": self.at_weight, "embed": self.embed_weight, "cos": self.cos_weight}
+        weights: dict[str, float] = {k: getattr(self, f"{k}_weight") for k in TRANSFER}
         return {k: w for k, w in weights.items() if w > 0}
 
 
@@ -155,7 +162,7 @@ def schedule(
     """
     transfer = tuple(cfg.transfer_weights)
     if cfg.strategy == "auxiliary":
-        return [Stage("auxiliary", 0, max_steps, (*transfer, "pd"))]
+        return [Stage("auxiliary", 0, max_steps, (*transfer, PD))]
     if not transfer:
         raise FieldError(
             "strategy", f"{cfg.strategy!r} has transfer stages but fmt_weight, at_weight and embed_weight are all 0"
@@ -164,23 +171,22 @@ def schedule(
     if cfg.strategy == "joint":
         stages = [Stage("transfer", 0, s, transfer, trainable=None)]
     else:
-        layer_losses = tuple(k for k in transfer if k not in ("embed", "cos"))
-        embed = ("embed",) if "embed" in transfer else ()
+        placed = {p: tuple(k for k in transfer if TRANSFER[k] == p) for p in ("layers", "embedding", "last")}
         stages = [
             Stage(
                 f"layer {l}",
                 l * s,
                 (l + 1) * s,
-                (*layer_losses, *(embed if l == 0 else ())),
+                (*placed["layers"], *(placed["embedding"] if l == 0 else ())),
                 layers=(l,),
                 trainable=(l,),
                 embeddings=l == 0,
             )
             for l in range(num_layers)
         ]
-        if "cos" in transfer:  # on the last layer: counted with it
+        if placed["last"]:  # on the last layer: counted with it
             last = stages[-1]
-            stages[-1] = last._replace(losses=(*last.losses, "cos"))
+            stages[-1] = last._replace(losses=(*last.losses, *placed["last"]))
     empty = next((st for st in stages if not st.losses), None)
     if empty is not None:
         raise FieldError(
@@ -193,4 +199,4 @@ def schedule(
             f"{len(stages)} transfer stage(s) x {s} steps = {pd_start} leave no PD "
             f"stage within {steps_field} {max_steps}",
         )
-    return [*stages, Stage("pd", pd_start, max_steps, ("pd",))]
+    return [*stages, Stage("pd", pd_start, max_steps, (PD,))]

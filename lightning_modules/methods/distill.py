@@ -1,8 +1,9 @@
 """What joins a student to a frozen teacher: :class:`TeacherLink` (layer and head maps, learned
-projections, the intermediate loss terms) and the initialisations a student can take from its
-teacher (:func:`copy_embeddings`, :func:`copy_layers`: DistilBERT's every other layer).
+projections) and the initialisations a student can take from its teacher (:func:`copy_embeddings`,
+:func:`copy_layers`: DistilBERT's every other layer).
 
-The intermediate terms (each weighted by ``distill.*_weight``, 0 = off):
+The intermediate terms the link serves (each weighted by ``distill.*_weight``, 0 = off; computed in
+the registry of terms, :mod:`lightning_modules.methods.terms`):
 
 - ``fmt``, feature-map transfer: MSE between student block i's output and teacher block
   ``layer_map[i]``'s, through a learned linear projection when the widths differ (TinyBERT's W_h:
@@ -13,8 +14,8 @@ The intermediate terms (each weighted by ``distill.*_weight``, 0 = off):
 - ``embed``: MSE between the embedding outputs;
 - ``cos``: DistilBERT's 1 - cos between the last student layer's hidden states and its teacher layer's.
 
-The prediction layer's ``kd`` and the data's own terms are the training step's
-(:mod:`lightning_modules.train_module`), the same in pre-training and fine-tuning. A student with
+The prediction layer's ``kd`` and the data's own terms are the registry's too, the same in
+pre-training and fine-tuning. A student with
 its own, smaller vocabulary learns through a :class:`~lightning_modules.vocab_bridge.VocabBridge`
 (``vocab``: Zhao et al.'s dual training, the ``dual`` term).
 """
@@ -28,15 +29,8 @@ from torch import nn
 
 from ablate.lightning_modules.config.distill import MIX_PROB, DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ModelConfig
-from ablate.lightning_modules.methods.losses import (
-    attention_loss,
-    attention_mse_loss,
-    cosine_loss,
-    feature_map_loss,
-    head_map,
-    layer_map,
-)
+from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.methods.losses import head_map, layer_map
 from ablate.lightning_modules.model.components.embeddings import Embeddings
 from ablate.lightning_modules.model.encoder import Encoder, Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
@@ -118,7 +112,6 @@ class TeacherLink(nn.Module):
         teacher: the teacher model (a ``PretrainingModel`` or a ``Classifier``); frozen here.
         teacher_cfg: the teacher's architecture.
         student_cfg: the student's architecture.
-        at_needed: whether attention transfer is on (head counts must then be compatible).
         vocab: for a student with its own, smaller vocabulary, the map of its ids to the
             teacher's: the link then holds the :class:`VocabBridge` that teaches through it (``vocab``).
     """
@@ -129,7 +122,6 @@ class TeacherLink(nn.Module):
         teacher: nn.Module,
         teacher_cfg: ModelConfig,
         student_cfg: ModelConfig,
-        at_needed: bool,
         vocab: VocabMap | None = None,
     ) -> None:
         super().__init__()
@@ -142,14 +134,13 @@ class TeacherLink(nn.Module):
                 f"distill.layer_map: teacher layer {max(self.layer_map)} does not exist (the teacher has {Lt} layers)"
             )
         s_specs, t_specs = student_cfg.layer_specs(), teacher_cfg.layer_specs()
+        self.heads_error: str | None = None  # why attention transfer cannot pair the heads (the at term is refused)
         try:
             self.head_maps = [
                 head_map(s_specs[i].num_heads, t_specs[j].num_heads) for i, j in enumerate(self.layer_map)
             ]
         except ValueError as exc:
-            if at_needed:
-                raise ConfigError(f"distill.at_weight: {exc}") from None
-            self.head_maps = []
+            self.heads_error, self.head_maps = str(exc), []
         Hs, Ht = student_cfg.hidden_dim, teacher_cfg.hidden_dim
         self.shared = d.projection == "shared"
         if self.shared and Hs == Ht:
@@ -185,26 +176,6 @@ class TeacherLink(nn.Module):
         """What the link trains beside the student: the projections and the vocabulary bridge."""
         return [m for m in (self.project, self.vocab) if m is not None]
 
-    def _project(self, x: torch.Tensor, index: int) -> torch.Tensor:
+    def projected(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """x (B, T, H_s) -> (B, T, H_t) through projection ``index`` (layer i, or -1: the embedding)."""
         return x if self.project is None else self.project[0 if self.shared else index](x)
-
-    def transfer_losses(
-        self, terms: tuple[str, ...], layers: tuple[int, ...], s: Trace, t: Trace, mask: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """The intermediate ``terms`` on student ``layers`` (unweighted), from the two traces."""
-        out: dict[str, torch.Tensor] = {}
-        lm = self.layer_map
-        if "fmt" in terms:
-            per_layer = [feature_map_loss(self._project(s.hidden[i], i), t.hidden[lm[i]], mask) for i in layers]
-            out["fmt"] = torch.stack(per_layer).mean()
-        if "at" in terms:
-            at = attention_loss if self.at_mode == "kl" else attention_mse_loss
-            out["at"] = torch.stack([at(s.scores[i], t.scores[lm[i]], self.head_maps[i], mask) for i in layers]).mean()
-        if "embed" in terms:
-            assert s.embedding is not None and t.embedding is not None
-            out["embed"] = feature_map_loss(self._project(s.embedding, -1), t.embedding, mask)
-        if "cos" in terms:
-            last = len(lm) - 1
-            out["cos"] = cosine_loss(self._project(s.hidden[last], last), t.hidden[lm[last]], mask)
-        return out

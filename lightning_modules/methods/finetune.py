@@ -12,6 +12,8 @@ The same step serves every fine-tuning method:
 - FastBERT: after fine-tuning, a second fit whose one stage trains only the exits, by
   self-distillation from the final classifier (the ``exit`` term; :meth:`FinetuneModule.self_distillation`).
 
+The terms and their weights are the registry's (:mod:`lightning_modules.methods.terms`).
+
 Dev metrics (torchmetrics, :data:`~lightning_modules.config.finetune.KIND_METRICS`): accuracy, F1 (of
 class 1 with two classes, as GLUE scores MRPC and QQP; macro F1 with more) and Matthews correlation for
 classification, Pearson's and Spearman's correlation for regression, logged as ``<task>/<metric>`` with
@@ -38,7 +40,7 @@ from torchmetrics.classification import (
 )
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
-from ablate.lightning_modules.config.distill import Stage, schedule
+from ablate.lightning_modules.config.distill import PD, Stage, schedule
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import KIND_METRICS, FinetuneConfig
@@ -46,9 +48,11 @@ from ablate.lightning_modules.config.metric_names import SCORE
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.quantization.apply import Plan, prepare_weight_qat
-from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
+from ablate.lightning_modules.methods.terms import EXIT, Batch, Need, Provided, TaskModel, TaskOutput, require
+from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier, hidden_width
-from ablate.lightning_modules.model.early_exit import build_exits, exit_logits, self_distillation_loss
+from ablate.lightning_modules.model.early_exit import build_exits
+from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
 
 SELF_DISTILLATION = "self-distillation"
@@ -90,18 +94,6 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), labels)
 
 
-def finetune_weights(cfg: ExperimentConfig) -> dict[str, float]:
-    """The fine-tuning terms' weights: the labels' ``distill.label_weight`` (1 without a teacher),
-    KD and the intermediate terms as ``distill`` says, FastBERT's ``exit`` 1."""
-    d = cfg.distill
-    return {
-        "label": d.label_weight,
-        "kd": d.kd_weight,
-        "exit": 1.0,
-        **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
-    }
-
-
 class FinetuneModule(TrainModule):
     """Fine-tuning: cross-entropy on the labels or the squared error of a regression (and what a
     teacher or exits add), dev metrics for early stopping.
@@ -113,6 +105,9 @@ class FinetuneModule(TrainModule):
     """
 
     loss_name = "fine-tuning loss"
+    model: Any
+    """A :class:`Classifier` (a span task's :class:`SpanModel`); typed loosely for the engine, which swaps in
+    the quantized classifier (an ``nn.Module``) and reads it as either. The terms see it as a ``TaskModel``."""
 
     def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel, link: TeacherLink | None = None) -> None:
         f = cfg.finetune
@@ -122,12 +117,12 @@ class FinetuneModule(TrainModule):
             width = hidden_width(model.encoder)
             model.exits = build_exits(width, layers, f.num_labels, cfg.model.dropout, cfg.model.init_std)
         if link is None:
-            stages = [Stage("train", 0, f.max_steps, ("pd",))]
+            stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, layers, f.max_steps, steps_field="finetune.max_steps")
         o = cfg.optim
         plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
-        super().__init__(cfg, model, link, stages, finetune_weights(cfg), plan)
+        super().__init__(cfg, model, link, stages, plan)
         self.regression = f.kind == "regression"
         self.dev_names = [f.task, *(d.name for d in f.extra_validation)]
         # per dev set (by its index: a name may hold a dot), its metrics and loss, moving with the module
@@ -163,24 +158,27 @@ class FinetuneModule(TrainModule):
             self.model.load_state_dict(self.best_state)
 
     # -- the task ----------------------------------------------------------------------------
-    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+    def provides(self) -> Provided:
+        """The task's labels, class distributions (not a regression's one output) and FastBERT's
+        exits where the classifier has them, beside a teacher's."""
+        base = super().provides()
+        have = base.have | {Need.LABELS} | ({Need.EXITS} if getattr(self.model, "exits", None) is not None else set())
+        if self.cfg.finetune.kind == "regression":
+            why = "a regression task (finetune.kind regression) has one output (the intermediate terms still apply)"
+            return Provided(have, {**base.why_not, Need.DISTRIBUTIONS: why})
+        return Provided(have | {Need.DISTRIBUTIONS}, base.why_not)
+
+    def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """The final head's logits and the task's loss on the labels (:func:`task_loss`)."""
         logits = model(batch, trace)  # (B, C); (B, 1) for regression
-        return TaskOutput(logits, None, {"label": task_loss(logits, batch["labels"])})
-
-    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
-        """FastBERT's self-distillation: the exits learn the final classifier's distribution."""
-        if "exit" not in stage.losses:
-            return {}
-        *exits, final = exit_logits(self.model, batch)
-        return {"exit": self_distillation_loss(exits, final.detach())}
+        assert isinstance(logits, torch.Tensor), "a classifier gives its logits"
+        return TaskOutput(logits, None, task_loss(logits, batch["labels"]))
 
     def self_distillation(self) -> None:
         """Switch to FastBERT's second phase: ``finetune.exit_steps`` steps in which only the exits
         train, from the final classifier (the best validation's weights, frozen)."""
         f = self.cfg.finetune
-        if self.model.exits is None:
-            raise ConfigError("finetune.exits: the classifier has no exits to train")
+        require(EXIT, self.selected, self.provides())
         self.restore_best()
         stage = Stage(SELF_DISTILLATION, 0, f.exit_steps, ("exit",), trainable=(), embeddings=False, extra=("exits",))
         o = self.optim
@@ -195,7 +193,7 @@ class FinetuneModule(TrainModule):
         self.model.requires_grad_(True)  # the whole classifier trains, after a phase that froze it (FastBERT's exits)
         prepare_weight_qat(self.model, plan, q)
         self.best, self.best_state, self.best_values = None, None, {}
-        stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, ("pd",))
+        stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, (PD,))
         self.set_stages([stage], OptimPlan(f.lr, q.qat_steps, max(1, q.qat_steps // 10), o.weight_decay, o.eps))
 
     # -- validation --------------------------------------------------------------------------
@@ -203,7 +201,7 @@ class FinetuneModule(TrainModule):
         """Whether the dev set is scored now: not while an intermediate stage trains the layers
         (the classifier has not learnt yet), nor during self-distillation (the final classifier is frozen)."""
         stage = self.stage_at(max(0, self.global_step - 1))  # the stage of the step just trained
-        return "pd" in stage.losses
+        return PD in stage.losses
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.scoring():
@@ -245,16 +243,11 @@ def task_distill_module(
     """Fine-tuning distilled from a fine-tuned ``teacher`` (task distillation). ConfigError (naming the
     field) when the teacher does not fit: other labels, a layer or head map that does not exist."""
     f, d = cfg.finetune, cfg.distill
-    if f.kind == "regression" and d.kd_weight > 0:
-        raise ConfigError(
-            "distill.kd_weight: the prediction layer's KD matches softened class distributions; a regression "
-            "task (finetune.kind regression) has one output: set 0 (the intermediate terms still apply)"
-        )
     if teacher.num_labels != f.num_labels:
         raise ConfigError(
             f"distill.teacher: the teacher classifies into {teacher.num_labels} labels, the task "
             f"(finetune.num_labels) has {f.num_labels}"
         )
     student_cfg = cfg.model
-    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0)
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg)
     return FinetuneModule(cfg, pretrained, link)

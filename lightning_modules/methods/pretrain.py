@@ -7,47 +7,36 @@ distillation; Zhao et al.'s student with its own vocabulary) when given a
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-import torch
-from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from ablate.lightning_modules.config import metric_names as names
-from ablate.lightning_modules.config.distill import Stage, schedule, with_vocabularies
+from ablate.lightning_modules.config.distill import PD, Stage, schedule, with_vocabularies
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
-from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
+from ablate.lightning_modules.methods.terms import Batch, Need, Provided, TaskModel, TaskOutput
+from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
+from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, PretrainOutput, build_pretraining_model
 from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 
 
-def pretrain_weights(cfg: ExperimentConfig) -> dict[str, float]:
-    """The pre-training terms' weights: MLM and KD as ``distill`` says (1 and unused without a
-    teacher), the sentence loss ``objective.sentence_weight``, the intermediate terms their own,
-    ``dual`` (a student with its own vocabulary) ``distill.dual_weight`` (0 when unset)."""
-    d = cfg.distill
-    return {
-        "mlm": d.mlm_weight,
-        "sentence": cfg.objective.sentence_weight,
-        "kd": d.kd_weight,
-        "dual": d.dual_weight or 0.0,
-        **{k: getattr(d, f"{k}_weight") for k in ("fmt", "at", "embed", "cos")},
-    }
-
-
 class PretrainModule(TrainModule):
-    """Pre-training: the architecture and loss combination come from the config.
+    """Pre-training: the architecture and loss combination come from the config (the terms: MLM,
+    the sentence loss with a sentence task, and with a teacher KD, the transfer terms and ``dual``;
+    :mod:`~lightning_modules.methods.terms`).
 
     Args:
         cfg: the resolved experiment config.
         model: an already built model to train (built from ``cfg`` when None).
         link: the frozen teacher a distillation learns from (None: plain pre-training).
     """
+
+    model: PretrainingModel
 
     def __init__(
         self, cfg: ExperimentConfig, model: PretrainingModel | None = None, link: TeacherLink | None = None
@@ -57,11 +46,11 @@ class PretrainModule(TrainModule):
         stages = (
             schedule(cfg.distill, cfg.model.num_layers, steps)
             if link is not None
-            else [Stage("train", 0, steps, ("pd",))]
+            else [Stage("train", 0, steps, (PD,))]
         )
         o = cfg.optim
         plan = OptimPlan(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
-        super().__init__(cfg, model, link, stages, pretrain_weights(cfg), plan)
+        super().__init__(cfg, model, link, stages, plan)
         if link is not None:
             link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         if cfg.trainer.compile:  # forward and loss: one graph (tests/lightning_modules/methods/test_compile.py)
@@ -74,19 +63,23 @@ class PretrainModule(TrainModule):
         self.val_sentence_acc = MulticlassAccuracy(num_classes=2, average="micro", ignore_index=-100)
         self.copied: list[str] = []  # what distill_module copies from the teacher (init_embeddings, init_layers)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> PretrainOutput:
+    def forward(self, batch: Batch) -> PretrainOutput:
         out: PretrainOutput = self.model(batch)
         return out
 
-    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+    def provides(self) -> Provided:
+        """The masked LM (and a sentence task where the model has its head), beside a teacher's."""
+        base = super().provides()
+        task = {Need.MLM, Need.DISTRIBUTIONS} | ({Need.SENTENCE} if self.model.sentence_head is not None else set())
+        return base._replace(have=base.have | task)
+
+    def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """MLM (+ sentence) losses; the MLM logits at the prediction slots for KD."""
         out = model(batch, trace)
-        losses = {"mlm": out.mlm_loss}
-        if out.sentence_loss is not None:
-            losses["sentence"] = out.sentence_loss
-        return TaskOutput(out.mlm_logits, out.mlm_valid, losses)
+        assert isinstance(out, PretrainOutput), "a pre-training model (or teacher) gives a PretrainOutput"
+        return TaskOutput(out.mlm_logits, out.mlm_valid, out.mlm_loss, out.sentence_loss)
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self.new_step()
         out = self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
@@ -152,7 +145,7 @@ def distill_module(
             f"fewer than data.max_length {cfg.data.max_length}"
         )
     model = model if model is not None else build_pretraining_model(cfg.model, cfg.objective)
-    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, at_needed=d.at_weight > 0, vocab=vocab if own else None)
+    link = TeacherLink(d, teacher, teacher_cfg, student_cfg, vocab=vocab if own else None)
     module = PretrainModule(cfg, model, link)
     chosen = init_layer_map(d.init_layers, student_cfg.num_layers, teacher_cfg.num_layers, link.layer_map)
     module.copied = [

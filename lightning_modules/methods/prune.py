@@ -6,8 +6,9 @@ The encoder's weights are frozen; gates alpha (initialised to 1) multiply into t
     loss = MLM + sentence loss + gamma * sum_dim beta_dim * ||alpha_dim||_1
 
 where beta_dim is proportional to the parameters one unit of that dimension removes
-(:func:`lightning_modules.methods.pruning.budget.beta`). Removal and fine-tuning happen between
-gate phases (:func:`ablate.lightning_modules.methods.pruning.schubert.prune`).
+(:func:`lightning_modules.methods.pruning.budget.beta`): the registry's ``sparsity`` term, weighted by
+``prune.gamma`` (:mod:`lightning_modules.methods.terms`). Removal and fine-tuning happen between gate
+phases (:mod:`ablate.lightning_modules.methods.pruning.schubert`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.pruning.budget import beta
 from ablate.lightning_modules.methods.pruning.gates import Gates, attach, detach
+from ablate.lightning_modules.methods.terms import Batch, Need, Provided, Term, TermInputs
 from ablate.lightning_modules.model.heads import PretrainingModel
 
 
@@ -42,7 +44,15 @@ class PruneModule(PretrainModule):
         self.gates = Gates(cfg.model, dims)
         self.beta = beta(cfg.model)
         attach(model, self.gates)
-        self.weights["sparsity"] = cfg.prune.gamma
+
+    def provides(self) -> Provided:
+        """The gates, beside what pre-training provides."""
+        base = super().provides()
+        return base._replace(have=base.have | {Need.GATES})
+
+    def term_inputs(self, batch: Batch, stage: Stage, on: tuple[Term, ...]) -> TermInputs:
+        """The gates and their weights beta beside what pre-training's terms read."""
+        return super().term_inputs(batch, stage, on)._replace(gates=self.gates, beta=self.beta)
 
     def release(self) -> PretrainingModel:
         """Take the gates out of the model again (its weights as they were)."""
@@ -52,16 +62,6 @@ class PruneModule(PretrainModule):
 
     def trainable_modules(self) -> torch.nn.Module:
         return self.gates
-
-    def sparsity(self) -> torch.Tensor:
-        """sum_dim beta_dim * ||alpha_dim||_1 over the gated dimensions."""
-        penalty = sum(self.beta[d] * self.gates.l1(d) for d in self.gates.dims)
-        assert isinstance(penalty, torch.Tensor), "the gates gate at least one dimension (a VARIANTS entry)"
-        return penalty
-
-    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
-        """The gates' weighted L1 (``sparsity``, weighted by ``prune.gamma``) beside MLM and the sentence loss."""
-        return {"sparsity": self.sparsity()}
 
     def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude

@@ -21,8 +21,6 @@ data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -30,13 +28,15 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from ablate.datamodules.span_dev import SpanDev
-from ablate.lightning_modules.config.distill import Stage, schedule
+from ablate.lightning_modules.config.distill import PD, Stage, schedule
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink
-from ablate.lightning_modules.methods.finetune import FinetuneModule, finetune_weights
+from ablate.lightning_modules.methods.finetune import FinetuneModule
 from ablate.lightning_modules.methods.squad_metrics import best_answers, span_metrics
-from ablate.lightning_modules.methods.train_module import OptimPlan, TaskOutput, TrainModule
+from ablate.lightning_modules.methods.terms import Batch, TaskModel, TaskOutput
+from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
+from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.lightning_modules.model.span import SpanModel, build_span_model, span_logits
 
@@ -70,11 +70,11 @@ class SpanModule(FinetuneModule):
         f, o = cfg.finetune, cfg.optim
         model = build_span_model(pretrained, cfg.model.init_std)
         if link is None:
-            stages = [Stage("train", 0, f.max_steps, ("pd",))]
+            stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, len(model.encoder.plan), f.max_steps, steps_field="finetune.max_steps")
         plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
-        TrainModule.__init__(self, cfg, model, link, stages, finetune_weights(cfg), plan)  # not a classifier's metrics
+        TrainModule.__init__(self, cfg, model, link, stages, plan)  # not a classifier's metrics
         self.val_loss = MeanMetric()
         self.best: float | None = None
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -82,11 +82,12 @@ class SpanModule(FinetuneModule):
         self.window_logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         """Each dev window's (T,) start and end logits of this validation, by the window's index."""
 
-    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+    def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """The start and end logits as (2B, T) rows (what KD compares: distributions over positions) and the loss."""
         logits = model(batch, trace)  # (B, T, 2)
+        assert isinstance(logits, torch.Tensor), "a span model gives its logits"
         start, end = span_logits(logits, batch["attention_mask"])
-        return TaskOutput(torch.cat([start, end]), None, {"label": span_loss_of(logits, batch)})
+        return TaskOutput(torch.cat([start, end]), None, span_loss_of(logits, batch))
 
     def span_dev(self) -> SpanDev | None:
         """The dev questions and windows: the data module's ``dev`` (None outside a fit or a validate)."""
@@ -135,5 +136,5 @@ def span_distill_module(
     cfg: ExperimentConfig, pretrained: PretrainingModel, teacher: SpanModel, teacher_cfg: ModelConfig
 ) -> SpanModule:
     """Span fine-tuning distilled from a fine-tuned span ``teacher`` (task distillation)."""
-    link = TeacherLink(cfg.distill, teacher, teacher_cfg, cfg.model, at_needed=cfg.distill.at_weight > 0)
+    link = TeacherLink(cfg.distill, teacher, teacher_cfg, cfg.model)
     return SpanModule(cfg, pretrained, link)

@@ -5,15 +5,17 @@ A method is a configuration of this step, not a subclass of its own:
 - a **model** (a ``PretrainingModel`` or a ``Classifier``),
 - an optional frozen **teacher**, joined to the student by a :class:`~lightning_modules.distill.TeacherLink`
   (layer and head maps, learned projections),
-- **loss terms**, each weighted: the data's own (``mlm``, ``sentence``, ``label``), the
-  prediction layer's KD (``kd``), the intermediate ones (``fmt``, ``at``, ``embed``, ``cos``),
-  the teacher's MLM over a student's own vocabulary (``dual``: Zhao et al.'s dual training) and
-  a method's own (``exit``: FastBERT's self-distillation; ``sparsity``: schuBERT's gates),
+- **loss terms**, each weighted, read from the registry (:mod:`lightning_modules.methods.terms`):
+  the data's own (``mlm``, ``sentence``, ``label``), the prediction layer's KD (``kd``), the
+  intermediate ones (``fmt``, ``at``, ``embed``, ``cos``), the teacher's MLM over a student's own
+  vocabulary (``dual``: Zhao et al.'s dual training) and a method's own (``exit``: FastBERT's
+  self-distillation; ``sparsity``: schuBERT's gates),
 - a schedule of **stages** (:class:`~lightning_modules.distill_config.Stage`): which terms count and
   what trains, step by step (MobileBERT's strategies, TinyBERT's intermediate-then-prediction).
 
 A subclass says only what its task is (:meth:`TrainModule.task_output`: the logits, the rows they
-are valid at, the data's own losses) and how it validates: pre-training
+are valid at, the data's own losses), what its run provides the terms (:meth:`TrainModule.provides`)
+and how it validates: pre-training
 (:class:`~lightning_modules.pretrain.PretrainModule`) and classification
 (:class:`~lightning_modules.finetune.FinetuneModule`). The step itself is written once, here.
 
@@ -27,7 +29,7 @@ import abc
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -35,12 +37,14 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import nn
 
-from ablate.lightning_modules.config.distill import TRANSFER, Stage
+from ablate.lightning_modules.config.distill import Stage
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import OptimConfig
+from ablate.lightning_modules.methods import terms as registry
 from ablate.lightning_modules.methods.distill import TeacherLink
-from ablate.lightning_modules.methods.losses import kd_loss
 from ablate.lightning_modules.methods.precision import resolved
+from ablate.lightning_modules.methods.terms import Batch, Need, Provided, TaskModel, TaskOutput, Term, TermInputs
+from ablate.lightning_modules.model.encoder import Trace
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -107,15 +111,6 @@ class OptimPlan:
     eps: float = 1e-8
 
 
-class TaskOutput(NamedTuple):
-    """What a task's forward gives the step: the logits the KD term compares, the rows where they
-    are valid (None = every row), and the data's own losses by term name."""
-
-    logits: torch.Tensor
-    valid: torch.Tensor | None
-    losses: dict[str, torch.Tensor]
-
-
 class TrainModule(pl.LightningModule, abc.ABC):
     """One training step for every method: model, optional teacher, weighted terms, stages.
 
@@ -124,36 +119,52 @@ class TrainModule(pl.LightningModule, abc.ABC):
         model: the model that trains.
         link: the frozen teacher and its maps to the student (None: no teacher).
         stages: the schedule (at least one stage; the last runs to the end of training).
-        weights: each loss term's weight, by name.
         optim: the optimizer's plan.
+
+    The loss terms are the registry's that the run provides for (:meth:`provides`), weighted as
+    the config says: ConfigError (naming the weight field) for a term weighted above 0 whose needs
+    the run lacks.
     """
 
     loss_name = "training loss"
+    model: TaskModel
 
     def __init__(
         self,
         cfg: ExperimentConfig,
-        model: nn.Module,
+        model: TaskModel,
         link: TeacherLink | None,
         stages: list[Stage],
-        weights: Mapping[str, float],
         optim: OptimPlan,
     ) -> None:
         super().__init__()
         self.cfg, self.link = cfg, link
-        self.model: Any = model  # a PretrainingModel or a Classifier (both: .encoder, __call__(batch, trace))
-        self.stages, self.weights, self.optim = list(stages), dict(weights), optim
+        self.model = model
+        self.stages, self.optim = list(stages), optim
         self._stage: Stage | None = None
+        self.selected = registry.select(cfg, self.provides())
+        self.terms: tuple[Term, ...] = self.selected.terms
+        """The terms this run sums (in the registry's order), where its stages turn them on."""
+        self.weights: dict[str, float] = self.selected.weights
+        """Each term's weight by name (every term the run can compute, those weighted 0 included)."""
 
     # -- what a task says ----------------------------------------------------------------
     @abc.abstractmethod
-    def task_output(self, model: nn.Module, batch: dict[str, torch.Tensor], trace: Any) -> TaskOutput:
+    def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """The task's forward of ``model`` (the student or the teacher) on ``batch``: each task's own
         (pre-training, fine-tuning); a TrainModule without one cannot be built."""
 
-    def extra_terms(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
-        """A method's own terms in ``stage`` (none by default)."""
-        return {}
+    def provides(self) -> Provided:
+        """What this run provides its terms (a subclass adds its task's): the teacher's, when it has
+        one (hidden states and embeddings; attention where the heads pair; a student's own vocabulary)."""
+        link = self.link
+        have = {Need.PREDICTION, Need.HIDDEN, Need.EMBEDDING}
+        if link is None:
+            return Provided(frozenset(have))
+        have |= {Need.TEACHER} | ({Need.VOCABULARY} if link.vocab is not None else set())
+        if link.heads_error is None:
+            return Provided(frozenset(have | {Need.ATTENTION}))
+        return Provided(frozenset(have), {Need.ATTENTION: link.heads_error})
 
     # -- the step --------------------------------------------------------------------------
     def new_step(self) -> None:
@@ -173,37 +184,33 @@ class TrainModule(pl.LightningModule, abc.ABC):
         every: int = trainer.log_every_n_steps  # type: ignore[attr-defined]  # Lightning sets it, undeclared
         return step % every == 0 or 0 < trainer.max_steps <= step
 
-    def losses(self, batch: dict[str, torch.Tensor], stage: Stage) -> dict[str, torch.Tensor]:
-        """Every term ``stage`` turns on, unweighted, by name."""
-        link, pd = self.link, "pd" in stage.losses
-        transfer = tuple(k for k in stage.losses if k in TRANSFER)
-        kd = pd and self.weights.get("kd", 0.0) > 0
-        dual = pd and link is not None and link.vocab is not None and self.weights.get("dual", 0.0) > 0
-        out: dict[str, torch.Tensor] = {}
-        if link is None or not (transfer or kd or dual):  # the model alone: its own fast forward
-            if pd:
-                out.update(self.task_output(self.model, batch, None).losses)
-            return {**out, **self.extra_terms(batch, stage)}
-        layers = stage.layers if stage.layers is not None else tuple(range(len(link.layer_map)))
-        s_trace, t_trace = link.traces(layers, "at" in transfer, full=pd) if transfer else (None, None)
-        inputs = (batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
-        teacher = self.teacher_output(batch, t_trace, pd, dual)
-        student = self.task_output(self.model, batch, s_trace) if pd else self.model.encoder(*inputs, trace=s_trace)
-        if transfer:
-            assert s_trace is not None and t_trace is not None
-            out.update(link.transfer_losses(transfer, layers, s_trace, t_trace, batch["attention_mask"]))
-        if pd:
-            assert teacher is not None
-            out.update(student.losses)
-            if dual:
-                out["dual"] = teacher.losses["dual"]
-            if kd:
-                out["kd"] = kd_loss(student.logits, teacher.logits.detach(), link.temperature, student.valid)
-        return {**out, **self.extra_terms(batch, stage)}
+    def losses(self, batch: Batch, stage: Stage) -> dict[str, torch.Tensor]:
+        """Every term ``stage`` turns on, unweighted, by name (in the registry's order)."""
+        on = registry.stage_terms(self.terms, stage.losses)
+        inputs = self.term_inputs(batch, stage, on)
+        return {term.name: term.compute(inputs) for term in on}
 
-    def teacher_output(
-        self, batch: dict[str, torch.Tensor], trace: Any, pd: bool, dual: bool = False
-    ) -> TaskOutput | None:
+    def term_inputs(self, batch: Batch, stage: Stage, on: tuple[Term, ...]) -> TermInputs:
+        """Run what the terms ``on`` need: the student's task forward (PREDICTION), the frozen teacher
+        (TEACHER), traces of both (hidden states, attention scores, embeddings) on the stage's layers.
+        Without a teacher term, the model alone runs its own fast forward."""
+        needs = [need for need in Need if any(need in term.needs for term in on)]
+        link, predict = self.link, Need.PREDICTION in needs
+        if link is None or Need.TEACHER not in needs:  # the model alone: its own fast forward
+            student = self.task_output(self.model, batch, None) if predict else None
+            return TermInputs(batch, self.model, student)
+        layers = stage.layers if stage.layers is not None else tuple(range(len(link.layer_map)))
+        traced = any(need in registry.TRACED for need in needs)
+        s_trace, t_trace = link.traces(layers, Need.ATTENTION in needs, full=predict) if traced else (None, None)
+        teacher = self.teacher_output(batch, t_trace, predict, Need.VOCABULARY in needs)
+        student = None
+        if predict:
+            student = self.task_output(self.model, batch, s_trace)
+        else:  # the layers only: the transfer stages
+            self.model.encoder(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"], trace=s_trace)
+        return TermInputs(batch, self.model, student, teacher, link, s_trace, t_trace, layers)
+
+    def teacher_output(self, batch: Batch, trace: Trace | None, pd: bool, dual: bool = False) -> TaskOutput | None:
         """The frozen teacher on ``batch``, recording ``trace``: its task output when ``pd`` (else
         only its encoder runs). A student with its own vocabulary (``link.vocab``) has the teacher
         read Zhao et al.'s mixed sequence and predict over the student's vocabulary (the losses:
@@ -215,7 +222,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
             with contextlib.nullcontext() if dual else torch.no_grad():
                 word = self.model.encoder.embeddings.word.weight  # (V_s, E_s)
                 mixed = link.vocab.teach(link.teacher, word, batch, trace, predict=pd, dual=dual)
-            return None if mixed is None else TaskOutput(mixed.logits, mixed.valid, {"dual": mixed.loss})
+            return None if mixed is None else TaskOutput(mixed.logits, mixed.valid, mixed.loss)
         with torch.no_grad():
             if pd:
                 return self.task_output(link.teacher, batch, trace)
@@ -227,7 +234,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
         total: torch.Tensor = sum(self.weights[k] * v for k, v in losses.items())  # type: ignore[assignment]
         return total
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """One step's loss; on log steps only, the total and each term are logged (one host read)."""
         self.new_step()
         stage = self._stage or self.stage_at(self.global_step)
@@ -269,7 +276,8 @@ class TrainModule(pl.LightningModule, abc.ABC):
         """Freeze everything of the model that ``stage`` does not train (a one-stage schedule that
         trains the whole model leaves what trains as the module set it: pruning's gates)."""
         self._stage = stage
-        if self.staged and isinstance(self.logger, MLFlowLogger):  # the boundary, at its exact step
+        # the boundary, at its exact step (not again where a resumed fit enters the stage it was in)
+        if self.staged and self.global_step == stage.start and isinstance(self.logger, MLFlowLogger):
             self.logger.log_metrics({"distill/stage": float(self.stages.index(stage))}, step=self.global_step)
         if len(self.stages) == 1 and stage.trainable is None and not stage.extra:
             return
@@ -306,6 +314,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
         """What the optimizer trains: the model, and what a teacher link learns (projections, the
         vocabulary bridge)."""
         learned = self.link.learned() if self.link is not None else []
+        assert isinstance(self.model, nn.Module), "a model is an nn.Module"
         return self.model if not learned else nn.ModuleList([self.model, *learned])
 
     def configure_gradient_clipping(

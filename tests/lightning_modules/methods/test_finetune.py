@@ -107,7 +107,7 @@ def test_a_regression_head_has_one_output_trained_by_squared_error():
     batch = {**_batch(), "labels": torch.tensor([0.5, 4.0, 2.5, 1.0])}
     out = module.model(batch)
     assert out.shape == (4, 1)
-    loss = module.task_output(module.model, batch, None).losses["label"]
+    loss = module.task_output(module.model, batch, None).loss  # the label term
     assert torch.allclose(loss, ((out.squeeze(-1) - batch["labels"]) ** 2).mean())
     assert set(module.dev_metrics()) == {"pearson", "spearman", "loss"}
 
