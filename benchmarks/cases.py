@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ablate.lightning_modules.config.experiment import ModelConfig, Sentence
-from ablate.lightning_modules.config.model import MOBILEBERT_EPS
+from ablate.lightning_modules.config.experiment import Sentence
+from ablate.lightning_modules.config.model import MOBILEBERT_EPS, ModelConfig
 from ablate.lightning_modules.config.presets import albert_base as albert_base_preset
 from ablate.lightning_modules.config.presets import albert_small, ibbert_large, ibbert_mini, mobilebert_mini
 from ablate.lightning_modules.config.presets import bert_base as bert_base_preset

@@ -26,7 +26,7 @@ from ablate.benchmarks.cases import CASES, Case, default_cases
 from ablate.benchmarks.ceiling import Ceiling, Peaks, peaks, step_flops
 from ablate.benchmarks.sides import build_sides
 from ablate.benchmarks.train_speed import Side, activation_mb, batches, race, tokens_per_s
-from ablate.lightning_modules.config.experiment import ModelConfig
+from ablate.lightning_modules.config.model import ModelConfig
 
 FP32 = ["ablate:fp32", "transformers:sdpa:fp32", "transformers:eager:fp32"]
 BF16 = ["ablate:bf16", "transformers:sdpa:bf16", "transformers:eager:bf16"]

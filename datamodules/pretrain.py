@@ -25,7 +25,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from ablate.datamodules.corpus import Split, check_corpus, resolve_corpus
+from ablate.datamodules.corpus import Split, check_corpus
+from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
 from ablate.datamodules.transfer import packed, unpack

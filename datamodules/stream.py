@@ -22,9 +22,10 @@ from typing import TypeVar
 import torch
 from tokenizers import Tokenizer
 
-from ablate.datamodules.corpus import Split, iter_documents, resolve_corpus
+from ablate.datamodules.corpus import Split, iter_documents
 from ablate.datamodules.masking import mask_tokens
 from ablate.datamodules.pairs import Instance, SentenceTask, create_instances, split_sentences
+from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.tokenizer import NUM_SPECIAL, SpecialIds, continuation_mask, special_ids
 from ablate.lightning_modules.config.errors import DataError
 from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig

@@ -35,7 +35,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tqdm.auto import tqdm
 
 from ablate.datamodules.catalog import resolve_model
-from ablate.datamodules.corpus import CorpusSpec, iter_documents, resolve_corpus
+from ablate.datamodules.corpus import iter_documents
+from ablate.datamodules.sources import CorpusSpec, resolve_corpus
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig
 

@@ -62,7 +62,7 @@ from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
 from ablate.sweeps.reach import check_search_reaches
 from ablate.sweeps.space import culprits, points, range_values
-from ablate.sweeps.study_models import (  # noqa: F401 - re-exported: the study's sections
+from ablate.sweeps.study_models import (
     PLACEHOLDER_SOURCE,
     REFERENCE_FIELDS,
     FinetuneTask,

@@ -22,12 +22,7 @@ from ablate.lightning_modules.config.distill import DistillConfig, schedule
 from ablate.lightning_modules.config.errors import STRICT, FieldError
 from ablate.lightning_modules.config.fields import NonNegFloat, NonNegInt, PosInt
 from ablate.lightning_modules.config.finetune import SPAN_METRICS, FinetuneConfig
-from ablate.lightning_modules.config.model import SHARES as SHARES
-from ablate.lightning_modules.config.model import Activation as Activation
-from ablate.lightning_modules.config.model import LayerSpec as LayerSpec
-from ablate.lightning_modules.config.model import ModelConfig as ModelConfig
-from ablate.lightning_modules.config.model import Norm as Norm
-from ablate.lightning_modules.config.model import Sharing as Sharing
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.prune import PruneConfig
 from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
 from ablate.lightning_modules.config.run import OptimConfig, TrackingConfig, TrainerConfig

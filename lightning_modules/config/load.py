@@ -15,7 +15,7 @@ from ablate.lightning_modules.config.errors import ConfigError, did_you_mean, fo
 from ablate.lightning_modules.config.experiment import ExperimentConfig, field_names, to_dict
 from ablate.lightning_modules.config.paths import kind_problem
 from ablate.lightning_modules.config.presets import preset_fields
-from ablate.lightning_modules.config.yamlio import AliasBombError, YamlLoader, load_yaml  # noqa: F401 - re-exported
+from ablate.lightning_modules.config.yamlio import AliasBombError, load_yaml
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ModelConfig, to_dict
+from ablate.lightning_modules.config.experiment import to_dict
+from ablate.lightning_modules.config.model import ModelConfig
 
 
 def bert_base() -> ModelConfig:

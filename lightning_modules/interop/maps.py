@@ -27,8 +27,7 @@ import torch
 from pydantic import ValidationError
 
 from ablate.lightning_modules.config.errors import ConfigError, require
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
-from ablate.lightning_modules.config.model import MOBILEBERT_EPS
+from ablate.lightning_modules.config.model import MOBILEBERT_EPS, LayerSpec, ModelConfig
 from ablate.lightning_modules.model import names
 
 # (HF parameter name, our parameter name, rows (start, stop) of ours or None for all of it)

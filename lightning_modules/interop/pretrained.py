@@ -28,7 +28,8 @@ import torch
 import yaml
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig, to_dict
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ObjectiveConfig, to_dict
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.yamlio import dump_yaml
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
@@ -36,9 +37,6 @@ from ablate.lightning_modules.interop.classifier import (
     checkpoint_folder,
     hf_checkpoint,
     load_weights,
-)
-from ablate.lightning_modules.interop.classifier import (
-    load_classifier as load_classifier,  # re-exported: the loaders side by side
 )
 from ablate.lightning_modules.interop.hub import (
     folder_tokenizer,

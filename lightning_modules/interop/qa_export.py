@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.lightning_modules.config.errors import ConfigError, require
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
+from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
     WEIGHTS,

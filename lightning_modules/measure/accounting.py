@@ -24,7 +24,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ObjectiveConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.measure.measuring import training_device
 from ablate.lightning_modules.measure.profiling import measure, measure_latencies
 from ablate.lightning_modules.model.components.attention import MultiHeadAttention

@@ -17,7 +17,7 @@ from typing import NamedTuple, cast
 import torch
 from torch import nn
 
-from ablate.lightning_modules.config.experiment import SHARES, LayerSpec, ModelConfig
+from ablate.lightning_modules.config.model import SHARES, LayerSpec, ModelConfig
 from ablate.lightning_modules.model.components.attention import attention
 from ablate.lightning_modules.model.components.bottleneck import Bottleneck, Projection
 from ablate.lightning_modules.model.components.embeddings import Embeddings, Trigram

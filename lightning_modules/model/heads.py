@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig, prediction_slots
+from ablate.lightning_modules.config.experiment import ObjectiveConfig, prediction_slots
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.model.components.norms import ACT2FN, NORM2FN
 from ablate.lightning_modules.model.encoder import Encoder, Trace, build_encoder, init_weights
 

@@ -27,12 +27,13 @@ from torch import nn
 from ablate.datamodules.catalog import resolve_model
 from ablate.datamodules.tokenizer import checkpoint_tokenizer
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig, to_yaml
+from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
 from ablate.lightning_modules.config.load import load_config
-from ablate.lightning_modules.interop.classifier import WEIGHTS
+from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.interop.classifier import WEIGHTS, load_classifier
 from ablate.lightning_modules.interop.export import export
 from ablate.lightning_modules.interop.hub import TOKENIZER_FILE, load_tokenizer, save_tokenizer
-from ablate.lightning_modules.interop.pretrained import load_classifier, load_pretrained, state_dict
+from ablate.lightning_modules.interop.pretrained import load_pretrained, state_dict
 from ablate.lightning_modules.interop.qa_export import export_span, load_span_model
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ablate.benchmarks.cases import CASES
-from ablate.benchmarks.loop import StepClock, measure, report
+from ablate.benchmarks.loop import measure, report
+from ablate.benchmarks.loop_clock import StepClock
 
 
 def test_turns_split_the_steady_state_into_equal_blocks():

@@ -12,9 +12,9 @@ import pytest
 from ablate.cli import main
 from ablate.datamodules.catalog import ENV
 from ablate.datamodules.classification import ClassificationDataModule
-from ablate.datamodules.corpus import iter_documents, resolve_corpus
+from ablate.datamodules.corpus import iter_documents
 from ablate.datamodules.provenance import CATALOG_TAG, CORPUS_TAG, data_tags
-from ablate.datamodules.sources import resolve_task
+from ablate.datamodules.sources import resolve_corpus, resolve_task
 from ablate.datamodules.tokenizer import fingerprint, train_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig

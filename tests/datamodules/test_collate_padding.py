@@ -13,8 +13,9 @@ import torch
 
 from ablate.datamodules.classification import ClassificationDataModule, collate
 from ablate.datamodules.tokenizer import special_ids, train_tokenizer
-from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.model.classifier import build_classifier
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from tests.conftest import SHARED_DATA

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from ablate.datamodules.corpus import find_bad_record, iter_documents, resolve_corpus
+from ablate.datamodules.corpus import find_bad_record, iter_documents
+from ablate.datamodules.sources import resolve_corpus
 from ablate.lightning_modules.config.errors import DataError, worker_message
 from ablate.lightning_modules.config.experiment import DataConfig
 

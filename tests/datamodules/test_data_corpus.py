@@ -13,14 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from torch.utils.data import DataLoader
 
-from ablate.datamodules.corpus import (
-    DOC_SHUFFLE_BUFFER,
-    check_corpus,
-    is_validation,
-    iter_documents,
-    num_shards,
-    resolve_corpus,
-)
+from ablate.datamodules.corpus import DOC_SHUFFLE_BUFFER, check_corpus, is_validation, iter_documents, num_shards
+from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import DocumentStream
 from ablate.lightning_modules.config.errors import DataError
 from ablate.lightning_modules.config.experiment import DataConfig

@@ -17,7 +17,7 @@ from ablate.cli import main  # noqa: E402
 from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
 from ablate.lightning_modules.config.experiment import to_dict  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
-from ablate.lightning_modules.interop.pretrained import load_classifier  # noqa: E402
+from ablate.lightning_modules.interop.classifier import load_classifier  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
 from ablate.sweeps.engine import tracking  # noqa: E402
 from ablate.sweeps.engine.weights import (  # noqa: E402

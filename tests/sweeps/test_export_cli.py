@@ -10,7 +10,8 @@ import yaml
 pytest.importorskip("transformers")
 
 from ablate.cli import main  # noqa: E402
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig  # noqa: E402
+from ablate.lightning_modules.config.experiment import ExperimentConfig  # noqa: E402
+from ablate.lightning_modules.config.model import ModelConfig  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import load_pretrained  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 from ablate.sweeps.engine import tracking  # noqa: E402

@@ -11,14 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.experiment import to_yaml
-from ablate.sweeps.spec import (
-    PLACEHOLDER_SOURCE,
-    StudySpec,
-    corner_configs,
-    load_study,
-    study_model_config,
-    trial_config,
-)
+from ablate.sweeps.spec import StudySpec, corner_configs, load_study, study_model_config, trial_config
+from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 from tests.sweeps.conftest import tiny_base, write_study
 
 # a tiny BERT teacher as wide as the tiny ALBERT students, on their tokenizer (V=1000)

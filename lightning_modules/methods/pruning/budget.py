@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig
 from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, Keep
 from ablate.lightning_modules.model.components.attention import MultiHeadAttention
 from ablate.lightning_modules.model.components.ffn import FeedForward

@@ -62,7 +62,7 @@ from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig
 from ablate.lightning_modules.methods.pruning.keep import DIMS, LAYER_DIMS, Keep
 from ablate.lightning_modules.model import names
 from ablate.lightning_modules.model.components.attention import MultiHeadAttention

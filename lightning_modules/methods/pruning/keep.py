@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig
 
 DIMS = ("h", "heads", "qk", "v", "ffn")
 LAYER_DIMS = ("heads", "qk", "v", "ffn")

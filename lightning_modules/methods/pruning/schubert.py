@@ -16,7 +16,8 @@ import dataclasses
 import pandas as pd
 from rich.console import Console
 
-from ablate.lightning_modules.config.experiment import ExperimentConfig, ModelConfig
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.prune import PruneModule
 from ablate.lightning_modules.methods.pruning.budget import (

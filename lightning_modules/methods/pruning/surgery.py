@@ -20,7 +20,8 @@ from typing import Literal
 import torch
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.pruning.gates import Gates, attached, check_supported, sites
 from ablate.lightning_modules.methods.pruning.keep import LAYER_DIMS, Keep
 from ablate.lightning_modules.model import names

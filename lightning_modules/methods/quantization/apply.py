@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.quant import EMBEDDING_BITS, WEIGHT_BITS, QuantConfig
 from ablate.lightning_modules.measure.accounting import (
     ParamReport,

@@ -231,7 +231,8 @@ def test_settings_that_go_together_still_build(raw):
 
 
 def test_yaml_reads_what_it_looks_like(tmp_path):
-    from ablate.lightning_modules.config.load import load_yaml, read_yaml
+    from ablate.lightning_modules.config.load import read_yaml
+    from ablate.lightning_modules.config.yamlio import load_yaml
 
     values = load_yaml("[1e-3, 5E4, -2.5e+3, .5e-2, 1.0e-3, 1_000, e5, 1e, yes, no, on, off, true, False, 'no']")
     assert values == [

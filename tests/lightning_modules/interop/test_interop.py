@@ -8,7 +8,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
-from ablate.lightning_modules.config.experiment import ExperimentConfig, LayerSpec, ModelConfig, ObjectiveConfig  # noqa: E402
+from ablate.lightning_modules.config.experiment import ExperimentConfig, ObjectiveConfig  # noqa: E402
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig  # noqa: E402
 from ablate.lightning_modules.interop.export import export  # noqa: E402
 from ablate.lightning_modules.interop.pretrained import (  # noqa: E402
     from_transformers,

@@ -15,10 +15,11 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig  # noqa:
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.classifier import (  # noqa: E402
     from_transformers_classifier,
+    load_classifier,  # noqa: E402
     to_transformers_classifier,
 )
 from ablate.lightning_modules.interop.export import export  # noqa: E402
-from ablate.lightning_modules.interop.pretrained import load_classifier, load_pretrained  # noqa: E402
+from ablate.lightning_modules.interop.pretrained import load_pretrained  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 

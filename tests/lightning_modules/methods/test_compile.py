@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ablate.lightning_modules.config.experiment import LayerSpec
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.model import LayerSpec
 from ablate.lightning_modules.measure.measuring import random_batch
 from ablate.lightning_modules.model.heads import build_pretraining_model
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
-from ablate.lightning_modules.config.experiment import DataConfig, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods import probe
 from ablate.lightning_modules.methods.probe import (
     IntrinsicScores,

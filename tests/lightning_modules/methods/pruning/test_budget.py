@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig
 from ablate.lightning_modules.config.presets import get_preset
 from ablate.lightning_modules.measure.accounting import count
 from ablate.lightning_modules.methods.pruning.budget import (

@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import LayerSpec, ModelConfig, ObjectiveConfig
+from ablate.lightning_modules.config.experiment import ObjectiveConfig
+from ablate.lightning_modules.config.model import LayerSpec, ModelConfig
 from ablate.lightning_modules.methods.pruning.gates import Gates, attach, attached, detach, masked_layer_norm
 from ablate.lightning_modules.methods.pruning.keep import DIMS, VARIANTS
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model

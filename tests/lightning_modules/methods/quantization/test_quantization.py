@@ -15,7 +15,7 @@ from ablate.lightning_modules.config.experiment import ObjectiveConfig, run_para
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.presets import get_preset
 from ablate.lightning_modules.config.quant import QuantConfig
-from ablate.lightning_modules.measure.accounting import count, report_for
+from ablate.lightning_modules.measure.accounting import count, report_for, stored_bytes
 from ablate.lightning_modules.measure.measuring import random_batch
 from ablate.lightning_modules.methods.quantization.apply import (
     convert_weight_qat,
@@ -24,7 +24,6 @@ from ablate.lightning_modules.methods.quantization.apply import (
     quantize,
     quantized_like,
     quantized_report,
-    stored_bytes,
     targets,
     uniform_plan,
 )
