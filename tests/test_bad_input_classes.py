@@ -136,7 +136,7 @@ CASES: dict[str, tuple[Make, str]] = {
     # every value a search can sample
     "an int range's interior value": (
         _sweep(sampler="random", n_trials=2, search={"model.hidden_dim": {"low": 32, "high": 64}}),
-        "search.model.hidden_dim=33: model.num_heads: hidden_dim 33 is not divisible by num_heads 2",
+        "search.model.hidden_dim=33: model.hidden_dim: hidden_dim 33 is not divisible by num_heads 2",
     ),
     "an int range's step value": (
         _sweep(sampler="tpe", n_trials=2, search={"model.num_heads": {"low": 2, "high": 8, "step": 2}}),
@@ -350,3 +350,43 @@ def test_check_not_searched_refuses_a_fixed_value_of_a_searched_key():
     check_not_searched(spec, ["model.hidden_dim"])
     with pytest.raises(ConfigError, match=r"model\.sharing: searched by the study \(search\.model\.sharing\)"):
         check_not_searched(spec, ["model.hidden_dim", "model.sharing"])
+
+
+BLAMED: dict[str, tuple[list[str], str, str]] = {
+    "a width set against a preset's heads": (
+        ["model.hidden_dim=102"],
+        "model.hidden_dim: hidden_dim 102 is not divisible by num_heads 4",
+        "model.num_heads:",
+    ),
+    "heads set against a preset's width": (
+        ["model.num_heads=3"],
+        "model.num_heads: hidden_dim 128 is not divisible by num_heads 3",
+        "model.hidden_dim:",
+    ),
+    "a bottleneck set against the heads": (
+        ["model.intra_dim=30"],
+        "model.intra_dim: intra_dim 30 is not divisible by num_heads 4",
+        "model.num_heads:",
+    ),
+    "low bits set above the high bits": (
+        ["quant.method=weight-mixed", "quant.low_bits=8"],
+        "quant.low_bits: high_bits 8 must be above low_bits 8",
+        "quant.high_bits:",
+    ),
+    "another regime's source set": (
+        ["regime=finetune", "prune.source=runs:/abc"],
+        "finetune.source: required by regime 'finetune' (prune.source is set instead: regime prune)",
+        "Traceback",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BLAMED))
+def test_a_rule_between_two_fields_names_the_one_the_config_set(case, fresh, capsys):
+    """Of two fields a rule ties together, the error names the one this config (its overrides before its
+    file, its file before the preset) set to break it, not the other's valid value."""
+    overrides, needle, not_named = BLAMED[case]
+    cfg = _write(fresh, "model: {preset: albert-tiny}\n", "cfg.yaml")  # 4 heads of H 128
+    code = main(["params", str(cfg), *overrides])
+    line = _one_error(code, capsys.readouterr().err)
+    assert needle in line and not_named not in line, line

@@ -193,7 +193,8 @@ class ExperimentConfig:
         if self.regime is not None and self.regime != found:
             if self.regime == "pretrain":
                 raise FieldError(f"{REGIME_SOURCE[found]}", f"set, but regime is 'pretrain' (use regime: {found})")
-            raise FieldError(f"{REGIME_SOURCE[self.regime]}", f"required by regime '{self.regime}'")
+            instead = f" ({REGIME_SOURCE[found]} is set instead: regime {found})" if found != "pretrain" else ""
+            raise FieldError(f"{REGIME_SOURCE[self.regime]}", f"required by regime '{self.regime}'{instead}")
         object.__setattr__(self, "regime", found)  # frozen: resolved once, here
         for regime in ("distill", "prune", "finetune"):  # the other regimes' sections stay at their defaults
             if regime == "distill" and task_teacher:

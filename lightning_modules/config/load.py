@@ -106,12 +106,43 @@ def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -
     try:
         return ExperimentConfig(**tree)
     except ValidationError as exc:
-        raise ConfigError(format_error(exc, known=config_keys())) from None
+        raise ConfigError(_blamed(format_error(exc, known=config_keys()), raw, overrides or {})) from None
     except TypeError as exc:  # positional/unknown top-level arguments
         match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
         if match is None:
             raise ConfigError(str(exc)) from None
         raise ConfigError(f"{match.group(1)}: unknown key{did_you_mean(match.group(1), config_keys())}") from None
+
+
+PARTNERS: dict[str, tuple[str, ...]] = {
+    "model.num_heads": ("model.hidden_dim", "model.intra_dim"),
+    "quant.high_bits": ("quant.low_bits",),
+}
+"""A rule between fields, by the key its error names: the fields on the other side of it. An error is
+said of the field the config set (an override before the file, the file before a preset or default):
+``model.hidden_dim=100`` on a preset of 2 heads is ``model.hidden_dim: hidden_dim 100 is not divisible
+by num_heads 2``, not the preset's valid ``num_heads``."""
+
+
+def _blamed(message: str, raw: dict[str, Any], overrides: dict[str, Any]) -> str:
+    """``message`` (``KEY: rule``) said of the key the config set, where :data:`PARTNERS` has a choice."""
+    key, sep, rest = message.partition(": ")
+    if not sep or key not in PARTNERS or ";" in rest:
+        return message
+    for given in (set(overrides), _dotted_keys(raw)):
+        if key in given:
+            return message
+        partner = next((k for k in PARTNERS[key] if k in given), None)
+        if partner is not None:
+            return f"{partner}: {rest}"
+    return message
+
+
+def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in tree.items():
+        keys |= _dotted_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return keys
 
 
 def config_keys() -> set[str]:

@@ -93,7 +93,7 @@ class QuantConfig:
     @model_validator(mode="after")
     def _check_bits(self) -> QuantConfig:
         if self.method == "weight-mixed" and self.high_bits <= self.low_bits:
-            raise FieldError("high_bits", f"{self.high_bits} must be above low_bits {self.low_bits}")
+            raise FieldError("high_bits", f"high_bits {self.high_bits} must be above low_bits {self.low_bits}")
         if self.qat_steps and self.method not in (*WEIGHT_BITS, "weight-mixed"):
             raise FieldError(
                 "qat_steps",

@@ -14,7 +14,7 @@ from ablate.lightning_modules.config.load import build_config, load_config, pars
     [
         ({"model": {"foo": 1}}, {}, "model.foo"),
         ({"bogus": 1}, {}, "bogus"),
-        ({}, {"model.hidden_dim": 100}, "model.num_heads"),
+        ({}, {"model.hidden_dim": 100}, "model.hidden_dim"),  # the field set, not the default beside it
         ({}, {"model.sharing": "sometimes"}, "model.sharing"),
         ({}, {"model.embed_dim": 0}, "model.embed_dim"),
         ({}, {"model.embed_dim": -4}, "model.embed_dim"),
