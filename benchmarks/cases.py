@@ -1,6 +1,6 @@
 """The configurations ``ablate bench`` compares, as plain functions (one per case).
 
-Each is expressible as a transformers model (:func:`lightning_modules.interop_maps.family`),
+Each is expressible as a transformers model (:func:`ablate.lightning_modules.interop.maps.family`),
 with dropout off so that both sides do exactly the same arithmetic.
 """
 

@@ -1,6 +1,6 @@
 """``ablate bench [train|precision|data|pruning|loop]``: run a benchmark, print its table, and
 optionally write it as markdown (``--out``). While it runs it says what it is doing on stderr
-(:mod:`benchmarks.status`: live on a terminal, plain lines otherwise)."""
+(:mod:`ablate.benchmarks.status`: live on a terminal, plain lines otherwise)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The tasks ``ablate bench loop --regime finetune --task NAME`` fine-tunes on, and their data.
 
 - ``sst2`` (the default): SST-2 from a folder (``--sst2`` or ``$ABLATE_SST2``), else synthetic
-  sentences of its lengths (:func:`benchmarks.regimes.synthetic_sst2`), as the bench always did.
+  sentences of its lengths (:func:`ablate.benchmarks.regimes.synthetic_sst2`), as the bench always did.
 - the other GLUE tasks (``mrpc``, ``rte``, ``stsb`` ...): the task by its hub name
   (``nyu-mll/glue:mrpc``) with the columns, labels, kind (STS-B: regression) and metrics of
-  :data:`~lightning_modules.config.glue.GLUE`, its ``train`` split and its first dev set;
+  :data:`~ablate.lightning_modules.config.glue.GLUE`, its ``train`` split and its first dev set;
 - ``squad``, ``squad_v2``: ``rajpurkar/squad`` (v1.1) and ``rajpurkar/squad_v2`` (``no_answer``),
   ``finetune.kind: span``. Where the data catalog maps the dataset's ``train`` split the run trains
   on it; where it maps only ``validation`` (the official dev files, as here) the run trains on the

@@ -1,7 +1,7 @@
 """``ablate bench loop``: does the whole training loop run at the speed of its own step?
 
 Two measurements of one configuration, in one process, for the run ``--regime`` names
-(:mod:`benchmarks.regimes`: pre-training by default, distillation, pruning, fine-tuning; what
+(:mod:`ablate.benchmarks.regimes`: pre-training by default, distillation, pruning, fine-tuning; what
 follows describes pre-training, and the others differ only in their run and module):
 
 - the loop: a real ``ablate train`` (:func:`ablate.sweeps.engine.runner.train`: the Lightning loop, the
@@ -10,7 +10,7 @@ follows describes pre-training, and the others differ only in their run and modu
   progress bar, validation at the end). A callback stamps the wall clock at the end of every
   training batch; the steady state is the steps after a warm-up (compilation, the loader's
   start), timed between device syncs, validation excluded.
-- the step: the same model and settings (:func:`benchmarks.train_speed.ablate_side`:
+- the step: the same model and settings (:func:`ablate.benchmarks.train_speed.ablate_side`:
   ``PretrainModule.training_step``, backward, gradient clipping as ``optim.grad_clip`` asks,
   fused AdamW and schedule) on batches from the same pipeline already on the device, as many
   steps as the loop's steady state.

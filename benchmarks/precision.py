@@ -1,6 +1,6 @@
 """``ablate bench precision``: bf16 autocast (and ``torch.compile``) against fp32 over 300
 steps: speed, and the loss reached (bf16 must stay within 2% of fp32). On a CPU without fast
-bf16 matmul kernels (:func:`benchmarks.ceiling.peaks`) bf16 is left out, and the output says so."""
+bf16 matmul kernels (:func:`ablate.benchmarks.ceiling.peaks`) bf16 is left out, and the output says so."""
 
 from __future__ import annotations
 

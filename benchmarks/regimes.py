@@ -9,7 +9,7 @@
   (``schubert-all``: gates on h, heads, Q/K, V and FFN; one round of gate steps, no fine-tuning),
   the source's weights frozen, MLM + sentence loss + the gates' sparsity term.
 - ``finetune``: ``ablate train`` of a fine-tuning (``finetune.source``) on ``--task``
-  (:mod:`benchmarks.finetune_tasks`): SST-2 by default, a folder with its ``train.tsv`` and
+  (:mod:`ablate.benchmarks.finetune_tasks`): SST-2 by default, a folder with its ``train.tsv`` and
   ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic sentences of SST-2's lengths;
   another GLUE task (``mrpc``, ``stsb`` ...) or SQuAD (``squad``, ``squad_v2``: the span task) read
   through the data catalog by its hub name; batches of 32 examples (SQuAD: windows) padded to their
@@ -18,7 +18,7 @@
 The teacher and the models to prune and to fine-tune are written at their initialisation (the
 speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
 as ``ablate export`` writes them, and named by that folder. The step alone is the module the run
-builds (the same code: :func:`~lightning_modules.methods.pretrain.distill_module`,
+builds (the same code: :func:`~ablate.lightning_modules.methods.pretrain.distill_module`,
 ``PruneModule``, ``FinetuneModule``) trained by :func:`module_step` on the same batches; the
 run's own Trainers get the clock through the run context's callbacks (it times the first fit).
 """
@@ -270,7 +270,8 @@ def _sst2_config(source: str, case: Case, steps: int, root: Path, sst2: Path | N
 def _task_config(
     name: str, source: str, case: Case, steps: int, root: Path, sst2: Path | None
 ) -> tuple[FinetuneConfig, str]:
-    """The ``finetune`` section of ``--task name`` and where its data comes from (:mod:`benchmarks.finetune_tasks`)."""
+    """The ``finetune`` section of ``--task name`` and where its data comes from
+    (:mod:`ablate.benchmarks.finetune_tasks`)."""
     if name == DEFAULT_TASK:
         return _sst2_config(source, case, steps, root, sst2)
     if name in SQUAD:
@@ -358,7 +359,7 @@ def setup(
     task: str = DEFAULT_TASK,
 ) -> Setup:
     """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
-    (:func:`benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
+    (:func:`ablate.benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
     ConfigError (``--case``) when the case cannot run the regime."""
     check_case(regime, case)
     if regime == "pretrain":

@@ -1,6 +1,6 @@
 """ablate's training step against Hugging Face transformers at the same model.
 
-For one :class:`~benchmarks.cases.Case`, every *side* (an implementation in one setting:
+For one :class:`~ablate.benchmarks.cases.Case`, every *side* (an implementation in one setting:
 ablate or transformers; fp32 or bf16 autocast; SDPA or eager attention on the transformers
 side; ``torch.compile`` optionally on ablate's) starts from the same weights (ablate's
 initialisation, copied through the transformers interop path) and trains on the same

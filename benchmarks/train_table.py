@@ -4,10 +4,10 @@ Per side: tokens/s, ms/step, the step's FLOPs (forward + backward, FlopCounterMo
 FLOP/s it achieves and its MFU (model FLOPs utilisation: that rate over the machine's
 measured matmul peak in the side's precision), activation memory, losses, and for a compiled
 side the time its first step took (compilation). The case's targets
-(:class:`benchmarks.cases.Case`) are checked below the table. A distillation case (one with a
-teacher: :mod:`benchmarks.distill_speed`) times the teacher's forward and the student's step.
+(:class:`ablate.benchmarks.cases.Case`) are checked below the table. A distillation case (one with a
+teacher: :mod:`ablate.benchmarks.distill_speed`) times the teacher's forward and the student's step.
 
-The peaks are measured first, in under a second (:func:`benchmarks.ceiling.peaks`); a precision
+The peaks are measured first, in under a second (:func:`ablate.benchmarks.ceiling.peaks`); a precision
 this CPU has no fast matmul kernels for (bf16 without AVX-512 BF16 or AMX) is left out, and the
 output says so.
 """

@@ -325,7 +325,7 @@ class ClassificationDataModule(pl.LightningDataModule):
         return self._loader(self._ready()[0], shuffle=True)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
+        """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 
     def val_dataloader(self) -> DataLoader[Example] | list[DataLoader[Example]]:

@@ -1,6 +1,6 @@
 """Corpora as streams of documents, read through ``datasets`` in streaming mode.
 
-``data.corpus`` is resolved by :func:`datamodules.sources.resolve_corpus` (builtin
+``data.corpus`` is resolved by :func:`ablate.datamodules.sources.resolve_corpus` (builtin
 ``norvig-big``, local ``.txt``/``.json[l][.gz]``/``.parquet`` files, or a hub name, read from
 local copies when the data catalog ``ABLATE_DATA_CATALOG`` maps it).
 A ``.txt`` file holds documents of consecutive blank-line separated paragraphs (grouped

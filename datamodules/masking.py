@@ -160,7 +160,7 @@ def mask_tokens(
     Returns:
         ``(masked_ids, labels)``: the corrupted ids, and labels equal to the original id
         at selected positions and -100 elsewhere. At most
-        :func:`~lightning_modules.config.prediction_slots` positions are selected in the batch.
+        :func:`~ablate.lightning_modules.config.experiment.prediction_slots` positions are selected in the batch.
     """
     selected = select_positions(special_mask, prob, strategy, max_ngram, generator, word_starts)
     selected = cap_selection(selected, prediction_slots(selected.numel(), prob), generator)

@@ -6,7 +6,7 @@ Usage::
     trainer.fit(module, datamodule=dm)   # or dm.prepare_data(); dm.setup("fit")
     mlflow.log_artifact(str(dm.tokenizer_path))
 
-Batches are dicts of tensors (see :func:`datamodules.stream.collate`): ``input_ids``,
+Batches are dicts of tensors (see :func:`ablate.datamodules.stream.collate`): ``input_ids``,
 ``token_type_ids``, ``attention_mask`` (bool), ``mlm_labels``, ``sentence_label``.
 """
 
@@ -145,7 +145,7 @@ class PretrainDataModule(pl.LightningDataModule):
                 pass
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
+        """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 
     def state_dict(self) -> dict[str, int]:

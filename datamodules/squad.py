@@ -381,5 +381,5 @@ class SquadDataModule(pl.LightningDataModule):
         return self._loader(self._ready()[1], shuffle=False)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Batches from workers arrive packed (:mod:`datamodules.transfer`): the dict, as views."""
+        """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)

@@ -2,10 +2,10 @@
 
 :class:`PretrainStream` is the ``torch.utils.data.IterableDataset`` behind the
 pre-training DataLoaders. Each reader (one DataLoader worker of one DDP rank) reads
-its own share of the corpus (:func:`datamodules.corpus.partition`), tokenizes chunks of
+its own share of the corpus (:func:`ablate.datamodules.corpus.partition`), tokenizes chunks of
 documents with one ``encode_batch`` call of the Rust tokenizer, builds pairs
-(:mod:`datamodules.pairs`), shuffles them in a bounded buffer and yields whole batches,
-masked (:mod:`datamodules.masking`) in the worker. Everything is seeded from
+(:mod:`ablate.datamodules.pairs`), shuffles them in a bounded buffer and yields whole batches,
+masked (:mod:`ablate.datamodules.masking`) in the worker. Everything is seeded from
 ``(seed, split, epoch, rank, worker)``, so a run is reproducible for a given number of
 workers and ranks.
 """

@@ -4,7 +4,7 @@
 -> ``aggregate`` (per configuration: mean, 95% t-interval and median over seeds, Welch's
 t-test against a reference row) -> Markdown / LaTeX / CSV / PNG,
 all driven by ``build_report``. The shipped specs, one per paper table, are in
-``reports/specs/`` (see ``reports.catalog``).
+``reports/specs/`` (see ``ablate.reports.catalog``).
 
 Submodules are imported on first use, so reading a spec does not load matplotlib.
 """

@@ -100,7 +100,7 @@ class FinetuneTask(FinetuneConfig):
 
     Attributes:
         glue: the GLUE task this is (``mrpc``): its data, columns, labels, metrics and the papers'
-            settings come from the GLUE table (:data:`~lightning_modules.config.glue.GLUE`), any field
+            settings come from the GLUE table (:data:`~ablate.lightning_modules.config.glue.GLUE`), any field
             given beside it overriding them; its score counts in the trial's ``glue/score``. None: a
             task of its own, every field as given.
         seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean

@@ -5,6 +5,7 @@ the pages points to a file that exists."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -119,3 +120,92 @@ def test_the_command_lists_name_every_command_and_option():
             assert lines, f"{page.name}: no line for ablate {name}"
             assert options <= named, f"{page.name}: ablate {name} lacks {sorted(options - named)}"
             assert named <= options, f"{page.name}: ablate {name} has no {sorted(named - options)}"
+
+
+# `ablate.x.y`, :mod:`~ablate.x`, ``ablate.x.y`` and the same without ``ablate.`` (a package folder
+# named as if it were the top level): a dotted path in backticks that starts with one of ablate's packages
+_PACKAGES = {
+    "ablate": ROOT / "ablate",
+    "lightning_modules": ROOT / "lightning_modules",
+    "datamodules": ROOT / "datamodules",
+    "sweeps": ROOT / "sweeps",
+    "reports": ROOT / "reports",
+    "benchmarks": ROOT / "benchmarks",
+}
+_REFERENCE = re.compile(r"`~?((?:ablate|lightning_modules|datamodules|sweeps|reports|benchmarks)(?:\.[A-Za-z_]\w*)+)")
+_SOURCES = ("ablate", "lightning_modules", "datamodules", "sweeps", "reports", "benchmarks", "tools", "docs/hooks")
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The file of module ``ablate.<parts>`` (``parts`` after ``ablate``), None when there is none."""
+    if not parts:
+        return ROOT / "ablate" / "__init__.py"
+    base = _PACKAGES.get(parts[0], ROOT / "ablate" / parts[0]) if parts[0] in _PACKAGES else ROOT / "ablate" / parts[0]
+    for part in parts[1:]:
+        base = base / part
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """What a module or class body defines, by name (defs, classes, assignments, imports)."""
+    out: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = node
+        elif isinstance(node, ast.Assign):
+            out |= {t.id: node for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0]: node for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING blocks, optional imports
+            out |= _names([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])])
+    return out
+
+
+def _resolves(reference: str) -> bool:
+    """Whether ``ablate.<path>`` names a module, or an attribute a module or a class of it defines.
+    ``ablate.<name>`` where no module ``ablate.<name>`` exists is not code (an MLflow tag such as
+    ``ablate.phase``, the file ``ablate.yaml``); a package named without ``ablate.`` never resolves
+    (the API page and readers know it as ``ablate.<package>``)."""
+    parts = reference.split(".")
+    if parts[0] != "ablate":
+        return False
+    parts = parts[1:]
+    if _module_file(parts[:1]) is None:
+        return True  # not a reference to code
+    for cut in range(len(parts), -1, -1):
+        path = _module_file(parts[:cut])
+        if path is None:
+            continue
+        rest, body = parts[cut:], ast.parse(path.read_text(encoding="utf-8")).body
+        for name in rest:
+            node = _names(body).get(name)
+            if node is None:
+                return False
+            body = node.body if isinstance(node, ast.ClassDef) else []
+        return True
+    return False
+
+
+def _references() -> list[tuple[str, str]]:
+    """Every dotted reference to ablate code in the docs pages, the README, and the source's docstrings
+    and comments: (where, reference)."""
+    files = [*_pages(), *(p for d in _SOURCES for p in sorted((ROOT / d).rglob("*.py")))]
+    found = []
+    for path in files:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found += [(f"{path.relative_to(ROOT)}:{n}", ref) for ref in _REFERENCE.findall(line)]
+    return found
+
+
+def test_every_reference_to_ablate_code_names_something_that_exists():
+    """A docstring, comment or page that names ``ablate.<module>`` or ``ablate.<module>.<name>`` (in
+    backticks, or as :mod:/:func:/:class:) names a module that exists and a name it defines: a module
+    that moved leaves no reference behind."""
+    references = _references()
+    assert len(references) > 100  # the check reads what it should
+    assert [f"{where}: {ref}" for where, ref in references if not _resolves(ref)] == []

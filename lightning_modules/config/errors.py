@@ -52,7 +52,7 @@ class StorageError(AblateError):
 
 
 FAIL_REASON = "ablate.fail_reason"
-"""The MLflow tag (and Optuna trial attribute) holding why a run failed: ``sweeps.tracking.FAIL_REASON``,
+"""The MLflow tag (and Optuna trial attribute) holding why a run failed: ``ablate.sweeps.engine.tracking.FAIL_REASON``,
 here so that the data layer can tag a run its corpus failed."""
 
 

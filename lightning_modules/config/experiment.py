@@ -53,7 +53,7 @@ def prediction_slots(tokens: int, mask_prob: float) -> int:
 
     The number is fixed for a batch shape, so the model's MLM head runs on a tensor of static
     shape (one compiled graph, CUDA graphs possible, no host sync to learn a count); the
-    masking caps its selection to it (:func:`datamodules.masking.cap_selection`), which
+    masking caps its selection to it (:func:`ablate.datamodules.masking.cap_selection`), which
     binds only in rare batches far above the expected count."""
     slots = -(-int(1.25 * tokens * mask_prob) // 8) * 8
     return min(tokens, slots)
@@ -151,7 +151,7 @@ class ExperimentConfig:
             ``ablate export`` folder. ``model`` must describe the checkpoint's architecture
             (``dropout`` and ``init_std`` may differ); otherwise the run stops with an error
             listing the ``model.key=value`` overrides that match it. See
-            :func:`lightning_modules.interop.initial_model`.
+            :func:`ablate.lightning_modules.interop.pretrained.initial_model`.
     """
 
     name: str = "experiment"

@@ -1,6 +1,6 @@
 """The names of the metrics runs log, written once: the modules log them under these names, a
 study's objective is checked against them before it runs, and every metric logged outside
-Lightning's loop (``sweeps.context.ActiveRun.log``) is checked by :func:`check_name`.
+Lightning's loop (``ablate.sweeps.engine.context.ActiveRun.log``) is checked by :func:`check_name`.
 
 A pre-training, distillation, pruning or quantization run validates its MLM (and its sentence
 task when it has one); a fine-tuning task ``T`` logs ``T/<metric>`` and its score ``T/score`` per

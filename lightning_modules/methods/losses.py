@@ -1,6 +1,6 @@
 """Distillation losses and the maps between student and teacher layers and heads.
 
-Pure functions on tensors; :mod:`lightning_modules.distill` decides which apply when.
+Pure functions on tensors; :mod:`ablate.lightning_modules.methods.distill` decides which apply when.
 Each loss is exactly zero when the student's tensors equal the teacher's.
 """
 

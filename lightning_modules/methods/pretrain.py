@@ -1,8 +1,8 @@
 """``PretrainModule``: the pre-training task (MLM + SOP/NSP) of any encoder the config describes,
-trained by the one step of :class:`~lightning_modules.train_module.TrainModule`: alone, or
+trained by the one step of :class:`~ablate.lightning_modules.methods.train_module.TrainModule`: alone, or
 distilled from a teacher (``distill.teacher``: MobileBERT, DistilBERT, TinyBERT's general
 distillation; Zhao et al.'s student with its own vocabulary) when given a
-:class:`~lightning_modules.distill.TeacherLink`."""
+:class:`~ablate.lightning_modules.methods.distill.TeacherLink`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 class PretrainModule(TrainModule):
     """Pre-training: the architecture and loss combination come from the config (the terms: MLM,
     the sentence loss with a sentence task, and with a teacher KD, the transfer terms and ``dual``;
-    :mod:`~lightning_modules.methods.terms`).
+    :mod:`~ablate.lightning_modules.methods.terms`).
 
     Args:
         cfg: the resolved experiment config.

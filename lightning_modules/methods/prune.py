@@ -1,13 +1,13 @@
 """``PruneModule``: schuBERT's gate phase on a trained encoder.
 
 The encoder's weights are frozen; gates alpha (initialised to 1) multiply into them (see
-:mod:`lightning_modules.methods.pruning.gates`) and are trained with
+:mod:`ablate.lightning_modules.methods.pruning.gates`) and are trained with
 
     loss = MLM + sentence loss + gamma * sum_dim beta_dim * ||alpha_dim||_1
 
 where beta_dim is proportional to the parameters one unit of that dimension removes
-(:func:`lightning_modules.methods.pruning.budget.beta`): the registry's ``sparsity`` term, weighted by
-``prune.gamma`` (:mod:`lightning_modules.methods.terms`). Removal and fine-tuning happen between gate
+(:func:`ablate.lightning_modules.methods.pruning.budget.beta`): the registry's ``sparsity`` term, weighted by
+``prune.gamma`` (:mod:`ablate.lightning_modules.methods.terms`). Removal and fine-tuning happen between gate
 phases (:mod:`ablate.lightning_modules.methods.pruning.schubert`).
 """
 

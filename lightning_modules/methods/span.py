@@ -1,5 +1,5 @@
 """``SpanModule``: the span task (SQuAD) on a pre-trained encoder, trained by the one step of
-:class:`~lightning_modules.train_module.TrainModule` as the other fine-tuning tasks are.
+:class:`~ablate.lightning_modules.methods.train_module.TrainModule` as the other fine-tuning tasks are.
 
 - the ``label`` term: the mean of the cross-entropies of the start and of the end position over each
   window's tokens (BERT's SQuAD loss; [CLS] where the window holds no answer);
@@ -12,8 +12,8 @@
 FastBERT's exits classify [CLS] and are refused for a span task (``finetune.exits``, by the config).
 
 Validation collects every dev window's start and end logits, reads each question's answer back from
-its context (:func:`~lightning_modules.methods.squad_metrics.best_answers`) and logs the official
-scores (:func:`~lightning_modules.methods.squad_metrics.span_metrics`) as ``<task>/exact``,
+its context (:func:`~ablate.lightning_modules.methods.squad_metrics.best_answers`) and logs the official
+scores (:func:`~ablate.lightning_modules.methods.squad_metrics.span_metrics`) as ``<task>/exact``,
 ``<task>/f1`` (SQuAD 2.0: the no-answer threshold chosen on the dev set, its other scores beside),
 ``<task>/loss``, ``<task>/score`` and ``<task>/best_<metric>``. The dev questions and windows are the
 data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`).

@@ -1,5 +1,5 @@
 """The registry of loss terms: every term the one training step
-(:class:`~lightning_modules.methods.train_module.TrainModule`) can sum, each declared once in
+(:class:`~ablate.lightning_modules.methods.train_module.TrainModule`) can sum, each declared once in
 :data:`TERMS`: its name (logged as ``train/<name>_loss``), its weight (the config's dotted field,
 the same name Optuna, MLflow and the reports use), what it needs of the run (:class:`Need`), which
 entry of a stage's losses turns it on, and how it is computed (a function of :class:`TermInputs`).

@@ -1,6 +1,6 @@
 """Database connections and DDP's forked ranks.
 
-A trial on several devices forks its ranks at ``fit`` (:func:`sweeps.runner.lightning_strategy`).
+A trial on several devices forks its ranks at ``fit`` (:func:`ablate.sweeps.engine.trainer.lightning_strategy`).
 The ranks inherit the worker's SQLAlchemy pools (Optuna's storage, MLflow's SQL store) while the
 worker keeps using them (Optuna's heartbeat thread). A connection must never be shared by two
 processes, so a pooled connection made by another process is refused at checkout and the pool

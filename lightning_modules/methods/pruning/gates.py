@@ -2,7 +2,7 @@
 
 A gate of zero must mean exactly "this unit is removed": :func:`attach` places the gates so
 that the gated model with some gates at zero computes what
-:func:`lightning_modules.methods.pruning.surgery.shrink` computes after deleting those units' rows
+:func:`ablate.lightning_modules.methods.pruning.surgery.shrink` computes after deleting those units' rows
 and columns (and folding the surviving gate values into the copied weights).
 
 Which tensors carry which gate (layer i; ``j`` runs over the F feed-forward sub-layers):
@@ -45,7 +45,7 @@ Which tensors carry which gate (layer i; ``j`` runs over the F feed-forward sub-
 
 Only exact zeros remove a unit (and switch a norm to the masked statistics): set the gates of
 the units to prune to exactly zero (:meth:`Gates.zero_except`) before
-:func:`~lightning_modules.methods.pruning.surgery.keep_from_gates`. The masked statistics make the
+:func:`~ablate.lightning_modules.methods.pruning.surgery.keep_from_gates`. The masked statistics make the
 gated model's output jump when an h gate becomes exactly zero (the dim leaves the norms'
 mean and variance); a gate that is merely small still counts in them.
 """
@@ -264,7 +264,7 @@ def attach(model: PretrainingModel, gates: Gates) -> None:
 
     The gates are not registered in the model: optimise ``gates.parameters()`` next to the
     model's. While attached, ``model.state_dict()`` holds ``parametrizations.*.original``
-    keys; :func:`detach` before saving or :func:`~lightning_modules.methods.pruning.surgery.shrink`.
+    keys; :func:`detach` before saving or :func:`~ablate.lightning_modules.methods.pruning.surgery.shrink`.
 
     Args:
         model: a PretrainingModel built from ``gates.cfg`` (same device as the gates).

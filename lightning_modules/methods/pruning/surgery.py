@@ -3,7 +3,7 @@
 :func:`shrink` builds a new model from ``keep.config(cfg)`` (per-layer ``model.layers``, the
 new H, and E when E = H) and copies the kept slices of every tensor. With the gates, their
 surviving values are folded into the copies, so the shrunk model computes what the gated
-model of :func:`lightning_modules.methods.pruning.gates.attach` computes with the other gates at zero.
+model of :func:`ablate.lightning_modules.methods.pruning.gates.attach` computes with the other gates at zero.
 Without gates it computes what the model gated with ones on ``keep`` and zeros elsewhere
 computes.
 
@@ -127,7 +127,7 @@ def shrink(
 
     Args:
         model: the trained model, built from ``cfg``, without gates attached.
-        cfg: its config (must pass :func:`~lightning_modules.methods.pruning.gates.check_supported`).
+        cfg: its config (must pass :func:`~ablate.lightning_modules.methods.pruning.gates.check_supported`).
         keep: the units to keep, e.g. :func:`keep_from_gates`.
         gates: when given, their values are folded into the copied weights.
         objective: the objective to build the new model for; None = a sentence head exactly
