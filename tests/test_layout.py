@@ -121,6 +121,34 @@ def test_the_data_layer_imports_only_the_config_of_lightning_modules() -> None:
     assert {m: sorted(GRAPH[m] & lightning - CONFIG) for m in data if GRAPH[m] & lightning - CONFIG} == {}
 
 
+def _imported_here(path: Path) -> set[str]:
+    """The names a module's top level imports from other ablate modules."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        a.asname or a.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ablate")
+        for a in node.names
+    }
+
+
+def test_names_are_imported_from_their_home() -> None:
+    """No re-export shims: nothing (the package nor its tests) imports a name through a module that only
+    imported it, so each name has one home and moving it moves its importers."""
+    modules = _modules()
+    through = {m: _imported_here(p) for m, p in modules.items()}
+    found = []
+    for path in [*modules.values(), *sorted((ROOT / "tests").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in through:
+                found += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} through {node.module}"
+                    for a in node.names
+                    if a.name in through[node.module] and f"{node.module}.{a.name}" not in modules
+                ]
+    assert found == []
+
+
 def test_no_import_cycles() -> None:
     seen: dict[str, int] = {}  # 1 = on the stack, 2 = done
 
