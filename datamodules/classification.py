@@ -36,7 +36,7 @@ from ablate.datamodules.augment import MaskedLM, augment_rows, cached_augmentati
 from ablate.datamodules.sources import TaskData
 from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
-from ablate.datamodules.transfer import task_loader, unpack
+from ablate.datamodules.transfer import TrainPosition, task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -144,7 +144,7 @@ def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> 
     }
 
 
-class ClassificationDataModule(pl.LightningDataModule):
+class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
     """Reads, checks and tokenizes ``finetune.train``/``finetune.validation`` once, in ``setup``.
 
     Args:
@@ -315,14 +315,14 @@ class ClassificationDataModule(pl.LightningDataModule):
         majority = min(counts, key=lambda label: (-counts[label], label))
         return float((val.labels == majority).mean())
 
-    def _loader(self, split: EncodedSplit, shuffle: bool) -> DataLoader[Example]:
+    def _loader(self, split: EncodedSplit, shuffle: bool, skip: int = 0) -> DataLoader[Example]:
         assert self.tokenizer is not None
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers)
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip)
 
     def train_dataloader(self) -> DataLoader[Example]:
         """Training batches, shuffled by a generator seeded with ``seed``."""
-        return self._loader(self._ready()[0], shuffle=True)
+        return self._loader(self._ready()[0], shuffle=True, skip=self.take_skip())
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""

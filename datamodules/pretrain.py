@@ -29,12 +29,12 @@ from ablate.datamodules.corpus import Split, check_corpus
 from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
-from ablate.datamodules.transfer import packed, unpack
+from ablate.datamodules.transfer import TrainPosition, packed, unpack
 from ablate.lightning_modules.config.errors import FAIL_REASON, AblateError
 from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
 
-class PretrainDataModule(pl.LightningDataModule):
+class PretrainDataModule(TrainPosition, pl.LightningDataModule):
     """Streams pre-training batches; trains or loads the WordPiece tokenizer first.
 
     Args:
@@ -148,24 +148,12 @@ class PretrainDataModule(pl.LightningDataModule):
         """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 
-    def state_dict(self) -> dict[str, int]:
-        """Saved in Lightning checkpoints: training batches consumed so far (``accumulate_grad_batches``
-        per optimizer step)."""
-        trainer = self.trainer
-        if trainer is None:
-            return {"train_batches": self.skip_train_batches}
-        return {"train_batches": trainer.global_step * trainer.accumulate_grad_batches}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """On resume: the training stream skips the batches the checkpointed run consumed."""
-        self.skip_train_batches = int(state.get("train_batches", 0))
-
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
         """Endless training batches, reshuffled each epoch of the corpus (seed + epoch); a fit resumed
         from a checkpoint skips the batches it consumed, and the next fit (a run's next phase) starts
         the stream afresh, as it does in a run that was not interrupted."""
         loader = self._loader("train", None)
-        self.skip_train_batches = 0
+        self.take_skip()
         return loader
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:

@@ -45,7 +45,7 @@ from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.span_dev import Reference, SpanDev, Windows
 from ablate.datamodules.tokenizer import special_ids
-from ablate.datamodules.transfer import task_loader, unpack
+from ablate.datamodules.transfer import TrainPosition, task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 
@@ -270,7 +270,7 @@ def collate(rows: list[Feature], pad_id: int = 0, length: int | None = None) -> 
     }
 
 
-class SquadDataModule(pl.LightningDataModule):
+class SquadDataModule(TrainPosition, pl.LightningDataModule):
     """Reads, checks and tokenizes ``finetune.train``/``finetune.validation`` once, in ``setup``.
 
     Args:
@@ -367,14 +367,14 @@ class SquadDataModule(pl.LightningDataModule):
         refs = self.dev.references
         return sum(not r.answers for r in refs) / len(refs)
 
-    def _loader(self, split: SpanSplit, shuffle: bool) -> DataLoader[Feature]:
+    def _loader(self, split: SpanSplit, shuffle: bool, skip: int = 0) -> DataLoader[Feature]:
         assert self.tokenizer is not None
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers)
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip)
 
     def train_dataloader(self) -> DataLoader[Feature]:
         """Training windows, shuffled by a generator seeded with ``seed``."""
-        return self._loader(self._ready()[0], shuffle=True)
+        return self._loader(self._ready()[0], shuffle=True, skip=self.take_skip())
 
     def val_dataloader(self) -> DataLoader[Feature]:
         """Dev windows in file order."""

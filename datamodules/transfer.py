@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 Layout = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
 """Each field of the batch: name, dtype, shape; in buffer order."""
@@ -101,6 +101,56 @@ def unpack(batch: Any) -> Any:
     return batch.unpack() if isinstance(batch, PackedBatch) else batch
 
 
+class TrainPosition:
+    """What a data module mixes in (before ``LightningDataModule``) so that a fit resumed from a checkpoint
+    goes on with the batch the checkpointed fit would have trained next: the training batches consumed
+    are saved in Lightning's checkpoints, and the next training loader skips them (once: a run's next
+    phase starts its loader afresh, as it does in a run that was not interrupted)."""
+
+    skip_train_batches = 0
+    trainer: Any
+
+    def state_dict(self) -> dict[str, int]:
+        """Saved in Lightning checkpoints: training batches consumed so far (``accumulate_grad_batches``
+        per optimizer step)."""
+        trainer = self.trainer
+        if trainer is None:
+            return {"train_batches": self.skip_train_batches}
+        return {"train_batches": trainer.global_step * trainer.accumulate_grad_batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """On resume: the next training loader skips the batches the checkpointed fit consumed."""
+        self.skip_train_batches = int(state.get("train_batches", 0))
+
+    def take_skip(self) -> int:
+        """The batches the next training loader skips (then none)."""
+        skip, self.skip_train_batches = self.skip_train_batches, 0
+        return skip
+
+
+class ResumedShuffle(Sampler[int]):
+    """``RandomSampler(generator=seeded)``'s order, epoch after epoch (the same draws from the same
+    generator), started ``skip_batches`` batches of ``batch_size`` into it: where a fit stopped."""
+
+    def __init__(self, n: int, seed: int, batch_size: int, skip_batches: int = 0) -> None:
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+        per_epoch = math.ceil(n / batch_size)
+        self.epochs, within = divmod(skip_batches, per_epoch)
+        self.skip = within * batch_size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        for _ in range(self.epochs):  # epochs consumed: RandomSampler draws twice per full epoch
+            torch.randperm(self.n, generator=self.generator)
+            torch.randperm(self.n, generator=self.generator)
+        self.epochs = 0
+        start, self.skip = self.skip, 0
+        yield from torch.randperm(self.n, generator=self.generator).tolist()[start:]
+        torch.randperm(self.n, generator=self.generator)  # as RandomSampler's empty tail draws
+
+
 def task_loader(
     split: Dataset[Any],
     batch_size: int,
@@ -108,16 +158,18 @@ def task_loader(
     seed: int,
     shuffle: bool,
     workers: int,
+    skip_batches: int = 0,
 ) -> DataLoader[Any]:
     """A fine-tuning task's loader: shuffled by a generator seeded with ``seed`` (the same seed gives the
-    same batches) or in order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
+    same batches; ``skip_batches``: started that many batches in, where a resumed fit goes on) or in
+    order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
     if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sampler = ResumedShuffle(len(split), seed, batch_size, skip_batches) if shuffle else None  # type: ignore[arg-type]
     return DataLoader(
         split,
         batch_size,
-        shuffle=shuffle,
-        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+        sampler=sampler,
         collate_fn=packed(collate, workers),
         num_workers=workers,
         persistent_workers=workers > 0,

@@ -160,13 +160,15 @@ def callbacks(
     folder and config digest."""
     client.set_tag(run_id, CONFIG, plan.digest)
     client.set_tag(run_id, WHERE, MLFLOW if plan.mirror else plan.folder)
+    # without a monitor, the one checkpoint kept is the latest, written as last.ckpt itself: Lightning
+    # writes its save_last copy only beside a checkpoint it saved (none with save_top_k=0)
     kwargs: dict[str, Any] = dict(
         dirpath=plan.folder,
-        filename="best",
+        filename="best" if monitor is not None else LAST.removesuffix(".ckpt"),
         monitor=monitor,
         mode="min",
-        save_top_k=1 if monitor is not None else 0,
-        save_last=True,
+        save_top_k=1,
+        save_last=monitor is not None,
         enable_version_counter=False,
     )
     saving = (
