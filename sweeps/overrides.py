@@ -6,7 +6,7 @@ An override sets the field in the study's base config: in every trial, and in th
 own model (teacher, prune_source, reference) is built from, where its own ``overrides:`` still win. It
 replaces the study's fixed ``overrides:`` of the same key. Refused, with one line and nothing written:
 a key that is not a config field (with the closest one), a field the study's search sets in each trial
-(:func:`~ablate.sweeps.spec.check_not_searched`: the override would be dropped), a field the sweep itself
+(:func:`~ablate.sweeps.reach.check_not_searched`: the override would be dropped), a field the sweep itself
 sets (the study model's source, the experiment and run names) and a chained study's ``finetune.*`` (its
 ``tasks:`` are its fine-tuning).
 
@@ -27,7 +27,8 @@ from typing import Any
 
 from ablate.lightning_modules.config.errors import ConfigError, did_you_mean
 from ablate.lightning_modules.config.load import config_keys, parse_override, set_dotted
-from ablate.sweeps.spec import StudySpec, check_not_searched
+from ablate.sweeps.reach import check_not_searched
+from ablate.sweeps.spec import StudySpec
 
 TAG = "ablate.overrides"
 """The tag of an overridden study's parent run: its overrides as given (``trainer.max_steps=20``)."""

@@ -4,7 +4,7 @@ that differ only in a value nobody reads). Checked by :func:`~ablate.sweeps.spec
 
 A searched key is refused (one ``error:`` line naming it and what overrides it) when:
 
-* the study fixes it too: in its ``overrides:`` (:func:`~ablate.sweeps.spec.check_not_searched`, as a
+* the study fixes it too: in its ``overrides:`` (:func:`check_not_searched`, as a
   command-line override is) or in a variant (the sampled value would replace the variant's);
 * it is ``seed`` (the study's ``seeds:`` set each trial's) or ``name`` (the study's own name);
 * no trial of the study reads it: another setting makes it moot
@@ -14,15 +14,24 @@ A searched key is refused (one ``error:`` line naming it and what overrides it) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, run_params
 
-if TYPE_CHECKING:
-    from ablate.sweeps.spec import StudySpec
+
+class Searched(Protocol):
+    """What these checks read of a study (:class:`~ablate.sweeps.spec.StudySpec`)."""
+
+    @property
+    def search(self) -> Mapping[str, Any]: ...
+    @property
+    def variants(self) -> Mapping[str, Mapping[str, Any]]: ...
+    @property
+    def overrides(self) -> Mapping[str, Any]: ...
+
 
 SET_BY_STUDY = {
     "seed": "each trial's seed is one of the study's seeds: (give seeds: [...] instead)",
@@ -55,11 +64,10 @@ def _unread(key: str, cfg: ExperimentConfig) -> str | None:
 
 
 def check_search_reaches(
-    spec: StudySpec, trials: Sequence[tuple[dict[str, Any], ExperimentConfig]], where: Path | str
+    spec: Searched, trials: Sequence[tuple[dict[str, Any], ExperimentConfig]], where: Path | str
 ) -> None:
     """Refuse a searched key that the study's own settings override or that no trial reads (see the
     module's docstring); ``trials``: the checked trials (:func:`~ablate.sweeps.spec.corner_trials`)."""
-    from ablate.sweeps.spec import check_not_searched
 
     for key in spec.search:
         if key in SET_BY_STUDY:
@@ -81,3 +89,27 @@ def check_search_reaches(
             raise ConfigError(
                 f"{where}: search.{key}: no trial reads it ({reasons[0]}); its trials would differ in nothing"
             )
+
+
+def check_not_searched(spec: Searched, keys: Iterable[str], where: str = "") -> None:
+    """Refuse a fixed setting of a field the study's search samples (``search:``, a variant's change,
+    ``seed`` with the study's ``seeds:``): every trial would set its own value over it, so the setting
+    would be silently dropped (or, set over the search, drop the search).
+
+    Raises:
+        ConfigError: ``{where}KEY: searched by the study (search.KEY) ...``, naming the first such key.
+    """
+    for key in keys:
+        arms = [name for name, changes in spec.variants.items() if key in changes]
+        if key in spec.search:
+            how = f"search.{key}"
+        elif arms:
+            how = f"variants {', '.join(arms)}"
+        elif key == "seed":
+            how = "seeds"
+        else:
+            continue
+        raise ConfigError(
+            f"{where}{key}: searched by the study ({how}), which sets it in every trial; a fixed value "
+            "would be dropped: change the study's search instead"
+        )

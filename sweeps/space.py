@@ -11,10 +11,10 @@ anything runs (:func:`~ablate.sweeps.spec.corner_trials`).
 
 A range is checked at its ends first, so the first value refused is an end where an end is bad.
 Every combination of the keys' values is checked where there are at most :data:`MAX_POINTS` (a grid
-always: its combinations are its trials); beyond that, every value of each key and every pair of
-values of two keys, the other keys at their first values.
+always: its combinations are its trials); beyond that, every value of each key, and pairs of values
+of two keys (:data:`PAIRED` of each: ends and evenly spaced), the other keys at their first values.
 
-A study run again in the same store samples the same space (:func:`check_search_space`).
+A study run again in the same store samples the same space (:func:`ablate.sweeps.search_changes.check_search_space`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-
-from ablate.lightning_modules.config.errors import ConfigError
-
 if TYPE_CHECKING:
-    from ablate.sweeps.spec import ParamSpace, StudySpec
+    pass
 
 MAX_VALUES = 64
 """The most values of one range checked one by one; a longer range is checked at chosen values."""
@@ -38,6 +33,8 @@ INTERIOR = 9
 """Evenly spaced points checked inside a longer range or a continuous one (besides its ends)."""
 MAX_POINTS = 512
 """The most combinations of searched values checked in full (a study with ranges); beyond, all pairs."""
+PAIRED = 6
+"""Beyond :data:`MAX_POINTS`, the values of each key paired with each other key's."""
 MAX_INTEGERS = 16
 """A continuous range spanning at most this many integers is also checked at each of them, and halfway."""
 
@@ -98,7 +95,7 @@ def _ends_first(values: list[Any]) -> list[Any]:
 
 def points(values: dict[str, list[Any]], *, full: bool) -> Iterator[dict[str, Any]]:
     """The combinations checked: every one (``full``, or at most :data:`MAX_POINTS`), else the first
-    values, each value of each key and each pair of values of two keys (the others at their first)."""
+    values, each value of each key and pairs of values of two keys (the others at their first)."""
     keys = list(values)
     if full or math.prod(len(v) for v in values.values()) <= MAX_POINTS:
         for combination in itertools.product(*(values[k] for k in keys)):
@@ -110,8 +107,18 @@ def points(values: dict[str, list[Any]], *, full: bool) -> Iterator[dict[str, An
         for value in values[key][1:]:
             yield first | {key: value}
     for a, b in itertools.combinations(keys, 2):
-        for x, y in itertools.product(values[a][1:], values[b][1:]):
+        for x, y in itertools.product(_few(values[a])[1:], _few(values[b])[1:]):
             yield first | {a: x, b: y}
+
+
+def _few(values: list[Any]) -> list[Any]:
+    """Of a key's checked values (ends first), at most :data:`PAIRED` to pair with another key's: its
+    ends and evenly spaced ones between (each value is checked alone too)."""
+    if len(values) <= PAIRED:
+        return values
+    inside = values[2:]
+    step = len(inside) / (PAIRED - 2)
+    return [*values[:2], *(inside[int(i * step)] for i in range(PAIRED - 2))]
 
 
 def culprits(point: dict[str, Any], values: dict[str, list[Any]], valid: Callable[[dict[str, Any]], bool]) -> list[str]:
@@ -123,57 +130,3 @@ def culprits(point: dict[str, Any], values: dict[str, list[Any]], valid: Callabl
         if any(valid(point | {key: other}) for other in others):
             found.append(key)
     return found or list(point)
-
-
-def _described(dist: BaseDistribution) -> str:
-    """A distribution as a study writes it: ``choices [32, 64]``, ``int 1..8 (step 2)``, ``float 1e-05..0.01 (log)``."""
-    if isinstance(dist, CategoricalDistribution):
-        return f"choices {list(dist.choices)}"
-    if isinstance(dist, (IntDistribution, FloatDistribution)):
-        kind = "int" if isinstance(dist, IntDistribution) else "float"
-        extra = [*(["log"] if dist.log else []), *([f"step {dist.step}"] if dist.step not in (None, 1) else [])]
-        return f"{kind} {dist.low}..{dist.high}" + (f" ({', '.join(extra)})" if extra else "")
-    return repr(dist)
-
-
-def _distribution(space: ParamSpace) -> BaseDistribution:
-    """The Optuna distribution :meth:`ParamSpace.suggest` samples from."""
-    if space.choices is not None:
-        return CategoricalDistribution(space.choices)
-    assert space.low is not None and space.high is not None  # checked: choices, or both low and high
-    if space.is_int:
-        return IntDistribution(int(space.low), int(space.high), log=space.log, step=int(space.step or 1))
-    return FloatDistribution(space.low, space.high, log=space.log, step=space.step)
-
-
-def check_search_space(study: optuna.Study, spec: StudySpec, where: str, url: str) -> None:
-    """Refuse a study whose search space differs from the one its earlier trials in this store sampled
-    (the same name, another search: Optuna would fail the first trial with its own message), naming the
-    parameter and both spaces, before anything is written. Also for a study made before ablate recorded
-    a study's definition (:func:`~ablate.sweeps.definition.check_unchanged`)."""
-    from ablate.sweeps.engine.tracking import redact  # MLflow's import: only where a study runs
-
-    names = {"seed": "seeds", "variant": "variants"}
-    mine = {name: _distribution(space) for name, space in spec.space.items()}
-    for trial in study.get_trials(deepcopy=False):
-        for name, old in trial.distributions.items():
-            new = mine.get(name)
-            if new == old:
-                continue
-            key = names.get(name, f"search.{name}")
-            here, there = (_described(d) if d is not None else "not searched" for d in (new, old))
-            if name in names:  # seeds [0, 1], variants ['a', 'b']
-                here, there = (text.removeprefix("choices ") for text in (here, there))
-            raise ConfigError(
-                f"{where}: {key}: {here} here, but the study {spec.name!r} in {redact(url)} sampled "
-                f"{there} (trial {trial.number}); its trials cannot go on with another search: give the "
-                f"study a new name (name:) or another store (--storage)"
-            )
-        added = [name for name in mine if trial.distributions and name not in trial.distributions]
-        if added:
-            key = names.get(added[0], f"search.{added[0]}")
-            raise ConfigError(
-                f"{where}: {key}: searched here, but not by the study {spec.name!r} in {redact(url)} "
-                f"(trial {trial.number}); its trials cannot go on with another search: give the study a new name "
-                f"(name:) or another store (--storage)"
-            )

@@ -41,7 +41,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -312,30 +312,6 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
         raise ConfigError(f"{where}: base.finetune: a chained study's fine-tuning is its tasks:")
     check_tasks(students[0], spec.tasks, where, has_study_model=spec.study_model is not None)
     check_task_variants(spec.tasks, list(spec.variants), where)
-
-
-def check_not_searched(spec: StudySpec, keys: Iterable[str], where: str = "") -> None:
-    """Refuse a fixed setting of a field the study's search samples (``search:``, a variant's change,
-    ``seed`` with the study's ``seeds:``): every trial would set its own value over it, so the setting
-    would be silently dropped (or, set over the search, drop the search).
-
-    Raises:
-        ConfigError: ``{where}KEY: searched by the study (search.KEY) ...``, naming the first such key.
-    """
-    for key in keys:
-        arms = [name for name, changes in spec.variants.items() if key in changes]
-        if key in spec.search:
-            how = f"search.{key}"
-        elif arms:
-            how = f"variants {', '.join(arms)}"
-        elif key == "seed":
-            how = "seeds"
-        else:
-            continue
-        raise ConfigError(
-            f"{where}{key}: searched by the study ({how}), which sets it in every trial; a fixed value "
-            "would be dropped: change the study's search instead"
-        )
 
 
 def _validate_study_model(

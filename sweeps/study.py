@@ -35,7 +35,7 @@ from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.interrupt import as_interrupted
 from ablate.sweeps.engine.runner import run_name, train
 from ablate.sweeps.engine.weights import RUNS
-from ablate.sweeps.space import check_search_space
+from ablate.sweeps.search_changes import check_search_space
 from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config, trial_config
 
 DONE = workers.DONE

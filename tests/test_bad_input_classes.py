@@ -344,7 +344,8 @@ def _no_runs(tmp: Path) -> bool:
 def test_check_not_searched_refuses_a_fixed_value_of_a_searched_key():
     """The one refusal a command-line override of a searched key shares with the study's own overrides."""
     from ablate.lightning_modules.config.errors import ConfigError
-    from ablate.sweeps.spec import StudySpec, check_not_searched
+    from ablate.sweeps.reach import check_not_searched
+    from ablate.sweeps.spec import StudySpec
 
     spec = StudySpec(name="s", search={"model.sharing": {"choices": ["all", "none"]}})  # type: ignore[arg-type]
     check_not_searched(spec, ["model.hidden_dim"])
