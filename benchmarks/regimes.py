@@ -211,7 +211,7 @@ def _distill(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.devic
 
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.lightning_modules.methods.pretrain import distill_module
-        from ablate.sweeps.engine.weights import load_source
+        from ablate.sweeps.engine.sources import load_source
 
         s = load_source(teacher, "", root)  # the run's teacher, of the run's vocabulary
         module = distill_module(run_cfg, s.model, s.model_cfg)  # the student: a fresh initialisation
@@ -241,7 +241,7 @@ def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device,
     def step(n: int) -> tuple[Step, list[Batch]]:
         from ablate.lightning_modules.methods.prune import PruneModule
         from ablate.lightning_modules.methods.pruning.keep import VARIANTS
-        from ablate.sweeps.engine.weights import load_source
+        from ablate.sweeps.engine.sources import load_source
 
         s = load_source(source, "", root, field="prune.source")
         module = PruneModule(replace(run_cfg, model=s.model_cfg), s.model, VARIANTS[prune.method])
@@ -294,8 +294,8 @@ def _finetune(
         from ablate.datamodules.classification import ClassificationDataModule
         from ablate.datamodules.squad import SquadDataModule
         from ablate.lightning_modules.methods.finetune import FinetuneModule
+        from ablate.sweeps.engine.sources import load_source
         from ablate.sweeps.engine.span import span_data, span_module
-        from ablate.sweeps.engine.weights import load_source
 
         s = load_source(source, "", root, field="finetune.source")
         at = replace(run_cfg, model=s.model_cfg)  # as the run builds them (sweeps/engine/finetune.py)

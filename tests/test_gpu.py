@@ -21,12 +21,12 @@ from ablate.benchmarks.cases import bert_small
 from ablate.benchmarks.sides import build_sides
 from ablate.benchmarks.train_speed import batches, race
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.measure.accounting import MEASURED_ON
 from ablate.lightning_modules.measure.measuring import training_device
 from ablate.lightning_modules.measure.profiling import measure
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
-from ablate.lightning_modules.measure.accounting import MEASURED_ON
 from ablate.sweeps.engine.runner import train
 from tests.conftest import requires_cuda
 from tests.sweeps.conftest import InterruptAt

@@ -49,13 +49,8 @@ from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import QuantPlan, planned, quantized_model, validate
+from ablate.sweeps.engine.sources import Source, check_same_tokenizer, load_classifier_source, load_source
 from ablate.sweeps.engine.span import span_data, span_latency, span_module
-from ablate.sweeps.engine.weights import (
-    Source,
-    check_same_tokenizer,
-    load_classifier_source,
-    load_source,
-)
 
 AUGMENT_SAMPLE = "augment/sample.tsv"
 

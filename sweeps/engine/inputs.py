@@ -17,7 +17,7 @@ from ablate.lightning_modules.interop.hub import same_vocabulary
 from ablate.lightning_modules.interop.pretrained import different_tokenizer, initial_model
 from ablate.lightning_modules.methods.quantization.apply import prepare_qat
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
-from ablate.sweeps.engine.weights import Source, check_positions, check_same_tokenizer, load_source
+from ablate.sweeps.engine.sources import Source, check_positions, check_same_tokenizer, load_source
 
 
 def corpus(cfg: ExperimentConfig) -> PretrainDataModule:

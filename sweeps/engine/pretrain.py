@@ -23,7 +23,7 @@ from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import corpus, student, tokenizer_of
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import quantize_and_log
-from ablate.sweeps.engine.weights import load_source, student_vocabulary
+from ablate.sweeps.engine.sources import load_source, student_vocabulary
 
 PHASES: Mapping[Regime, str] = {"pretrain": "pre-training", "distill": "distillation"}
 """The name of the fit's phase, by its regime."""

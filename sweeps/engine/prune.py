@@ -32,7 +32,7 @@ from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import quantize_and_log
-from ablate.sweeps.engine.weights import Source
+from ablate.sweeps.engine.sources import Source
 
 
 @dataclass

@@ -57,8 +57,8 @@ from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.sources import Source
 from ablate.sweeps.engine.trainer import build_trainer
-from ablate.sweeps.engine.weights import Source
 
 MLM = ("val/loss", "val/mlm_loss", "val/mlm_acc")
 """The held-out metrics compared before and after quantization."""

@@ -21,7 +21,7 @@ from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.span import SpanModule, span_distill_module
 from ablate.lightning_modules.model.span import SpanModel
 from ablate.sweeps.engine import tracking
-from ablate.sweeps.engine.weights import Source, load_span_source
+from ablate.sweeps.engine.sources import Source, load_span_source
 
 TIMED = 200
 """Dev windows timed at batch 1 for ``<task>/latency_ms``."""

@@ -21,7 +21,7 @@ from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
-from ablate.sweeps.engine.weights import load_source
+from ablate.sweeps.engine.sources import load_source
 from tests.sweeps.conftest import tiny_base, write_study
 
 ROOT = Path(__file__).resolve().parents[2]

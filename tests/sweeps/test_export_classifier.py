@@ -20,12 +20,11 @@ from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.classifier import load_classifier  # noqa: E402
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier  # noqa: E402
 from ablate.sweeps.engine import tracking  # noqa: E402
+from ablate.sweeps.engine.sources import load_classifier_source, load_source  # noqa: E402
 from ablate.sweeps.engine.weights import (  # noqa: E402
     export_run,
-    load_classifier_source,
     load_run_classifier,
     load_run_weights,
-    load_source,
     log_weights,
     run_tokenizer,
 )

@@ -18,7 +18,7 @@ from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.methods.pretrain import distill_module
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.vocab_bridge import VocabBridge, VocabMap
-from ablate.sweeps.engine.weights import Source, student_vocabulary
+from ablate.sweeps.engine.sources import Source, student_vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,0 +1,216 @@
+"""Models a run starts from or learns from, loaded and checked before the run exists: a source to
+fine-tune, prune or quantize, a teacher (a pre-trained model, a fine-tuned classifier or span model),
+by ``runs:/RUN_ID`` (a run's ``model/`` artifacts, :mod:`~ablate.sweeps.engine.weights`), a folder, the
+data catalog's model entry or a hub name; and the checks that they fit the run (tokenizer, positions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.datamodules.catalog import resolve_model
+from ablate.datamodules.tokenizer import checkpoint_tokenizer
+from ablate.lightning_modules.config.errors import ConfigError, StorageError
+from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.interop.classifier import load_classifier
+from ablate.lightning_modules.interop.hub import load_tokenizer
+from ablate.lightning_modules.interop.pretrained import load_pretrained
+from ablate.lightning_modules.interop.qa_export import load_span_model
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.span import SpanModel
+from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.weights import (
+    RUNS,
+    load_run_classifier,
+    load_run_span,
+    load_run_weights,
+    run_tokenizer,
+    store,
+)
+
+
+def load_span_source(source: str, uri: str, workdir: Path, field: str) -> tuple[SpanSource, Path | None]:
+    """The fine-tuned span model ``field`` names (a span task's teacher): ``runs:/RUN_ID`` of a span
+    fine-tuning run (its tokenizer downloaded into ``workdir``) or a folder (an ``ablate export`` of one,
+    or a transformers ``*ForQuestionAnswering``); its tokenizer file. One-line errors prefixed with ``field``."""
+    try:
+        if not source.startswith(RUNS):
+            model_cfg, span = load_span_model(source)
+            return SpanSource(source, model_cfg, span), _folder_tokenizer(Path(source), model_cfg, workdir)
+        run_id = source.removeprefix(RUNS).strip("/")
+        with tracking.quiet_downloads():
+            cfg, model = load_run_span(uri, run_id)
+            if cfg.quant.enabled:
+                raise ConfigError(f"{source} is quantized and its artifacts hold its float weights")
+            tok = run_tokenizer(store(uri), run_id, workdir)
+        return SpanSource(source, cfg.model, model, run_id), tok
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+
+
+@dataclass
+class SpanSource:
+    """A fine-tuned span model to learn from: its architecture, model and run (when one)."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: SpanModel
+    run_id: str | None = None
+
+
+def _folder_tokenizer(folder: Path, model_cfg: ModelConfig, workdir: Path) -> Path | None:
+    """A checkpoint folder's tokenizer (its ``tokenizer.json``, else its ``vocab.txt`` as BERT's WordPiece,
+    written into ``workdir``; None without either), checked to fit the model's vocabulary."""
+    tok = checkpoint_tokenizer(folder, workdir)
+    if tok is not None and load_tokenizer(tok).get_vocab_size() > model_cfg.vocab_size:
+        raise ConfigError(f"{tok}: more tokens than the model's vocab_size={model_cfg.vocab_size} (not its tokenizer)")
+    return tok
+
+
+@dataclass
+class Source:
+    """A trained model to start from (a distillation teacher, a model to prune or to fine-tune): its
+    architecture, its model and (when known) its tokenizer file."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: PretrainingModel
+    tokenizer: Path | None
+    run_id: str | None = None
+
+
+def load_source(
+    source: str, uri: str, workdir: Path, field: str = "distill.teacher", quantized: bool = False
+) -> Source:
+    """The trained model ``field`` names (``distill.teacher``, ``prune.source``, ``finetune.source``):
+    ``runs:/RUN_ID`` in the store ``uri`` (its tokenizer artifact is downloaded into ``workdir``)
+    or a checkpoint folder (an ``ablate export`` folder or a transformers checkpoint; its
+    ``tokenizer.json``, when it has one, is the source's tokenizer).
+    ConfigError/StorageError prefixed with ``field`` (the config key that named it).
+
+    A quantized run's ``model/`` artifacts are its float weights: only a fine-tuning run, which
+    quantizes its classifier the same way, takes it (``quantized``); others are refused."""
+    try:
+        if not source.startswith(RUNS):  # a folder, the data catalog's model entry or a hub name
+            folder = resolve_model(source, field)
+            model_cfg, model = load_pretrained(folder)
+            return Source(source, model_cfg, model, _folder_tokenizer(folder, model_cfg, workdir))
+        run_id = source.removeprefix(RUNS).strip("/")
+        with tracking.quiet_downloads():
+            cfg, model = load_run_weights(uri, run_id)
+            if cfg.quant.enabled and not quantized:
+                raise ConfigError(
+                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
+                    f"weights; start from the model it quantized, then quantize the result (quant.method)"
+                )
+            tok = run_tokenizer(store(uri), run_id, workdir)
+        return Source(source, cfg.model, model, tok, run_id)
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+
+
+@dataclass
+class ClassifierSource:
+    """A fine-tuned classifier to learn from (a task-distillation teacher): as :class:`Source`, with its classes."""
+
+    source: str
+    model_cfg: ModelConfig
+    model: Classifier
+    num_labels: int
+    tokenizer: Path | None
+    run_id: str | None = None
+
+
+def load_classifier_source(
+    source: str, uri: str, workdir: Path, field: str, quantized: bool = False
+) -> ClassifierSource:
+    """The fine-tuned classifier ``field`` names: ``runs:/RUN_ID`` of a fine-tuning run in the store
+    ``uri`` (its tokenizer downloaded into ``workdir``) or a classifier folder (an ``ablate export``
+    of one, or a transformers ``*ForSequenceClassification`` checkpoint; its ``tokenizer.json``,
+    when it has one, is the tokenizer). One-line ConfigError/StorageError prefixed with ``field``;
+    a quantized run (whose artifacts hold its float weights) only when ``quantized``."""
+    try:
+        if not source.startswith(RUNS):
+            folder = resolve_model(source, field)
+            model_cfg, model = load_classifier(folder)
+            tok = _folder_tokenizer(folder, model_cfg, workdir)
+            return ClassifierSource(source, model_cfg, model, model.num_labels, tok)
+        run_id = source.removeprefix(RUNS).strip("/")
+        with tracking.quiet_downloads():
+            cfg, model = load_run_classifier(uri, run_id)
+            if cfg.quant.enabled and not quantized:
+                raise ConfigError(
+                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
+                    "weights; use the same fine-tuning run without quant.method"
+                )
+            tok = run_tokenizer(store(uri), run_id, workdir)
+        return ClassifierSource(source, cfg.model, model, model.num_labels, tok, run_id)
+    except (ConfigError, StorageError) as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+
+
+def check_positions(source: Source, max_length: int, field: str) -> None:
+    """A source model must have a position for every token of the run's sequences (``data.max_length``)."""
+    m = source.model_cfg
+    if m.position == "learned" and m.max_position < max_length:
+        raise ConfigError(
+            f"{field}: {source.source} has {m.max_position} positions (its model.max_position), "
+            f"fewer than data.max_length {max_length}"
+        )
+
+
+def check_same_tokenizer(
+    source: Source | ClassifierSource, run_tokenizer: Path, field: str = "distill.teacher"
+) -> None:
+    """KD compares MLM distributions token by token, pruning fine-tunes on this run's data: the
+    model ``field`` names (a teacher, a model to prune or to augment with) must use this run's
+    vocabulary (``run_tokenizer``)."""
+    from tokenizers import Tokenizer
+
+    if source.tokenizer is None:
+        return  # a checkpoint without its tokenizer: the user vouches for it (README)
+    theirs, mine = Tokenizer.from_file(str(source.tokenizer)), Tokenizer.from_file(str(run_tokenizer))
+    if theirs.get_vocab() != mine.get_vocab():
+        raise ConfigError(
+            f"{field}: {source.source} was trained with a different tokenizer than this run's "
+            f"(set data.tokenizer to its tokenizer, or data.corpus, data.lowercase, data.tokenizer_docs and "
+            f"model.vocab_size to those it was trained with)"
+        )
+
+
+_PROBE = "Éric's CAFÉ-au-lait, naïve 北京 x1.5 don't"  # accents, case, punctuation, CJK, digits
+
+
+def _reads(tok: Any) -> tuple[object, ...]:
+    """How a tokenizer splits text before WordPiece: its normalizer's and pre-tokenizer's output on a probe."""
+    text = tok.normalizer.normalize_str(_PROBE) if tok.normalizer is not None else _PROBE
+    words = tok.pre_tokenizer.pre_tokenize_str(text) if tok.pre_tokenizer is not None else text
+    return text, words
+
+
+def student_vocabulary(teacher: Source, student_tokenizer: Path, student_cfg: ModelConfig) -> VocabMap | None:
+    """How a student's token ids reach its teacher's: None for a student of the teacher's vocabulary
+    (its tokenizer must be the teacher's: :func:`check_same_tokenizer`); for one with its own,
+    smaller vocabulary (Zhao et al.), each id mapped to the teacher token of the same string
+    (None when the teacher has no tokenizer: ``distill_module`` names it). ConfigError
+    (``model.vocab_size``) for a larger vocabulary, (``distill.teacher``) for a teacher tokenizer
+    that reads text otherwise (``data.lowercase``), whose pieces would not mean the same text."""
+    from tokenizers import Tokenizer
+
+    from ablate.datamodules.tokenizer import continuation_mask, vocabulary_map
+
+    if not own_vocabulary(student_cfg, teacher.model_cfg):
+        check_same_tokenizer(teacher, student_tokenizer)
+        return None
+    if teacher.tokenizer is None:
+        return None
+    theirs, mine = Tokenizer.from_file(str(teacher.tokenizer)), Tokenizer.from_file(str(student_tokenizer))
+    if _reads(theirs) != _reads(mine):
+        raise ConfigError(
+            f"distill.teacher: {teacher.source}'s tokenizer normalizes or splits text otherwise than this run's "
+            f"(data.lowercase must be the teacher's): the student's tokens are mapped to the teacher's by their text"
+        )
+    return VocabMap.of(vocabulary_map(mine, theirs), continuation_mask(mine), student_cfg.vocab_size)
