@@ -5,8 +5,8 @@ The folder is an ablate checkpoint as :func:`ablate.lightning_modules.interop.pr
 it, so ``ablate export`` (:func:`export_run`) and ``init_from`` (on a downloaded copy) both start from it.
 A fine-tuning run (regime ``finetune``) keeps its :class:`Classifier` the same way, read by
 :func:`ablate.lightning_modules.interop.classifier.load_classifier`: :func:`load_run_classifier` and
-:func:`~ablate.sweeps.engine.sources.load_classifier_source` load it (a distillation teacher), ``ablate export`` makes it a
-transformers sequence classifier, and the readers of pre-trained models refuse it by name.
+:func:`~ablate.sweeps.engine.sources.load_classifier_source` load it (a distillation teacher), ``ablate
+export`` makes it a transformers sequence classifier, and the readers of pre-trained models refuse it by name.
 """
 
 from __future__ import annotations
