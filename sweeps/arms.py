@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
+from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime, flatten
 from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.pretrain import distill_module
@@ -131,6 +131,14 @@ def _task(task: FinetuneTask, cfg: ExperimentConfig, pretrained: PretrainingMode
         (SpanModule if span else FinetuneModule)(ft, pretrained)
 
 
+NOT_BUILT = ("optim.", "seed", "name", "tracking.")
+"""Fields no module or model of an arm is built from: arms differing only in them are built once."""
+
+
+def _arm_fields(cfg: ExperimentConfig) -> dict[str, Any]:
+    return {k: v for k, v in flatten(cfg).items() if not k.startswith(NOT_BUILT)}
+
+
 def check_arms(spec: StudySpec, base: dict[str, Any], where: str) -> int:
     """Build every arm of the study on the meta device as the module's docstring says; the number of
     trials checked. ConfigError (naming the study file, the trial and the field) for an arm that cannot run."""
@@ -141,8 +149,13 @@ def check_arms(spec: StudySpec, base: dict[str, Any], where: str) -> int:
             cfg = study_model_config(base, spec)
             source = Source(cfg, build_pretraining_model(cfg.model, cfg.objective))
         trials = corner_trials(spec, base)
+        built: set[str] = set()
         for params, cfg in trials:
             assert cfg.regime is not None  # resolved by the config's validation
+            shape = repr((params.get("variant"), _arm_fields(cfg)))
+            if shape in built:  # an arm that differs from one checked only in what no module reads
+                continue
+            built.add(shape)
             try:
                 pretrained = ARMS[cfg.regime](cfg, source)
                 if pretrained is None:
