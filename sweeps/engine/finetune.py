@@ -48,7 +48,7 @@ from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
-from ablate.sweeps.engine.quant import QuantPlan, planned, quantized_model, validate
+from ablate.sweeps.engine.quant import QuantPlan, planned, quantize_and_score, validate
 from ablate.sweeps.engine.sources import Source, check_same_tokenizer, load_classifier_source, load_source
 from ablate.sweeps.engine.span import span_data, span_latency, span_module
 
@@ -70,25 +70,25 @@ def quantize_classifier(
     fp32: float,
     run: ActiveRun | None = None,
     done: tuple[nn.Module, QuantPlan] | None = None,
-) -> tuple[dict[str, float], QuantPlan]:
-    """Quantize ``module``'s fine-tuned classifier as ``cfg.quant`` says (``weight-mixed``: layers ranked on
-    training batches by the classification loss; ``done``: already quantized after quantization-aware
-    training) and score the dev set with it on the CPU; the metrics and the plan."""
+) -> dict[str, float]:
+    """``module``'s fine-tuned classifier quantized and scored (:func:`~ablate.sweeps.engine.quant.
+    quantize_and_score`; its layers ranked by the task's loss) on the dev set on the CPU, beside the float
+    classifier's ``fp32`` score."""
     f = cfg.finetune
-    quantized, plan = quantized_model(module.model, cfg, data, task_loss, run) if done is None else done
-    if run is not None:
-        run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
-    float_model, module.model = module.model, quantized  # the same dev metrics, on the quantized classifier
-    try:
-        scores = validate(module, cfg, data)
-    finally:
-        module.model = float_model  # the run leaves its float weights (the weights finisher logs them)
-    out = {
-        f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"],
-        f"{f.task}/fp32_{f.metric}": fp32,
-        "model_bytes": float(stored_bytes(quantized)),
-    }
-    return (out if plan.bits is None else {**out, "quant/avg_bits": plan.bits}), plan
+
+    def score(quantized: nn.Module) -> dict[str, float]:
+        float_model, module.model = module.model, quantized  # the same dev metrics, on the quantized classifier
+        try:
+            scores = validate(module, cfg, data)
+        finally:
+            module.model = float_model  # the run leaves its float weights (the weights finisher logs them)
+        return {
+            f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"],
+            f"{f.task}/fp32_{f.metric}": fp32,
+            "model_bytes": float(stored_bytes(quantized)),
+        }
+
+    return quantize_and_score(module.model, cfg, data, task_loss, score, run, done)[0]
 
 
 def best_name(name: str) -> str:
@@ -288,10 +288,7 @@ def _size(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) 
 
 def _quantized(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
     """The classifier quantized as ``quant`` says, its dev score scored again (``quant/plan.csv``: its plan)."""
-    scores, plan = quantize_classifier(m.module, m.cfg, m.data, m.best, run, m.done)
-    if plan.table is not None:
-        run.text(plan.table.to_csv(index=False), "quant/plan.csv")
-    return scores
+    return quantize_classifier(m.module, m.cfg, m.data, m.best, run, m.done)
 
 
 def _latency(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:

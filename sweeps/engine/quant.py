@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -128,6 +129,40 @@ def quantized_model(
     return quantize(model, cfg.quant, plan.plan), plan
 
 
+Scorer = Callable[[nn.Module], dict[str, float]]
+"""Scores a quantized model as its run scores its float one (held-out MLM metrics, the dev set)."""
+
+
+def quantize_and_score(
+    model: nn.Module,
+    cfg: ExperimentConfig,
+    data: pl.LightningDataModule,
+    loss: BatchLoss,
+    score: Scorer,
+    run: ActiveRun | None,
+    done: tuple[nn.Module, QuantPlan] | None = None,
+) -> tuple[dict[str, float], QuantPlan]:
+    """The one quantize-and-score of every run: ``model`` (left as it is) quantized as ``cfg.quant`` says
+    (``weight-mixed``: its layers ranked by ``loss`` on training batches; ``done``: already quantized
+    after quantization-aware training), checked to hold quantized layers, scored by ``score``; with its
+    ``quant/avg_bits`` and ``quant/layers``, and the plan's table as the run's ``quant/plan.csv``."""
+    quantized, plan = quantized_model(model, cfg, data, loss, run) if done is None else done
+    if run is not None:
+        run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
+    layers = quantized_layers(quantized)  # quantize() checked its layers; this is what is scored
+    if not layers:
+        raise QuantizationNotApplied(
+            f"quant.method: {cfg.quant.method}: the model to evaluate holds no quantized layer; it would be "
+            "scored as the float model"
+        )
+    metrics = {**score(quantized), "quant/layers": float(len(layers))}
+    if plan.bits is not None:
+        metrics["quant/avg_bits"] = plan.bits
+    if plan.table is not None and run is not None:
+        run.text(plan.table.to_csv(index=False), "quant/plan.csv")
+    return metrics, plan
+
+
 def quantize_and_log(
     model: nn.Module,
     cfg: ExperimentConfig,
@@ -137,31 +172,20 @@ def quantize_and_log(
     fp32: dict[str, float],
     done: tuple[nn.Module, QuantPlan] | None = None,
 ) -> dict[str, float]:
-    """Quantize a trained pre-training model as ``cfg.quant`` says, evaluate it, log it (see the
-    module's docstring) at ``step``; the metrics logged. ``fp32``: the float model's MLM metrics;
-    ``done``: the model already quantized (after quantization-aware training) and its plan."""
+    """A trained pre-training model quantized and scored (:func:`quantize_and_score`) on its held-out
+    MLM metrics beside the float model's (``fp32``), logged at ``step`` (see the module's docstring)."""
     eval_cfg = on_cpu(cfg)
-    quantized, plan = quantized_model(model, cfg, data, mlm_loss, run) if done is None else done
-    run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
-    layers = quantized_layers(quantized)  # quantize() checked its layers; this is what is scored
-    if not layers:
-        raise QuantizationNotApplied(
-            f"quant.method: {cfg.quant.method}: the model to evaluate holds no quantized layer; it would be "
-            "scored as the float model"
-        )
-    table, bits = plan.table, plan.bits
-    quantized = cast(PretrainingModel, quantized)  # a pre-training model, its layers quantized in place
-    metrics = validate(PretrainModule(eval_cfg, quantized), eval_cfg, data)
-    metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
-    if "val/mlm_acc" in fp32 and "val/mlm_acc" in metrics:
-        metrics["quant/mlm_acc_drop"] = fp32["val/mlm_acc"] - metrics["val/mlm_acc"]
-    metrics["quant/fp32_model_bytes"] = float(stored_bytes(model))
-    metrics.update(quantized_counts(quantized, eval_cfg))
-    metrics["quant/layers"] = float(len(layers))
-    if bits is not None:
-        metrics["quant/avg_bits"] = bits
-    if table is not None:
-        run.text(table.to_csv(index=False), "quant/plan.csv")
+
+    def score(quantized: nn.Module) -> dict[str, float]:
+        q = cast(PretrainingModel, quantized)  # a pre-training model, its layers quantized in place
+        metrics = validate(PretrainModule(eval_cfg, q), eval_cfg, data)
+        metrics.update({f"quant/fp32_{k.removeprefix('val/')}": fp32[k] for k in MLM if k in fp32})
+        if "val/mlm_acc" in fp32 and "val/mlm_acc" in metrics:
+            metrics["quant/mlm_acc_drop"] = fp32["val/mlm_acc"] - metrics["val/mlm_acc"]
+        metrics["quant/fp32_model_bytes"] = float(stored_bytes(model))
+        return {**metrics, **quantized_counts(q, eval_cfg)}
+
+    metrics, _ = quantize_and_score(model, cfg, data, mlm_loss, score, run, done)
     run.log(metrics, step=step)
     return metrics
 
