@@ -30,11 +30,11 @@ import torch
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime, flatten
-from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
+from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.pretrain import distill_module
 from ablate.lightning_modules.methods.pruning.gates import check_supported
-from ablate.lightning_modules.methods.quantization.apply import embedding_tables, targets
+from ablate.lightning_modules.methods.quantization.apply import check_quantizable
 from ablate.lightning_modules.methods.span import SpanModule, span_distill_module
 from ablate.lightning_modules.model.classifier import build_classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
@@ -53,21 +53,9 @@ class Source:
     model: PretrainingModel | None
 
 
-def _quantizable(model: PretrainingModel, q: QuantConfig, what: str) -> None:
-    """A model whose method quantizes something has layers that method quantizes."""
-    if not q.enabled:
-        return
-    names = [
-        *(targets(model) if q.method != "none" else ()),
-        *(embedding_tables(model) if q.embeddings != "none" else ()),
-    ]
-    if not names:
-        raise ConfigError(f"quant.method: {q.method}: {what} has no layer it quantizes")
-
-
 def _pretrain(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
     model = build_pretraining_model(cfg.model, cfg.objective)
-    _quantizable(model, cfg.quant, "the model")
+    check_quantizable(model, cfg.quant, "the model")
     return model
 
 
@@ -75,7 +63,7 @@ def _distill(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
     student = build_pretraining_model(cfg.model, cfg.objective)
     if source.cfg is not None and source.model is not None and not own_vocabulary(cfg.model, source.cfg.model):
         student = distill_module(cfg, source.model, source.cfg.model, student).model
-    _quantizable(student, cfg.quant, "the student")
+    check_quantizable(student, cfg.quant, "the student")
     return student
 
 
@@ -87,7 +75,7 @@ def _prune(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
             except ConfigError as exc:
                 raise ConfigError(f"prune.source: {exc}") from None
         if source.model is not None:
-            _quantizable(source.model, cfg.quant, "the pruned model")
+            check_quantizable(source.model, cfg.quant, "the pruned model")
     return None  # its shape is found by the pruning
 
 
@@ -98,7 +86,7 @@ def _quant(cfg: ExperimentConfig, source: Source) -> PretrainingModel | None:
         except ValueError as exc:
             raise ConfigError(f"{exc} (the model of quant.source)") from None
     if source.model is not None:
-        _quantizable(source.model, cfg.quant, "the source")
+        check_quantizable(source.model, cfg.quant, "the source")
     return source.model
 
 

@@ -30,7 +30,7 @@ import yaml
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ObjectiveConfig, to_dict
 from ablate.lightning_modules.config.model import ModelConfig
-from ablate.lightning_modules.config.yamlio import dump_yaml
+from ablate.lightning_modules.config.yamlio import dump_yaml, load_yaml
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
     ablate_checkpoint,
@@ -167,7 +167,7 @@ def _saved_regime(folder: Path) -> object:
     """The ``regime`` an ablate folder's config names (None when it has none or it is unreadable)."""
     for name in (EXPORT_YAML, "config.yaml"):
         try:
-            tree = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
+            tree = load_yaml((folder / name).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
             continue
         return tree.get("regime") if isinstance(tree, dict) else None

@@ -258,9 +258,9 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
             text = Path(client.download_artifacts(run_id, "config.yaml", tmp)).read_text(encoding="utf-8")
     except MlflowException:
         raise ConfigError(f"--resume {run_id}: no such run (with a config.yaml) in {tracking.redact(uri)}") from None
-    import yaml
+    from ablate.lightning_modules.config.yamlio import load_yaml
 
-    theirs = build_config(yaml.safe_load(text))
+    theirs = build_config(load_yaml(text))
     if cfg is not None and config_digest(cfg) != config_digest(theirs):
         mine, old = flatten(cfg), flatten(theirs)
         key = next(k for k in mine if mine[k] != old.get(k))

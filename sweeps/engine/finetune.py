@@ -42,7 +42,7 @@ from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.measure.accounting import stored_bytes
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.finetune import task_loss as loss_of
-from ablate.lightning_modules.methods.quantization.apply import convert_weight_qat, prepare_qat
+from ablate.lightning_modules.methods.quantization.apply import check_quantizable, convert_weight_qat, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
@@ -165,6 +165,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
             mlm_id=mlm_id,
         )
         data.setup("fit")
+    check_quantizable(module.model, cfg.quant, "the classifier")
     if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
         module.model = prepare_qat(module.model)
 

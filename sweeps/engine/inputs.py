@@ -15,7 +15,7 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.interop.hub import same_vocabulary
 from ablate.lightning_modules.interop.pretrained import different_tokenizer, initial_model
-from ablate.lightning_modules.methods.quantization.apply import prepare_qat
+from ablate.lightning_modules.methods.quantization.apply import check_quantizable, prepare_qat
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.sweeps.engine.sources import Source, check_positions, check_same_tokenizer, load_source
 
@@ -68,6 +68,7 @@ def checked_source(cfg: ExperimentConfig, name: str, field: str, uri: str, token
         check_positions(source, cfg.data.max_length, field=field)
     try:
         check_group_size(cfg.quant, source.model_cfg)
+        check_quantizable(source.model, cfg.quant, f"the model of {field}")
     except ValueError as exc:
         raise ConfigError(f"{exc} (the model of {field})") from None
     return source

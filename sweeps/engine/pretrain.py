@@ -18,6 +18,7 @@ from ablate.lightning_modules.measure.accounting import metric_counts
 from ablate.lightning_modules.measure.measuring import placed, training_device
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
+from ablate.lightning_modules.methods.quantization.apply import check_quantizable
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import corpus, student, tokenizer_of
@@ -90,6 +91,7 @@ def vocabulary_metrics(module: PretrainModule) -> dict[str, float]:
 def _prepared(module: PretrainModule, data: PretrainDataModule, ctx: RunContext, tags: dict[str, str]) -> Prepared:
     """A pre-training module fitted in the run: its counts and latency measured first."""
     cfg = module.cfg  # a distillation's: distill.mix_prob and dual_weight resolved against its teacher
+    check_quantizable(module.model, cfg.quant, "the model")
     inputs, measured_on = ctx.measure(metric_counts, module.model, cfg.model, cfg)
     materials = PretrainRun(module, data)
     return Prepared(

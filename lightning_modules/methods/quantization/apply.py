@@ -153,6 +153,19 @@ def embedding_tables(model: nn.Module) -> dict[str, nn.Embedding]:
     }
 
 
+def check_quantizable(model: nn.Module, q: QuantConfig, what: str) -> None:
+    """Before a run exists: a model whose ``quant`` quantizes something has layers it quantizes
+    (ConfigError naming ``quant.method``, else the run would fail once its model is trained)."""
+    if not q.enabled:
+        return
+    names = [
+        *(targets(model) if q.method != "none" else ()),
+        *(embedding_tables(model) if q.embeddings != "none" else ()),
+    ]
+    if not names:
+        raise ConfigError(f"quant.method: {q.method}: {what} has no layer it quantizes")
+
+
 def _weight_groups(model: nn.Module, plan: Plan, group_size: int) -> list[tuple[set[str], Any]]:
     """``plan``'s layers as (names, torchao ``IntxWeightOnlyConfig``) groups: one per bit width and
     granularity, group-wise where ``group_size`` divides the layer's input width, one scale per row
