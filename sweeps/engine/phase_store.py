@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.context import ActiveRun, RunContext, say
+from ablate.sweeps.engine.trainer import RunLogger
 
 PHASE = "ablate_phase"  # in a checkpoint: the index of the phase that wrote it
 ENDED = "ablate_phase_end"  # in a phase's end checkpoint: (steps it ended at, its fit's final metrics)
@@ -29,7 +30,8 @@ def ended_name(index: int) -> str:
 
 
 class PhaseMark(Callback):
-    """Tag every checkpoint of a phase with its index (and its end's with its steps and metrics)."""
+    """Tag every checkpoint of a phase with its index (and its end's with its steps and metrics), and send
+    the run's queued metrics first: a process killed after the checkpoint has logged what led to it."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -39,6 +41,8 @@ class PhaseMark(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint[PHASE] = self.index
+        if isinstance(trainer.logger, RunLogger):  # what was logged before the checkpoint is in the store
+            trainer.logger.flush()
         if self.ended is not None:
             checkpoint[ENDED] = {"step": self.ended[0], "metrics": self.ended[1]}
 

@@ -40,7 +40,11 @@ class RunLogger(MLFlowLogger):
         super().log_metrics(metrics, (step or 0) + self.offset)
 
     def finalize(self, status: str = "success") -> None:
-        if self._initialized:  # sent, not ended
+        self.flush()  # sent, not ended
+
+    def flush(self) -> None:
+        """Send what is queued (a checkpoint is written only once what was logged before it is stored)."""
+        if self._initialized:
             self.experiment._tracking_client.store.flush_async_logging()
 
 

@@ -156,3 +156,82 @@ def test_sigkill_while_training_the_teacher_then_rerun_takes_it_over(tmp_path, w
     storage = f"sqlite:///{runs_dir / 'optuna.db'}"
     helper = optuna.load_study(study_name="teach:trained-once", storage=storage).trials
     assert sorted(t.state.name for t in helper) == ["COMPLETE", "FAIL"]
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_in_a_later_phase_of_a_pruning_trial_then_rerun_resumes_in_that_phase(tmp_path, wiki_validation):
+    """A schuBERT trial (gates, re-training, gates, re-training) killed in its third phase: the rerun
+    restores the two phases that ended, goes on in the third from its checkpoint, in the same run, and
+    ends where an uninterrupted run of the same config ends (the same metrics at the same steps)."""
+    model = {"preset": "bert-tiny", "vocab_size": 1000, "embed_dim": 32, "hidden_dim": 32, "num_layers": 2}
+    model |= {"num_heads": 4, "ffn_dim": 64, "max_position": 64, "dropout": 0.0}
+    study = write_study(
+        tmp_path,
+        wiki_validation,
+        name="pruned",
+        search={"prune.target": {"choices": [0.7]}},
+        trainer={"max_steps": 6, "val_every": 10, "measure": False},
+        heartbeat=1,
+        prune_source={"model": model, "overrides": {"trainer.max_steps": 6}},
+    )
+    raw = yaml.safe_load(study.read_text())
+    raw["base"]["model"] = model
+    raw["base"]["prune"] = {"method": "schubert-all", "rounds": 2, "gate_steps": 30, "finetune_steps": 30}
+    study.write_text(yaml.safe_dump(raw, sort_keys=False))
+    checkpoints = tmp_path / "runs" / "checkpoints"
+    # killed once the second phase has ended and the third has checkpointed (its first validation)
+    log = study.parent / "first.log"
+    proc = _sweep(study, log)
+    try:
+        deadline = time.monotonic() + 600
+        while not (list(checkpoints.glob("pruned/*/phase-1.ckpt")) and _third_phase_checkpointed(checkpoints)):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the third phase never checkpointed"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    second = _sweep(study, tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    said = (tmp_path / "second.log").read_text()
+    assert "phase 1 ended in an earlier attempt: restored from " in said
+    assert "phase 2 ended in an earlier attempt: restored from " in said
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("pruned").experiment_id
+    (trial,) = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert trial.info.status == "FINISHED" and "(phase 3, step " in trial.data.tags["ablate.resumed_from"]
+    trials = optuna.load_study(study_name="pruned", storage=_storage(tmp_path)).trials
+    assert sorted(t.state.name for t in trials) == ["COMPLETE", "FAIL"]  # the dead worker's, then its retry
+
+    # the same config, uninterrupted, from the same source
+    spec, base = load_study(study)
+    source = trial.data.tags["ablate.source_run"]
+    cfg = trial_config(base, spec, {"prune.target": 0.7, "seed": 0}, f"runs:/{source}")
+    straight = train(cfg, RunContext(experiment="straight"))
+    for key in ("val/loss", "val/mlm_loss", "prune/params", "params.backbone"):
+        want = client.get_metric_history(straight.run_id, key)
+        got = {
+            m.step: m.value
+            for m in sorted(client.get_metric_history(trial.info.run_id, key), key=lambda m: m.timestamp)
+        }
+        assert {m.step for m in want} == set(got), key
+        for m in want:
+            assert got[m.step] == pytest.approx(m.value, rel=1e-5, abs=1e-6), (key, m.step)
+
+
+def _third_phase_checkpointed(checkpoints: Path) -> bool:
+    """Whether a trial's ``last.ckpt`` was written by its third phase (index 2)."""
+    import torch
+
+    for last in checkpoints.glob("pruned/*/last.ckpt"):
+        try:
+            if torch.load(last, map_location="cpu", weights_only=False).get("ablate_phase") == 2:
+                return True
+        except (EOFError, RuntimeError, OSError):  # being written
+            continue
+    return False
+
+
+def _storage(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
