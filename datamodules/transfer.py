@@ -129,26 +129,37 @@ class TrainPosition:
 
 
 class ResumedShuffle(Sampler[int]):
-    """``RandomSampler(generator=seeded)``'s order, epoch after epoch (the same draws from the same
-    generator), started ``skip_batches`` batches of ``batch_size`` into it: where a fit stopped."""
+    """``RandomSampler(generator=generator)``: the same draws, the first ``skip`` samples of its first
+    epoch left out (where a resumed fit goes on)."""
 
-    def __init__(self, n: int, seed: int, batch_size: int, skip_batches: int = 0) -> None:
-        self.n, self.generator = n, torch.Generator().manual_seed(seed)
-        per_epoch = math.ceil(n / batch_size)
-        self.epochs, within = divmod(skip_batches, per_epoch)
-        self.skip = within * batch_size
+    def __init__(self, n: int, generator: torch.Generator, skip: int = 0) -> None:
+        self.n, self.generator, self.skip = n, generator, skip
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        for _ in range(self.epochs):  # epochs consumed: RandomSampler draws twice per full epoch
-            torch.randperm(self.n, generator=self.generator)
-            torch.randperm(self.n, generator=self.generator)
-        self.epochs = 0
         start, self.skip = self.skip, 0
         yield from torch.randperm(self.n, generator=self.generator).tolist()[start:]
-        torch.randperm(self.n, generator=self.generator)  # as RandomSampler's empty tail draws
+        yield from torch.randperm(self.n, generator=self.generator).tolist()[:0]  # as RandomSampler's empty tail
+
+
+def _shuffled(
+    n: int, seed: int, batch_size: int, workers: int, skip_batches: int
+) -> tuple[ResumedShuffle, torch.Generator]:
+    """The sampler and loader generator of a shuffled loader that draws what ``DataLoader(shuffle=True,
+    generator=seeded)`` draws, started ``skip_batches`` batches in: the epochs before are replayed (each
+    epoch's iterator draws the loader's seed, persistent workers' only the first; the order draws twice)."""
+    generator = torch.Generator().manual_seed(seed)
+    epochs, within = divmod(skip_batches, math.ceil(n / batch_size))
+    for epoch in range(epochs):
+        if workers == 0 or epoch == 0:
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        torch.randperm(n, generator=generator)
+        torch.randperm(n, generator=generator)
+    # persistent workers drew their seed once, in the first epoch: this loader's own draw must not move the order
+    loader = torch.Generator().manual_seed(seed) if epochs and workers > 0 else generator
+    return ResumedShuffle(n, generator, within * batch_size), loader
 
 
 def task_loader(
@@ -165,11 +176,12 @@ def task_loader(
     order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
     if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sampler = ResumedShuffle(len(split), seed, batch_size, skip_batches) if shuffle else None  # type: ignore[arg-type]
+    sampler, generator = _shuffled(len(split), seed, batch_size, workers, skip_batches) if shuffle else (None, None)  # type: ignore[arg-type]
     return DataLoader(
         split,
         batch_size,
         sampler=sampler,
+        generator=generator,
         collate_fn=packed(collate, workers),
         num_workers=workers,
         persistent_workers=workers > 0,

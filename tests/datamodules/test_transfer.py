@@ -70,3 +70,40 @@ def test_pinned_and_moved_in_one_copy():
     on_gpu = p.to("cuda", non_blocking=True).unpack()
     assert all(t.is_cuda for t in on_gpu.values())
     assert _equal({k: v.cpu() for k, v in on_gpu.items()}, _batch())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_shuffled_task_loader_draws_as_a_seeded_shuffle_and_resumes_at_any_batch(workers):
+    """The loader's order is ``DataLoader(shuffle=True, generator=seeded)``'s, epoch after epoch; one
+    started k batches in (a resumed fit) goes on with the batch the first would have given next."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ablate.datamodules.transfer import task_loader
+
+    rows = [{"x": torch.tensor([i])} for i in range(23)]
+
+    def collate(batch):
+        return {"x": torch.cat([r["x"] for r in batch])}
+
+    def batches(loader, epochs):
+        return [unpack(b)["x"].tolist() for _ in range(epochs) for b in loader]
+
+    seeded = torch.Generator().manual_seed(7)
+    plain = DataLoader(
+        rows,
+        5,
+        shuffle=True,
+        generator=seeded,
+        collate_fn=packed(collate, workers),
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
+    ours = task_loader(rows, 5, collate, 7, True, workers)
+    want = batches(plain, 4)
+    assert batches(ours, 4) == want and len(want) == 20
+    for k in (1, 4, 5, 7, 12):  # inside the first epoch, at an epoch's end, in later epochs
+        resumed = task_loader(rows, 5, collate, 7, True, workers, skip_batches=k)
+        first = batches(resumed, 1)  # the rest of the epoch it was stopped in
+        assert first == want[k : (k // 5 + 1) * 5]
+        assert batches(resumed, 1) == want[(k // 5 + 1) * 5 : (k // 5 + 2) * 5]  # and its next epoch

@@ -77,7 +77,10 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
         ({"search": {"model.colour": {"choices": [1]}}}, "search.model.colour: not a config field"),
         ({"search": {"optim.lr": {"low": 1e-4, "high": 1e-2}}}, "search.optim.lr: the grid sampler needs"),
         ({"search": {"model.sharing": {"choices": []}}}, "empty search space"),
-        ({"search": {"model.hidden_dim": {"choices": [32, 33]}}}, "model.num_heads: hidden_dim 33"),
+        (
+            {"search": {"model.hidden_dim": {"choices": [32, 33]}}},
+            "search.model.hidden_dim=33: model.hidden_dim: hidden_dim 33",
+        ),
         ({"sampler": "tpe"}, "n_trials: required"),
         ({"pruner": {"type": "sometimes"}}, "pruner.type"),
         ({"optimize": {"direction": "up"}}, "optimize.direction"),

@@ -113,9 +113,11 @@ def test_sigkill_mid_trial_then_another_machine_resumes_and_counts_once(tmp_path
     assert after and after[0] <= step + 2 and after[-1] >= 110
     assert str(second_dir) in resumed.data.tags["ablate.resumed_from"]  # downloaded there from the first's upload
     ckpts = sorted(p.name for p in (second_dir / "runs" / "checkpoints" / "killed").rglob("*.ckpt"))
-    assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt"]  # only last and best per trial
-    uploaded = [a.path for r in runs for a in client.list_artifacts(r.info.run_id, "checkpoints")]
-    assert uploaded == ["checkpoints/last.ckpt"] * 2  # each trial's (the killed attempt's run is the resumed one)
+    # per trial: last and best, and the end of its one phase
+    assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt", "phase-0.ckpt", "phase-0.ckpt"]
+    uploaded = sorted(a.path for r in runs for a in client.list_artifacts(r.info.run_id, "checkpoints"))
+    # each trial's (the killed attempt's run is the resumed one)
+    assert uploaded == ["checkpoints/last.ckpt"] * 2 + ["checkpoints/phase-0.ckpt"] * 2
 
     # the resumed trial ends where an uninterrupted run of the same config does
     spec, base = load_study(study)

@@ -220,7 +220,9 @@ def test_an_edited_study_is_refused_naming_what_changed(tmp_path, wiki_validatio
         search={"model.sharing": {"choices": ["all"]}},
     )
     assert main(["sweep", str(searched)]) == 2
-    assert "search model.sharing.choices: ['all'] here, ['all', 'none'] in them" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "search.model.sharing: choices ['all'] here, but the study 'edited'" in err
+    assert "sampled choices ['all', 'none'] (trial 0)" in err
     assert len(client.search_runs([exp.experiment_id])) == before
     assert len(optuna.load_study(study_name="edited", storage=storage).trials) == 2
     write_study(tmp_path, wiki_validation, name="edited", trainer={"measure": False})  # as it was
