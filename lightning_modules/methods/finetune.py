@@ -120,8 +120,7 @@ class FinetuneModule(TrainModule):
             stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, layers, f.max_steps, steps_field="finetune.max_steps")
-        o = cfg.optim
-        plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
+        plan = OptimPlan.task(cfg, f.max_steps)
         super().__init__(cfg, model, link, stages, plan)
         self.regression = f.kind == "regression"
         self.dev_names = [f.task, *(d.name for d in f.extra_validation)]
@@ -181,20 +180,19 @@ class FinetuneModule(TrainModule):
         require(EXIT, self.selected, self.provides())
         self.restore_best()
         stage = Stage(SELF_DISTILLATION, 0, f.exit_steps, ("exit",), trainable=(), embeddings=False, extra=("exits",))
-        o = self.optim
-        self.set_stages([stage], OptimPlan(f.lr, f.exit_steps, max(1, f.exit_steps // 10), o.weight_decay, o.eps))
+        self.set_stages([stage], OptimPlan.task(self.cfg, f.exit_steps))
 
     def quantization_aware(self, plan: Plan) -> None:
         """Switch to Q-BERT's phase: from the best validation's weights, ``quant.qat_steps`` steps of the
         task's loss with the layers ``plan`` names (and the embedding tables when ``quant.embeddings``
         says) fake-quantized at their bits, group-wise. The best validation is then that of this phase."""
-        q, f, o = self.cfg.quant, self.cfg.finetune, self.optim
+        q = self.cfg.quant
         self.restore_best()
         self.model.requires_grad_(True)  # the whole classifier trains, after a phase that froze it (FastBERT's exits)
         prepare_weight_qat(self.model, plan, q)
         self.best, self.best_state, self.best_values = None, None, {}
         stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, (PD,))
-        self.set_stages([stage], OptimPlan(f.lr, q.qat_steps, max(1, q.qat_steps // 10), o.weight_decay, o.eps))
+        self.set_stages([stage], OptimPlan.task(self.cfg, q.qat_steps))
 
     # -- validation --------------------------------------------------------------------------
     def scoring(self) -> bool:

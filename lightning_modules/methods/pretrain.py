@@ -48,9 +48,7 @@ class PretrainModule(TrainModule):
             if link is not None
             else [Stage("train", 0, steps, (PD,))]
         )
-        o = cfg.optim
-        plan = OptimPlan(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
-        super().__init__(cfg, model, link, stages, plan)
+        super().__init__(cfg, model, link, stages, OptimPlan.pretraining(cfg, steps))
         if link is not None:
             link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         if cfg.trainer.compile:  # forward and loss: one graph (tests/lightning_modules/methods/test_compile.py)

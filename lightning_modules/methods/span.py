@@ -67,14 +67,15 @@ class SpanModule(FinetuneModule):
     """
 
     def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel, link: TeacherLink | None = None) -> None:
-        f, o = cfg.finetune, cfg.optim
+        f = cfg.finetune
         model = build_span_model(pretrained, cfg.model.init_std)
         if link is None:
             stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, len(model.encoder.plan), f.max_steps, steps_field="finetune.max_steps")
-        plan = OptimPlan(f.lr, f.max_steps, max(1, f.max_steps // 10), o.weight_decay, o.eps)
-        TrainModule.__init__(self, cfg, model, link, stages, plan)  # not a classifier's metrics
+        TrainModule.__init__(
+            self, cfg, model, link, stages, OptimPlan.task(cfg, f.max_steps)
+        )  # not a classifier's metrics
         self.val_loss = MeanMetric()
         self.best: float | None = None
         self.best_state: dict[str, torch.Tensor] | None = None

@@ -110,6 +110,22 @@ class OptimPlan:
     weight_decay: float = 0.01
     eps: float = 1e-8
 
+    @classmethod
+    def pretraining(cls, cfg: ExperimentConfig, steps: int) -> OptimPlan:
+        """Pre-training's (and distillation's): ``optim.lr`` after ``optim.warmup_steps``, over ``steps``."""
+        o = cfg.optim
+        return cls(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
+
+    @classmethod
+    def task(cls, cfg: ExperimentConfig, steps: int) -> OptimPlan:
+        """A fine-tuning phase's: ``finetune.lr``, a tenth of its ``steps`` of warm-up."""
+        o = cfg.optim
+        return cls(cfg.finetune.lr, steps, max(1, steps // 10), o.weight_decay, o.eps)
+
+    def describe(self) -> str:
+        """``AdamW lr 0.001, warm-up 10``: what ``--print-plan`` shows of a phase's optimizer."""
+        return f"AdamW lr {self.lr:g}, warm-up {self.warmup_steps}"
+
 
 class TrainModule(pl.LightningModule, abc.ABC):
     """One training step for every method: model, optional teacher, weighted terms, stages.

@@ -44,6 +44,7 @@ from ablate.lightning_modules.methods.finetune import FinetuneModule, task_disti
 from ablate.lightning_modules.methods.finetune import task_loss as loss_of
 from ablate.lightning_modules.methods.quantization.apply import check_quantizable, convert_weight_qat, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
+from ablate.lightning_modules.methods.train_module import OptimPlan
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
@@ -330,11 +331,12 @@ def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> 
             lambda m: m.module,
             how,
             detail,
-            _early_stopping(f),
-            val_every,
-            1.0,
-            None,
-            _tuned,
+            callbacks=_early_stopping(f),
+            val_every=val_every,
+            val_batches=1.0,
+            monitor=None,
+            optim=OptimPlan.task(cfg, f.max_steps).describe(),
+            ended=_tuned,
         ),
     ]
     if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
@@ -345,10 +347,11 @@ def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> 
                 _exits,
                 "same module, new stages (only the exits train)",
                 "FastBERT's self-distillation",
-                list,
-                f.exit_steps,
-                0,
-                None,
+                callbacks=list,
+                val_every=f.exit_steps,
+                val_batches=0,
+                monitor=None,
+                optim=OptimPlan.task(cfg, f.exit_steps).describe(),
             )
         )
     if q.qat_steps:
@@ -359,11 +362,12 @@ def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> 
                 _qat,
                 "same module, new stages (fake-quantized at the plan's bits)",
                 q.method,
-                list,
-                min(f.val_every, q.qat_steps),
-                1.0,
-                None,
-                _quantized_after_qat,
+                callbacks=list,
+                val_every=min(f.val_every, q.qat_steps),
+                val_batches=1.0,
+                monitor=None,
+                optim=OptimPlan.task(cfg, q.qat_steps).describe(),
+                ended=_quantized_after_qat,
             )
         )
     finishers: list[Finisher[FinetuneRun]] = []

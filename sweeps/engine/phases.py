@@ -70,6 +70,7 @@ class Phase(Generic[M]):
         val_every: validate every so many steps (None: ``trainer.val_every``).
         val_batches: validation batches (None: ``trainer.val_batches``; 1.0: the whole dev set).
         monitor: the metric ``best.ckpt`` keeps the lowest of (None: none kept).
+        optim: its optimizer plan, as ``--print-plan`` shows it (the module's own, from the same function).
         ended: what the phase hands on once its fit has ended (or been restored); the metrics it returns
             are logged at the phase's last step (once: not again when a retry restores the phase).
     """
@@ -83,6 +84,7 @@ class Phase(Generic[M]):
     val_every: int | None = None
     val_batches: int | float | None = None
     monitor: str | None = "val/loss"
+    optim: str = ""
     ended: Callable[[M, pl.LightningModule, Metrics], Metrics] | None = None
 
 
@@ -106,7 +108,7 @@ class RunPlan(Generic[M]):
         """The plan as ``ablate train --print-plan`` prints it: a numbered line per phase, then the finishers."""
         lines = ["phases:"] if self.phases else ["phases: none (the run evaluates what it is given)"]
         for i, p in enumerate(self.phases):
-            detail = f"; {p.detail}" if p.detail else ""
+            detail = "".join(f"; {text}" for text in (p.detail, p.optim) if text)
             lines.append(f"  {i + 1}. {p.name}: {p.steps} steps, {p.how}{detail}")
         lines.append("finishers:" if self.finishers else "finishers: none")
         lines.extend(f"  - {f.name}: {f.detail}" for f in self.finishers)

@@ -19,6 +19,7 @@ from ablate.lightning_modules.measure.measuring import placed, training_device
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
 from ablate.lightning_modules.methods.quantization.apply import check_quantizable
+from ablate.lightning_modules.methods.train_module import OptimPlan
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import corpus, student, tokenizer_of
@@ -70,7 +71,8 @@ def pretrain_plan(cfg: ExperimentConfig) -> RunPlan[PretrainRun]:
     regime = cfg.regime or "pretrain"
     how = "new module" + (" (int8 fake-quantized from the first step)" if cfg.quant.method == "qat-int8" else "")
     detail = stages_detail(cfg.distill, cfg.model.num_layers, cfg.trainer.max_steps) if regime == "distill" else ""
-    phase = Phase[PretrainRun](PHASES[regime], cfg.trainer.max_steps, lambda m: m.module, how, detail)
+    optim = OptimPlan.pretraining(cfg, cfg.trainer.max_steps).describe()
+    phase = Phase[PretrainRun](PHASES[regime], cfg.trainer.max_steps, lambda m: m.module, how, detail, optim=optim)
     finishers: list[Finisher[PretrainRun]] = []
     if cfg.trainer.intrinsic:
         finishers.append(Finisher("probes", "MLM, NSP and SOP probes on the frozen encoder", _probes))

@@ -27,6 +27,7 @@ from ablate.lightning_modules.measure.accounting import metric_counts
 from ablate.lightning_modules.methods.prune import PruneModule
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.pruning.schubert import Pruning, dims_markdown, dims_table
+from ablate.lightning_modules.methods.train_module import OptimPlan
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
@@ -97,18 +98,20 @@ def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun]:
     ``prune.finetune_steps``); a baseline: one cut, re-training for rounds x finetune_steps. Then the
     pruned shape, the quantized model (``quant.method``) and the weights."""
     p = cfg.prune
+    optim = OptimPlan.pretraining(cfg, cfg.trainer.max_steps).describe()  # the re-training module's
     phases: list[Phase[PruneRun]] = []
     if p.method.startswith("schubert"):  # the gated methods (VARIANTS of methods/pruning/keep.py)
         for r in range(p.rounds):
             at = f"{r + 1}/{p.rounds}"
-            how = "new module (gates on the frozen model)"
-            phases.append(Phase(f"gates {at}", p.gate_steps, _gates, how, p.method, ended=_cut(r)))
+            how, gates = "new module (gates on the frozen model)", f"Adam over the gates, lr {p.gate_lr:g}"
+            phases.append(Phase(f"gates {at}", p.gate_steps, _gates, how, p.method, optim=gates, ended=_cut(r)))
             if p.finetune_steps:
-                phases.append(Phase(f"re-training {at}", p.finetune_steps, _retraining, "new module (the cut model)"))
+                phases.append(
+                    Phase(f"re-training {at}", p.finetune_steps, _retraining, "new module (the cut model)", optim=optim)
+                )
     elif p.rounds * p.finetune_steps:
-        phases.append(
-            Phase("re-training", p.rounds * p.finetune_steps, _retraining, f"new module ({p.method}: cut at once)")
-        )
+        how = f"new module ({p.method}: cut at once)"
+        phases.append(Phase("re-training", p.rounds * p.finetune_steps, _retraining, how, optim=optim))
     finishers = [
         Finisher[PruneRun]("pruned shape", "counts, latency and the per-layer table of the pruned model", _shape)
     ]

@@ -53,6 +53,7 @@ from ablate.lightning_modules.methods.quantization.apply import (
     uniform_plan,
 )
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
+from ablate.lightning_modules.methods.train_module import OptimPlan
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
@@ -270,10 +271,12 @@ def quant_plan(cfg: ExperimentConfig) -> RunPlan[QuantRun]:
     q = cfg.quant
     phases: list[Phase[QuantRun]] = []
     if q.method == "qat-int8":
-        phases.append(Phase("QAT", cfg.trainer.max_steps, _qat_int8, "new module (the source, int8 fake-quantized)"))
+        how, optim = "new module (the source, int8 fake-quantized)", OptimPlan.pretraining(cfg, cfg.trainer.max_steps)
+        phases.append(Phase("QAT", cfg.trainer.max_steps, _qat_int8, how, optim=optim.describe()))
     elif q.qat_steps:
         how = f"new module (the source, {q.method} fake-quantized at its plan's bits)"
-        phases.append(Phase("QAT", q.qat_steps, _qat_weights, how, ended=_converted))
+        optim = OptimPlan.pretraining(cfg, q.qat_steps)
+        phases.append(Phase("QAT", q.qat_steps, _qat_weights, how, optim=optim.describe(), ended=_converted))
     if not q.enabled:
         score = Finisher("float evaluation", "the source in float32 on the CPU, as the quantized arms are", _float_arm)
     else:

@@ -138,12 +138,3 @@ def test_a_run_stopped_mid_phase_resumes_and_ends_as_an_uninterrupted_one(source
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
-
-
-def test_the_plan_lists_each_regimes_phases_and_finishers(source, tmp_path):
-    base, src = source
-    prune = runner.plan(build_config(_tree(base, "prune", src))).describe()
-    assert "1. gates 1/2: 5 steps" in prune and "4. re-training 2/2: 5 steps" in prune
-    assert prune.rstrip().endswith("as model/ artifacts")  # the weights, last
-    quant = runner.plan(build_config(_tree(base, "quant", src))).describe()
-    assert "1. QAT: 5 steps" in quant and "- quantize and score" in quant

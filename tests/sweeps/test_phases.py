@@ -1,0 +1,47 @@
+"""A run's phase list, as each regime's config makes it and ``ablate train --print-plan`` prints it."""
+
+from __future__ import annotations
+
+import os
+
+from ablate.cli import main
+from ablate.lightning_modules.config.load import build_config
+from ablate.sweeps.engine import runner
+
+
+def _plan(tree: dict) -> str:
+    return runner.plan(build_config(tree)).describe()
+
+
+def _tree(**sections: dict) -> dict:
+    return {"model": {"preset": "bert-tiny"}, "trainer": {"max_steps": 40}, **sections}
+
+
+def test_each_regime_makes_its_phases_and_finishers():
+    pretrain = _plan(_tree(trainer={"max_steps": 40, "intrinsic": True}, quant={"method": "dynamic-int8"}))
+    assert "1. pre-training: 40 steps, new module; AdamW lr" in pretrain
+    assert pretrain.index("- probes") < pretrain.index("- quantize and score") < pretrain.index("- weights")
+    prune = _plan(_tree(prune={"source": "runs:/S", "rounds": 2, "gate_steps": 5, "finetune_steps": 6}))
+    assert "1. gates 1/2: 5 steps" in prune and "4. re-training 2/2: 6 steps" in prune
+    assert "Adam over the gates" in prune and prune.rstrip().endswith("as model/ artifacts")  # the weights, last
+    baseline = _plan(_tree(prune={"source": "runs:/S", "method": "uniform", "rounds": 2, "finetune_steps": 6}))
+    assert "1. re-training: 12 steps, new module (uniform: cut at once)" in baseline and "2." not in baseline
+    quant = _plan(_tree(quant={"source": "runs:/S", "method": "weight-int4", "qat_steps": 5}))
+    assert "1. QAT: 5 steps" in quant and "- quantize and score" in quant
+    arm = _plan(_tree(quant={"source": "runs:/S", "method": "none"}))
+    assert "phases: none" in arm and "- float evaluation" in arm
+    finetune = {"source": "runs:/S", "task": "sst2", "train": "t.tsv", "validation": "v.tsv", "max_steps": 30}
+    fastbert = _plan(
+        _tree(finetune={**finetune, "exits": True, "exit_steps": 8}, quant={"method": "weight-int4", "qat_steps": 4})
+    )
+    assert "1. fine-tuning: 30 steps" in fastbert and "2. exits: 8 steps, same module, new stages" in fastbert
+    assert "3. QAT: 4 steps, same module, new stages" in fastbert
+    assert fastbert.index("- exit curve") < fastbert.index("- quantize and score") < fastbert.index("- summary")
+
+
+def test_print_plan_prints_the_phases_and_runs_nothing(tmp_path, capsys):
+    os.chdir(tmp_path)
+    assert main(["train", "bert-tiny", "trainer.max_steps=40", "--print-plan"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "regime pretrain" in out and "1. pre-training: 40 steps" in out and "- weights" in out
+    assert list(tmp_path.iterdir()) == []  # no store, no folder
