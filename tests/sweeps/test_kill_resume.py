@@ -172,13 +172,13 @@ def test_sigkill_in_a_later_phase_of_a_pruning_trial_then_rerun_resumes_in_that_
         wiki_validation,
         name="pruned",
         search={"prune.target": {"choices": [0.7]}},
-        trainer={"max_steps": 6, "val_every": 10, "measure": False},
+        trainer={"max_steps": 6, "val_every": 5, "measure": False},
         heartbeat=1,
         prune_source={"model": model, "overrides": {"trainer.max_steps": 6}},
     )
     raw = yaml.safe_load(study.read_text())
     raw["base"]["model"] = model
-    raw["base"]["prune"] = {"method": "schubert-all", "rounds": 2, "gate_steps": 30, "finetune_steps": 30}
+    raw["base"]["prune"] = {"method": "schubert-all", "rounds": 2, "gate_steps": 16, "finetune_steps": 16}
     study.write_text(yaml.safe_dump(raw, sort_keys=False))
     checkpoints = tmp_path / "runs" / "checkpoints"
     # killed once the second phase has ended and the third has checkpointed (its first validation)
