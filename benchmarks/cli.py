@@ -1,4 +1,4 @@
-"""``ablate bench [train|precision|data|pruning|loop]``: run a benchmark, print its table, and
+"""``ablate bench [train|precision|data|pruning|loop|study STUDY.yaml]``: run a benchmark, print its table, and
 optionally write it as markdown (``--out``). While it runs it says what it is doing on stderr
 (:mod:`ablate.benchmarks.status`: live on a terminal, plain lines otherwise)."""
 
@@ -23,7 +23,7 @@ from ablate.lightning_modules.config.errors import ConfigError
 if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
     import torch
 
-SUITES = ("train", "precision", "data", "pruning", "loop")
+SUITES = ("train", "precision", "data", "pruning", "loop", "study")
 REGIMES = ("pretrain", "distill", "prune", "finetune")
 SST2_ENV = "ABLATE_SST2"  # a GLUE SST-2 folder (train.tsv, validation.tsv) for `ablate bench loop --regime finetune`
 console = Console(highlight=False, soft_wrap=True)  # the tables: stdout
@@ -89,7 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="train",
         help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
         "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
-        "study with and without pruning; loop: a real `ablate train` against its isolated step",
+        "study with and without pruning; loop: a real `ablate train` against its isolated step; study: "
+        "where a study's time goes, run by run (STUDY.yaml after it)",
+    )
+    parser.add_argument("study", nargs="?", default=None, help="study only: the study file (STUDY.yaml)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="study only: run the study's smoke form (as `ablate sweep --smoke` makes it) instead of the study",
     )
     parser.add_argument(
         "--case",
@@ -151,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     loop_only = [name for name, value in (("--regime", args.regime), ("--sst2", args.sst2)) if value is not None]
     if args.suite != "loop" and loop_only:
         raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
+    if args.suite != "study" and (args.study is not None or args.smoke):
+        raise ConfigError(f"{'--smoke' if args.smoke else args.study}: only for `ablate bench study STUDY.yaml`")
     for name, value in (("--task", args.task), ("--sst2", args.sst2)):
         if value is not None and (args.suite != "loop" or args.regime != "finetune"):
             raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")
@@ -164,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    from ablate.benchmarks import data_speed, loop, precision, sweep_pruning, train_table
+    from ablate.benchmarks import data_speed, loop, precision, study_bench, sweep_pruning, train_table
 
     suites = {
         "train": train_table.main,
@@ -172,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         "data": data_speed.main,
         "pruning": sweep_pruning.main,
         "loop": loop.main,
+        "study": study_bench.main,
     }
     if args.suite == "loop":
         loop.chosen(args, device)  # a case the regime cannot run: one line, before anything runs

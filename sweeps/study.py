@@ -160,12 +160,15 @@ def run_study(
     where: str = "study",
     keep_going: bool = False,
     tags: dict[str, str] | None = None,
+    hooks: RunContext = RunContext(),  # noqa: B008 - frozen
 ) -> StudyResult:
     """Run the study (as one of possibly many workers) until it is complete, or until this
     worker has run ``n_trials`` more trials. A study whose name has trials of another definition
     (edited since they ran) is refused before anything is written (``where``: its file, for the message).
     A trial that fails stops the study, unless ``keep_going`` (a smoke study: every trial runs).
-    ``tags`` go on the study's parent run (its command-line overrides: ``ablate.overrides``)."""
+    ``tags`` go on the study's parent run (its command-line overrides: ``ablate.overrides``). ``hooks``:
+    callbacks and a ``timed`` hook every run of the study gets, its trials' and its study models' (the
+    clocks of ``ablate bench study``)."""
     base_cfg = corner_configs(spec, base)[0]  # where the study is tracked (a trial's own settings)
     preflight(spec, base)
     root = base_cfg.tracking.root
@@ -206,7 +209,7 @@ def run_study(
     try:  # the study model's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
             poll_s = min(5.0, spec.heartbeat)
-            place = study_model_runs.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s=poll_s)
+            place = study_model_runs.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s, hooks)
             study_model = study_model_runs.ensure_study_model(place)
             task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
             objective = trial_objective(place, study_model, task_teachers)
@@ -291,7 +294,7 @@ def trial_objective(
             checkpoint=ckpt,
             resume=True,
             reopen=earlier,
-        )
+        ).hooked(place.hooks)
         done = sum(t.state in DONE for t in trial.study.get_trials(deepcopy=False))
         again = f" (going on in run {earlier} from its checkpoint)" if earlier else ""
         _CONSOLE.print(f"trial {trial.number} [{done + 1}/{spec.total_trials()}]: {ctx.name}{again}", markup=False)

@@ -92,6 +92,7 @@ class StudyPlace:
     parent: str
     storage: Any
     poll_s: float = 5.0
+    hooks: RunContext = RunContext()  # what every run it starts gets besides its own (a benchmark's clocks)
 
 
 def ensure_study_model(place: StudyPlace) -> str | None:
@@ -224,7 +225,7 @@ def trained_once(place: StudyPlace, cfg: ExperimentConfig, name: str, role: str,
             tags=tags,
             checkpoint=checkpoints.trial_plan(where, cfg.tracking.root, study, cfg),
             resume=True,
-        )
+        ).hooked(place.hooks)
         result = train(cfg, ctx)
         _CONSOLE.print(f"{name}: trained run {result.run_id}", markup=False)
         return 0.0

@@ -19,7 +19,7 @@ import dataclasses
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +59,8 @@ class RunContext:
             checkpoint ``resume`` starts from (``ablate train --resume``, a retried trial), so that its
             curves go on in the same run.
         timed: told ``(what, start, end)`` (``time.perf_counter`` seconds) of the run's timed parts
-            (``measure``: its parameter, FLOP, latency and memory measurement): the benchmark's hook.
+            (``measure``: its parameter, FLOP, latency and memory measurement; ``run``: the whole run, from
+            its preparation to its end): the benchmark's hook.
     """
 
     tracking_uri: str | None = None
@@ -76,12 +77,23 @@ class RunContext:
 
     def measure(self, what: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``what(*args, **kwargs)`` (the run's measurement), its start and end told to ``timed``."""
+        with self.timing("measure"):
+            return what(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def timing(self, what: str) -> Iterator[None]:
+        """Tell ``timed`` the start and end of the block (``what``: the part it is), however it ends."""
         start = time.perf_counter()
         try:
-            return what(*args, **kwargs)
+            yield
         finally:
             if self.timed is not None:
-                self.timed("measure", start, time.perf_counter())
+                self.timed(what, start, time.perf_counter())
+
+    def hooked(self, hooks: RunContext) -> RunContext:
+        """This context with ``hooks``' callbacks after its own and its ``timed`` hook (when it has one):
+        what a study gives every run it starts (a benchmark's clocks)."""
+        return dataclasses.replace(self, callbacks=(*self.callbacks, *hooks.callbacks), timed=hooks.timed or self.timed)
 
     def nested(
         self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False, reopen: str | None = None

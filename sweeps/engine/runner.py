@@ -87,7 +87,7 @@ def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  
     assert cfg.regime is not None  # resolved by the config's validation
     uri = tracking.resolve_tracking_uri(ctx.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     precision = resolved(cfg.trainer.matmul_precision, training_device(cfg.trainer.accelerator).type)
-    with ExitStack() as stack, matmul_precision(precision):
+    with ctx.timing("run"), ExitStack() as stack, matmul_precision(precision):
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         ready = REGIMES[cfg.regime].prepare(cfg, ctx, uri, stack)
         return tracked_run(
