@@ -2,7 +2,7 @@
 
 For one :class:`~ablate.benchmarks.cases.Case`, every *side* (an implementation in one setting:
 ablate or transformers; fp32 or bf16 autocast; SDPA or eager attention on the transformers
-side; ``torch.compile`` optionally on ablate's) starts from the same weights (ablate's
+side; ``torch.compile`` optionally on either) starts from the same weights (ablate's
 initialisation, copied through the transformers interop path) and trains on the same
 batches (ablate's data pipeline on a real corpus, built before timing) with the same AdamW
 and schedule. After a warm-up the sides take turns, one step each, in alternating order,
@@ -141,9 +141,17 @@ def ablate_side(
 
 
 def hf_side(
-    case: Case, ours: PretrainModule, attention: str, precision: str, device: torch.device, max_steps: int
+    case: Case,
+    ours: PretrainModule,
+    attention: str,
+    precision: str,
+    device: torch.device,
+    max_steps: int,
+    compile: bool = False,
 ) -> Side:
-    """transformers' ``*ForPreTraining`` at ``case``, weights copied from ``ours`` (interop path)."""
+    """transformers' ``*ForPreTraining`` at ``case``, weights copied from ``ours`` (interop path); with
+    ``compile``, the model wrapped in ``torch.compile`` (default mode: what the transformers Trainer's
+    ``torch_compile=True`` does), the fastest way a user runs it."""
     model = to_transformers(ours.model, case.model)
     model.config._attn_implementation = attention  # "eager" or "sdpa"
     for module in model.modules():
@@ -154,10 +162,11 @@ def hf_side(
     optimizer = adamw(param_groups(model, o.weight_decay), lr=o.lr, eps=o.eps)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(o, max_steps))
     label = HF_SENTENCE_LABEL[family(case.model)]
+    forward = torch.compile(model) if compile else model  # same parameters: the optimizer above steps them
 
     def loss_only(batch: Batch) -> torch.Tensor:
         with _autocast(precision, device):
-            loss: torch.Tensor = model(
+            loss: torch.Tensor = forward(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 token_type_ids=batch["token_type_ids"],
@@ -175,7 +184,7 @@ def hf_side(
         return loss.detach().clone()
 
     return Side(
-        f"transformers {attention} {precision}",
+        f"transformers {attention} {precision}" + (" compiled" if compile else ""),
         "transformers",
         precision,
         step,
@@ -235,8 +244,8 @@ def build_pretrain_sides(
     case: Case, settings: list[str], device: torch.device, max_steps: int, seed: int = 0
 ) -> list[Side]:
     """The pre-training sides named by ``settings`` (``ablate:fp32``, ``ablate:bf16``, ``ablate:fp32:compile``,
-    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ...), all from one initialisation
-    (any case: :func:`ablate.benchmarks.sides.build_sides`)."""
+    ``ablate:bf16:compile:cudagraphs``, ``transformers:sdpa:fp32``, ``transformers:sdpa:bf16:compile``, ...),
+    all from one initialisation (any case: :func:`ablate.benchmarks.sides.build_sides`)."""
     torch.manual_seed(seed)
     reference = PretrainModule(ExperimentConfig(model=case.model, objective=ObjectiveConfig(sentence=case.sentence)))
     init = {k: v.clone() for k, v in reference.model.state_dict().items()}
@@ -249,5 +258,6 @@ def build_pretrain_sides(
                 mode: CompileMode = "reduce-overhead" if "cudagraphs" in parts[2:] else "default"
                 sides.append(ablate_side(case, init, parts[1], "compile" in parts[2:], device, max_steps, mode))
             else:
-                sides.append(hf_side(case, reference, parts[1], parts[2], device, max_steps))
+                compiled = "compile" in parts[3:]
+                sides.append(hf_side(case, reference, parts[1], parts[2], device, max_steps, compiled))
     return sides

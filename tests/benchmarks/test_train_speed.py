@@ -65,7 +65,36 @@ def test_sides_leave_out_what_the_machine_has_no_fast_kernels_for():
         *BF16,
         "ablate:fp32:compile",
         "ablate:bf16:compile",
+        "transformers:sdpa:fp32:compile",
+        "transformers:sdpa:bf16:compile",
     ]
+    # on CUDA the compiled sides are always there, transformers' among them (the ratios' best)
+    assert "transformers:sdpa:bf16:compile" in settings_for(plain, torch.device("cuda"), False, ("fp32", "bf16"))
     # transformers' SDPA returns no attention probabilities: a distillation has no SDPA side
     assert settings_for(distill, cpu, False, ("fp32",)) == ["ablate:fp32", "transformers:eager:fp32"]
     assert all("cudagraphs" not in s for s in settings_for(distill, torch.device("cuda"), True, ("fp32", "bf16")))
+
+
+def test_transformers_compiled_trains_the_same_batches_to_a_close_loss(wiki_validation):
+    """transformers in torch.compile (the fastest way a user runs it) does the eager side's work: the same
+    losses from the same weights on the same batches, and the table names it when it is the fastest."""
+    import torch
+
+    small = _small(CASES["bert-tiny"]())
+    case = replace(small, model=replace(small.model, num_layers=1))  # one layer: compiling takes ~15 s here
+    cpu = torch.device("cpu")
+    data = batches(case, str(wiki_validation), 3, cpu)
+    sides = build_sides(case, ["ablate:fp32", "transformers:sdpa:fp32", "transformers:sdpa:fp32:compile"], cpu, 3)
+    race(sides, data, warmup=1, progress=lambda: None)
+    eager, compiled = sides[1], sides[2]
+    assert compiled.name == "transformers sdpa fp32 compiled" and compiled.library == "transformers"
+    assert len(compiled.losses) == 3
+    for a, b in zip(eager.losses, compiled.losses, strict=True):
+        assert b == pytest.approx(a, abs=1e-3)
+    for side in sides:
+        side.flops = step_flops(side, data[1])
+    speed = {s.name: 1.0 for s in sides} | {compiled.name: 2.0}  # say the compiled side was the fastest
+    peak = Peaks({"fp32": 1e12}, ("fp32",), ())
+    lines, _ = _block("bert-tiny", case, sides, speed, peak, cpu)
+    assert any("transformers' best (transformers sdpa fp32 compiled)" in line for line in lines)
+    assert any(line.startswith("| transformers sdpa fp32 compiled | 2 |") for line in lines)
