@@ -48,6 +48,7 @@ from ablate.lightning_modules.methods.train_module import OptimPlan
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
+from ablate.sweeps.engine.inputs import task_workers
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.quant import QuantPlan, planned, quantize_and_score, validate
 from ablate.sweeps.engine.sources import Source, check_same_tokenizer, load_classifier_source, load_source
@@ -164,6 +165,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
             mlm=mlm,
             cache_dir=cfg.data.cache_dir,
             mlm_id=mlm_id,
+            num_workers=task_workers(cfg),
         )
         data.setup("fit")
     check_quantizable(module.model, cfg.quant, "the classifier")

@@ -15,6 +15,7 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.interop.hub import same_vocabulary
 from ablate.lightning_modules.interop.pretrained import different_tokenizer, initial_model
+from ablate.lightning_modules.measure.measuring import training_device
 from ablate.lightning_modules.methods.quantization.apply import check_quantizable, prepare_qat
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.sweeps.engine.sources import Source, check_positions, check_same_tokenizer, load_source
@@ -72,3 +73,10 @@ def checked_source(cfg: ExperimentConfig, name: str, field: str, uri: str, token
     except ValueError as exc:
         raise ConfigError(f"{exc} (the model of {field})") from None
     return source
+
+
+def task_workers(cfg: ExperimentConfig) -> int:
+    """The task loader's workers: ``data.num_workers`` on a GPU, where collating in the main process
+    between steps leaves the device idle; none on a CPU, whose cores the step uses (its loop runs at
+    the step's speed without them: ``ablate bench loop --regime finetune``)."""
+    return cfg.data.workers(cfg.trainer.devices) if training_device(cfg.trainer.accelerator).type == "cuda" else 0

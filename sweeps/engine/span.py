@@ -21,6 +21,7 @@ from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.span import SpanModule, span_distill_module
 from ablate.lightning_modules.model.span import SpanModel
 from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.inputs import task_workers
 from ablate.sweeps.engine.sources import Source, load_span_source
 
 TIMED = 200
@@ -43,7 +44,7 @@ def span_module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) 
 def span_data(cfg: ExperimentConfig, tokenizer: Path) -> SquadDataModule:
     """The span task's data, read, checked and tokenized (before the run exists)."""
     f = cfg.finetune
-    data = SquadDataModule(f, tokenizer, seed=cfg.seed, limit_train=f.train_examples)
+    data = SquadDataModule(f, tokenizer, seed=cfg.seed, limit_train=f.train_examples, num_workers=task_workers(cfg))
     data.setup("fit")
     return data
 
