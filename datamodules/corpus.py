@@ -290,15 +290,34 @@ def iter_documents(
                 yield doc
 
 
+_CHECKED: set[str] = set()
+"""The corpora :func:`check_corpus` passed in this process, by :func:`_check_key`."""
+
+
+def _check_key(data: DataConfig, spec: CorpusSpec, max_scan: int) -> str:
+    """What a check's outcome depends on: the corpus (its files with sizes and mtimes, or its hub name:
+    :meth:`CorpusSpec.identity`), how it is split into documents and splits, and the scan's length."""
+    how = (data.text_field, data.val_fraction, data.text_doc_chars, max_scan)
+    return json.dumps([spec.identity(), repr(spec), how], sort_keys=True, default=str)
+
+
 def check_corpus(data: DataConfig, spec: CorpusSpec | None = None, max_scan: int = 200_000) -> None:
     """Fail early if the corpus is missing, empty, or lacks a training or validation document.
 
-    Scans at most ``max_scan`` documents (stopping as soon as both splits have one).
+    Scans at most ``max_scan`` documents (stopping as soon as both splits have one). A corpus that
+    passed once in this process is not scanned again while its files keep their sizes and mtimes
+    (a study's later runs); a changed file is checked again.
 
     Raises:
         DataError: naming the corpus.
     """
     spec = spec or resolve_corpus(data.corpus, data.text_field)
+    try:
+        key = _check_key(data, spec, max_scan)
+    except OSError:  # a file gone since it was resolved: the scan says so
+        key = ""
+    if key and key in _CHECKED:
+        return
     seen, has = 0, {True: False, False: False}
     for doc in iter_documents(data, None, spec=spec):
         has[is_validation(doc, data.val_fraction)] = True
@@ -314,3 +333,5 @@ def check_corpus(data: DataConfig, spec: CorpusSpec | None = None, max_scan: int
                 f"no {name} document among the first {seen} documents "
                 f"(data.val_fraction={data.val_fraction}); the corpus is too small",
             )
+    if key:
+        _CHECKED.add(key)

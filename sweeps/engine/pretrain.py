@@ -14,7 +14,7 @@ from torch import nn
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.config.distill import DistillConfig, schedule
 from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
-from ablate.lightning_modules.measure.accounting import metric_counts
+from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.measure.measuring import placed, training_device
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
@@ -94,7 +94,9 @@ def _prepared(module: PretrainModule, data: PretrainDataModule, ctx: RunContext,
     """A pre-training module fitted in the run: its counts and latency measured first."""
     cfg = module.cfg  # a distillation's: distill.mix_prob and dual_weight resolved against its teacher
     check_quantizable(module.model, cfg.quant, "the model")
-    inputs, measured_on = ctx.measure(metric_counts, module.model, cfg.model, cfg)
+    inputs, measured_on = ctx.measure(cached_counts, module.model, cfg.model, cfg)
+    if cfg.trainer.compile:  # the only compiled runs: graphs kept under the tracking root
+        tracking.compile_cache(cfg.tracking.root)
     materials = PretrainRun(module, data)
     return Prepared(
         cfg=cfg,

@@ -40,7 +40,8 @@ from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.quant import WEIGHT_BITS
-from ablate.lightning_modules.measure.accounting import metric_counts, quantized_counts, stored_bytes
+from ablate.lightning_modules.measure.accounting import quantized_counts, stored_bytes
+from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import (
     Plan,
@@ -306,7 +307,7 @@ def prepare_quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitS
     tokenizer = tokenizer_of(data)
     source = checked_source(cfg, cfg.quant.source, "quant.source", uri, tokenizer)  # type: ignore[arg-type]
     cfg = replace(cfg, model=source.model_cfg)  # the source's architecture, logged as the run's
-    inputs, measured_on = ctx.measure(metric_counts, source.model, cfg.model, cfg)
+    inputs, measured_on = ctx.measure(cached_counts, source.model, cfg.model, cfg)
     return Prepared(
         cfg=cfg,
         work=lambda run: execute(quant_plan(cfg), QuantRun(cfg, source, data, run), cfg, data, run, ctx),

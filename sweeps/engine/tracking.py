@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ fails in seconds, not after MLflow's default minutes of retries; and the backgro
 run's training metrics sends them once a second, so that ending a fit or a run does not wait for its
 idle poll (without buffering, MLflow's logging thread waits up to a second for a metric that never
 comes each time a run's logging is flushed or ended: about 0.5 s per fit and per run)."""
+
+
+COMPILE_CACHE = Path("cache") / "inductor"
+"""Where, under the tracking root, ``torch.compile`` keeps its compiled graphs (:func:`compile_cache`)."""
+
+
+def compile_cache(root: str) -> None:
+    """Keep PyTorch's compile caches (inductor's FX graph cache and the AOTAutograd cache, both on by
+    default in torch >= 2.6) under ``<root>/cache/inductor`` (``TORCHINDUCTOR_CACHE_DIR``) instead of
+    ``/tmp/torchinductor_<user>``: every trial and worker of a study that share the tracking root, and a
+    later invocation, load a graph compiled once rather than compile it again. Called before a run
+    compiles; the first root of a process holds for the rest of it, and a ``TORCHINDUCTOR_CACHE_DIR``
+    the user set is kept."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str((Path(root) / COMPILE_CACHE).resolve()))
 
 
 @contextmanager
@@ -220,8 +235,10 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+@cache
 def package_tags() -> dict[str, str]:
-    """Version of ablate and the git commit of its source tree (when it is a checkout)."""
+    """Version of ablate and the git commit of its source tree (when it is a checkout), read once per
+    process: the code a process runs is the code it imported (two ``git`` calls saved per later run)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -248,12 +265,14 @@ def log_run_inputs(
     """Params (the resolved fields the run uses), config YAML, tokenizer, parameter counts, tags."""
     params = [Param(k, str(v)) for k, v in run_params(cfg).items()]
     metrics = [Metric(k, float(v), 0, 0) for k, v in counts.items()]
-    tags = [RunTag(k, v) for k, v in package_tags().items()]
+    tags = [RunTag(k, v) for k, v in dict(package_tags()).items()]
     tags.append(RunTag("ablate.num_workers", str(cfg.data.workers(cfg.trainer.devices))))  # what `auto` became
     tags += [RunTag(k, v) for k, v in data_tags(cfg).items()]  # the files or hub dataset each data name is
-    for i in range(0, len(params), 100):
+    # one request where MLflow's limits allow (100 params, 1000 metrics, 1000 entries in all)
+    first = params[:100] if len(metrics) + len(tags) + min(len(params), 100) <= 1000 else []
+    client.log_batch(run_id, params=first, metrics=metrics, tags=tags)
+    for i in range(len(first), len(params), 100):
         client.log_batch(run_id, params=params[i : i + 100])
-    client.log_batch(run_id, metrics=metrics, tags=tags)
     client.log_text(run_id, to_yaml(cfg), "config.yaml")
     if tokenizer_path is not None:
         client.log_artifact(run_id, str(tokenizer_path), "tokenizer")
