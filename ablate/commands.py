@@ -229,6 +229,7 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
     from ablate.reports.catalog import study_report
     from ablate.sweeps import workers
     from ablate.sweeps.engine import tracking
+    from ablate.sweeps.estimate import print_estimate
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
 
     spec, base, overridden = _study(args)
@@ -251,6 +252,7 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
         except ConfigError as exc:
             here = f"; not runnable on this machine ({exc})"
         print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
+        print_estimate(spec, base, args.study)  # a GPU study's wall time (sweeps/estimate.py)
         return None
     if args.print_config:  # the config of the first grid point (a placeholder for the study model's run)
         from ablate.lightning_modules.config.experiment import to_yaml
@@ -264,6 +266,7 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
     check_arms(spec, base, args.study)  # every arm's models, built on the meta device
     check_sqlite(args.storage, "--storage")
     check_sqlite(args.tracking_uri, "--tracking-uri")
+    print_estimate(spec, base, args.study)  # a GPU study's wall time, before it starts (sweeps/estimate.py)
     from ablate.sweeps.overrides import TAG
     from ablate.sweeps.study import INTERRUPTED, run_study
 

@@ -1,0 +1,187 @@
+"""A GPU study's estimated wall time, said before it starts (``ablate sweep``, and ``--check``).
+
+One line, ``estimated wall time: ~N min (T trials x S steps x M ms/step + R runs x F s fixed cost)``:
+
+- **T trials x S steps**: the study's trials, and the optimizer steps of a trial on average (every
+  phase of its run, :func:`ablate.sweeps.engine.runner.plan`, and of its fine-tuning tasks); the
+  runs the study trains once (its teacher, prune_source or reference; the study's model fine-tuned
+  to teach a task) are counted in S and R too;
+- **M ms/step**: measured here, now: :data:`TIMED_STEPS` pre-training steps (after
+  :data:`WARMUP_STEPS`, compilation included) of the study's largest model shape (parameters x
+  tokens per batch) at its batch and sequence length, on the study's device, in its precision and
+  compiled as it says, on random tokens. Every step of the study is counted at that one time: a
+  smaller arm's step is shorter, a distillation's (the teacher's forward besides) and a fine-tuning
+  step at another length differ;
+- **R runs x F s**: every run's fixed cost (start-up, validation, measurement, teardown) from the
+  per-device table :data:`FIXED_COST_S`.
+
+A study is estimated when its file is a GPU study (``*_gpu.yaml``) or it trains on a GPU
+(``trainer.accelerator: gpu`` or ``cuda``). Where this machine lacks the study's device the line says
+that it cannot estimate, and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ablate.lightning_modules.config.experiment import ExperimentConfig
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
+
+if TYPE_CHECKING:  # torch and the engine are imported when a study is estimated: ``ablate sweep``'s errors come first
+    import torch
+
+FIXED_COST_S = {
+    "cpu": 1.5,  # a tiny study's trials on a 2-core CPU: 1.2 to 1.6 s each, start to end, their 6 steps aside
+    "cuda": 30.0,  # one NVIDIA H200, issue 36: a bert-small run started in 30.0 s (validation: 11.1 s more)
+}
+"""A run's fixed cost, seconds, by device type: what a run takes besides its training steps. The CUDA
+value is the issue's start-up figure until a study's runs are measured on a GPU (``ablate bench study``)."""
+WARMUP_STEPS = 2
+TIMED_STEPS = 10
+GPU_ACCELERATORS = ("gpu", "cuda")
+AUTOCAST = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
+"""``trainer.precision`` -> the autocast dtype (torch's name) its steps run in."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a study trains: its trials, all its runs' optimizer steps and runs, and its largest shape."""
+
+    trials: int
+    steps: int
+    runs: int
+    largest: ExperimentConfig
+
+
+def wants_estimate(spec: StudySpec, base: dict[str, Any], where: str | Path) -> bool:
+    """Whether the study is a GPU study: its file is ``*_gpu.yaml`` or it trains on a GPU."""
+    accelerator = str((base.get("trainer") or {}).get("accelerator", "auto")).lower()
+    return str(where).endswith("_gpu.yaml") or accelerator in GPU_ACCELERATORS
+
+
+def _steps(cfg: ExperimentConfig) -> int:
+    from ablate.sweeps.engine.runner import plan
+
+    return sum(phase.steps for phase in plan(cfg).phases)
+
+
+def _size(cfg: ExperimentConfig) -> int:
+    """A shape's work per step, roughly: parameters x tokens per batch (the model built on the meta device)."""
+    import torch
+
+    from ablate.lightning_modules.model.heads import build_pretraining_model
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_pretraining_model(cfg.model, cfg.objective).parameters())
+    return params * cfg.data.batch_size * cfg.data.max_length
+
+
+def workload(spec: StudySpec, base: dict[str, Any]) -> Workload:
+    """The study's trials, steps and runs (its trials' average times their number, plus the runs it trains once)."""
+    trials = corner_trials(spec, base)
+    shapes = [cfg for _, cfg in trials]
+    steps, runs = 0, 0
+    for params, cfg in trials:
+        steps, runs = steps + _steps(cfg), runs + 1
+        for task in spec.tasks:
+            if task.runs_for(params.get("variant")):
+                seeds = len(task.seeds or [None])
+                ft = task.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE)
+                steps, runs = steps + seeds * _steps(ft), runs + seeds
+    total = spec.total_trials()
+    steps, runs = round(steps * total / len(trials)), round(runs * total / len(trials))
+    model = spec.study_model
+    if model is not None and model.model is not None:
+        once = study_model_config(base, spec)
+        shapes.append(once)
+        steps, runs = steps + _steps(once), runs + 1
+        seen: set[str] = set()  # tasks with the same data and schedule share one teacher
+        for teacher in [t.teacher_task() for t in spec.tasks if t.study_teacher]:
+            key = repr(dataclasses.replace(teacher, task="-"))
+            if key not in seen:
+                seen.add(key)
+                steps, runs = steps + _steps(teacher.config(shapes[0], PLACEHOLDER_SOURCE)), runs + 1
+    return Workload(total, steps, runs, max(shapes, key=_size))
+
+
+def _autocast(cfg: ExperimentConfig, device: torch.device) -> AbstractContextManager[Any]:
+    import torch
+
+    dtype = AUTOCAST.get(cfg.trainer.precision)
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+def step_seconds(cfg: ExperimentConfig, device: torch.device) -> float:
+    """The median of :data:`TIMED_STEPS` pre-training steps of ``cfg``'s model on ``device`` (after
+    :data:`WARMUP_STEPS`), on random tokens at its batch size and sequence length, in its precision and
+    compiled as ``trainer.compile`` says."""
+    import torch
+
+    from ablate.lightning_modules.measure.measuring import FIRST_ID
+    from ablate.lightning_modules.methods.pretrain import PretrainModule
+    from ablate.lightning_modules.model.heads import build_pretraining_model
+
+    torch.manual_seed(0)
+    b, t, vocab = cfg.data.batch_size, cfg.data.max_length, cfg.model.vocab_size
+    ids = torch.randint(FIRST_ID, vocab, (b, t), device=device)
+    labels = torch.where(torch.rand(b, t, device=device) < 0.15, ids, torch.full_like(ids, -100))
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids, dtype=torch.bool),
+        "token_type_ids": torch.zeros_like(ids),
+        "mlm_labels": labels,
+        "sentence_label": torch.zeros(b, dtype=torch.long, device=device),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer
+        module = PretrainModule(cfg, build_pretraining_model(cfg.model, cfg.objective)).to(device).train()
+        optimizer, _ = module.optimizer_and_schedule()
+        times = []
+        for i in range(WARMUP_STEPS + TIMED_STEPS):
+            start = time.perf_counter()
+            with _autocast(cfg, device):
+                loss = module.training_step(batch, 0)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            float(loss)  # waits for the device
+            if i >= WARMUP_STEPS:
+                times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def estimate_line(spec: StudySpec, base: dict[str, Any]) -> str:
+    """The line, measured on this machine (or saying why it cannot be)."""
+    from ablate.lightning_modules.measure.measuring import training_device
+
+    work = workload(spec, base)
+    counts = f"{work.trials} trials, {work.steps:,} steps, {work.runs} runs"
+    accelerator = work.largest.trainer.accelerator.lower()
+    device = training_device(accelerator)
+    if accelerator in GPU_ACCELERATORS and device.type != "cuda":
+        return (
+            f"estimated wall time: cannot estimate on this machine ({counts}): the study trains on a CUDA GPU "
+            f"(trainer.accelerator: {accelerator}) and this machine has none to time its step on"
+        )
+    if device.type not in FIXED_COST_S:
+        return f"estimated wall time: cannot estimate on this machine ({counts}): no fixed cost known for {device.type}"
+    step_s, fixed_s = step_seconds(work.largest, device), FIXED_COST_S[device.type]
+    per_trial = work.steps / work.trials
+    minutes = (work.steps * step_s + work.runs * fixed_s) / 60
+    return (
+        f"estimated wall time: ~{max(minutes, 0.1):.1f} min ({work.trials} trials x {per_trial:,.0f} steps x "
+        f"{step_s * 1e3:.1f} ms/step + {work.runs} runs x {fixed_s:g} s fixed cost)"
+    )
+
+
+def print_estimate(spec: StudySpec, base: dict[str, Any], where: str | Path) -> None:
+    """Print the estimate of a GPU study (:func:`wants_estimate`); nothing for another study."""
+    if wants_estimate(spec, base, where):
+        print(estimate_line(spec, base), flush=True)
