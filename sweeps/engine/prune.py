@@ -23,7 +23,7 @@ from torch import nn
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.measure.accounting import metric_counts
+from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.methods.prune import PruneModule
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.pruning.schubert import Pruning, dims_markdown, dims_table
@@ -74,10 +74,12 @@ def _shape(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) ->
     """The pruned shape: its counts and latency, the per-layer table, the layers as a tag and a param."""
     cfg = m.cfg
     new_cfg = cfg.model
-    after, measured_on = metric_counts(m.pruning.model, new_cfg, cfg)
+    after, measured_on = cached_counts(m.pruning.model, new_cfg, cfg)
     run.log({key: float(value) for key, value in after.items()}, step=step)
+    logged = run.client.get_run(run.run_id).data.params  # a retry's run has them (params cannot change)
     for key, value in measured_on.items():
-        run.client.log_param(run.run_id, key, value)
+        if key not in logged:
+            run.client.log_param(run.run_id, key, value)
     table = dims_table(new_cfg)
     run.text(dims_markdown(table), "dims.md")
     run.text(table.assign(hidden=new_cfg.hidden_dim).to_csv(index=False), "dims.csv")
@@ -126,7 +128,7 @@ def _start(m: PruneRun, run: ActiveRun, source: Source, ctx: RunContext) -> None
     """What the run logs at step 0 (not again when it goes on from an earlier attempt)."""
     if ctx.reopen is not None:
         return
-    before, _ = metric_counts(source.model, source.model_cfg, m.pruning.cfg)  # on the training device
+    before, _ = ctx.measure(cached_counts, source.model, source.model_cfg, m.pruning.cfg)  # training device
     run.log({f"source/{key}": float(value) for key, value in before.items()})
     run.log({"prune/params": float(m.pruning.start)})
 
