@@ -12,6 +12,8 @@
 - :mod:`ablate.benchmarks.sweep_pruning`: the wall time Optuna pruning saves on a 12-trial study.
 - :mod:`ablate.benchmarks.loop`: a real ``ablate train`` against its isolated step, per regime
   (:mod:`ablate.benchmarks.regimes`: pre-training, distillation, pruning, fine-tuning).
+- :mod:`ablate.benchmarks.study_bench`: where a study's time goes, run by run (start-up, steps,
+  validation, teardown) and the study's efficiency.
 - :mod:`ablate.benchmarks.status`: what a bench is doing, on stderr, while it runs.
 """
 

@@ -160,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
     if args.suite != "study" and (args.study is not None or args.smoke):
         raise ConfigError(f"{'--smoke' if args.smoke else args.study}: only for `ablate bench study STUDY.yaml`")
+    if args.suite == "study" and args.study is None:
+        raise ConfigError("ablate bench study: a study file is needed (ablate bench study STUDY.yaml)")
     for name, value in (("--task", args.task), ("--sst2", args.sst2)):
         if value is not None and (args.suite != "loop" or args.regime != "finetune"):
             raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -37,7 +38,6 @@ import lightning.pytorch as pl
 import torch
 from rich.progress import Progress
 
-from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.load import set_dotted
 
 WARMUP = 3
@@ -178,6 +178,7 @@ class StudyTime:
     runs: list[RunTime]
     wall: float
     what: str
+    load: tuple[float, float]  # the 1-minute load average before and after
 
     @property
     def efficiency(self) -> float:
@@ -227,7 +228,7 @@ def measure_study(
 
         uri = f"sqlite:///{root / 'mlflow.db'}"
         progress(f"{spec.name}: {spec.total_trials()} trials{' (smoke)' * smoke}")
-        begin = time.perf_counter()
+        load, begin = os.getloadavg()[0], time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):  # the runs' own lines go with the bench's status
             run_study(
                 spec,
@@ -249,7 +250,7 @@ def measure_study(
                 name = got.info.run_name or name
                 shape = repr(sorted((k, v) for k, v in got.data.params.items() if k.startswith("model.")))
             runs.append(run_time((a, b), measured[0] if measured else None, fits, clock.validations, name, shape))
-    return StudyTime(spec.name, runs, wall, "smoke form" if smoke else "as written")
+    return StudyTime(spec.name, runs, wall, "smoke form" if smoke else "as written", (load, os.getloadavg()[0]))
 
 
 def report(t: StudyTime) -> list[str]:
@@ -275,6 +276,7 @@ def report(t: StudyTime) -> list[str]:
         f"{t.wall - in_runs:.2f} | | |",
         f"| **study** | {' | ' * (len(PARTS) - 1)} | {t.wall:.2f} | | |",
         "",
+        f"- machine load (1-minute average) {t.load[0]:.2f} before, {t.load[1]:.2f} after",
         f"- steady-state step time: each run's median step after its first {WARMUP} (fewer in a short run); "
         f"steps x that time, summed: {steady:.1f} s of the study's {t.wall:.1f} s",
         f"- fixed cost of a repeat run (wall less training and validation), {which}: "
@@ -288,9 +290,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     from ablate.kinds import check_kind
     from ablate.sweeps.spec import load_study, validate_study
 
-    if args.study is None:
-        raise ConfigError("ablate bench study: a study file is needed (ablate bench study STUDY.yaml)")
-    where = str(args.study)
+    where = str(args.study)  # given: checked by the command
     check_kind(where, "study")
     spec, base = load_study(where)
     if args.device != "auto":  # else each run's own trainer.accelerator
