@@ -131,11 +131,23 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     s.set_defaults(func=cmd_export)
     s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")
-    from ablate.benchmarks.cli import add_arguments, run
+    from ablate.benchmarks.cli import add_arguments
 
     add_arguments(s)
-    s.set_defaults(func=run)
+    s.set_defaults(func=cmd_bench)
     return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int | None:
+    """``ablate bench``: a study given to ``bench study`` is checked to be one first (a config or a
+    report spec is named as such), then the suite runs."""
+    from ablate.benchmarks.cli import run
+
+    if getattr(args, "suite", None) == "study" and args.study is not None:
+        from ablate.kinds import check_kind
+
+        check_kind(args.study, "study")
+    return run(args)
 
 
 def _version() -> str:

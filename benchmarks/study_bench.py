@@ -287,11 +287,9 @@ def report(t: StudyTime) -> list[str]:
 
 
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
-    from ablate.kinds import check_kind
     from ablate.sweeps.spec import load_study, validate_study
 
-    where = str(args.study)  # given: checked by the command
-    check_kind(where, "study")
+    where = str(args.study)  # given, and checked to be a study, by the command (ablate.commands)
     spec, base = load_study(where)
     if args.device != "auto":  # else each run's own trainer.accelerator
         set_dotted(base, "trainer.accelerator", device.type)
