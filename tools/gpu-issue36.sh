@@ -17,9 +17,10 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output in $OUT/NAME.txt, i
 if [ "$dev" = cuda ]; then
   step loop_pretrain 90 ablate bench loop --regime pretrain --device cuda
   step loop_finetune 90 ablate bench loop --regime finetune --device cuda
-  step loop_distill 90 ablate bench loop --regime distill --device cuda --case distill-mini
   step train_bertbase 120 ablate bench train --case bert-base --device cuda
   step study_fastbert_gpu 100 ablate bench study sweeps/studies/fastbert_gpu.yaml --smoke --device cuda
+  step estimate_overview_gpu 60 ablate sweep sweeps/studies/overview_gpu.yaml --check
+  step loop_distill 75 ablate bench loop --regime distill --device cuda --case distill-mini
 else
   step loop_pretrain 120 ablate bench loop --regime pretrain --device cpu --steps 20
   step study_quickstart 200 ablate bench study sweeps/studies/quickstart.yaml --smoke
