@@ -79,7 +79,9 @@ class PretrainModule(TrainModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self.new_step()
-        out = self.model(batch)
+        # eager: a compiled model would compile (and capture CUDA graphs) again for evaluation, seconds
+        # per run for a few validation batches that run in milliseconds eager
+        out = self.model.forward(batch) if self.cfg.trainer.compile else self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
         self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_valid.sum().float())
         self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)  # padding slots (-100) are ignored
