@@ -274,7 +274,8 @@ def load_experiment(tracking_uri: str, experiment: str, where: dict[str, str] | 
             raise StorageError(f"{tracking_uri}: cannot read MLflow tracking store ({first})") from exc
     mine = [r for r in found if r.data.tags.get("ablate.role", "run") == "run" and PARENT_TAG not in r.data.tags]
     runs = sorted((r for r in mine if _matches(r, where or {})), key=lambda r: r.info.start_time or 0)
-    frame = _frame(runs)
+    order = {r.info.run_id: i for i, r in enumerate(runs)}  # earliest first (no trial numbers to sort by)
+    frame = _frame(runs).sort_values("run_id", key=lambda ids: ids.map(order)).reset_index(drop=True)
     states = [STATUS_STATE.get(r.info.status, r.info.status) for r in runs]
     frame["state"] = frame["state"].fillna(
         frame["run_id"].map(dict(zip([r.info.run_id for r in runs], states, strict=True)))

@@ -45,8 +45,10 @@ def test_every_shipped_study_checks_with_and_without_the_catalog(
     out, err = capsys.readouterr()
     assert code == 0, err
     spec, base = load_study(path)
-    line = out.strip()
+    line, *more = out.strip().splitlines()
     assert line.startswith(f"study {spec.name}: valid; "), line
+    if path.stem.endswith("_gpu"):  # a GPU study also says how long it would take (or why it cannot tell)
+        assert more and more[0].startswith("estimated wall time: "), out
     here = re.search(r"; not runnable on this machine \((.*)\)$", line)
     if path.stem.endswith("_gpu") and not torch.cuda.is_available():
         assert here is not None, line  # a GPU profile says why it would not run on this CPU machine
