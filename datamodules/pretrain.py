@@ -12,7 +12,9 @@ Batches are dicts of tensors (see :func:`ablate.datamodules.stream.collate`): ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import itertools
 import os
 from collections.abc import Iterable
@@ -157,8 +159,59 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
-        """Finite, deterministic validation batches: the same pairs and masks every time."""
-        return self._loader("validation", self.val_batches)
+        """Finite, deterministic validation batches: the same pairs and masks every time, so they are
+        read and tokenized once per process (:func:`validation_batches`) and handed over from memory to
+        every later validation, phase and run that asks for the same ones."""
+        self._ensure_ready()
+        assert self.tokenizer is not None
+        rank, world_size = self._rank()
+        batches = validation_batches(
+            PretrainStream(
+                self.data,
+                self.objective,
+                self.tokenizer.to_str(),
+                self.seed,
+                "validation",
+                rank=rank,
+                world_size=world_size,
+                max_batches=self.val_batches,
+            )
+        )
+        trainer = self.trainer
+        on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return DataLoader(batches, batch_size=None, pin_memory=on_cuda)  # type: ignore[arg-type]  # a list
+
+
+_VALIDATION: dict[str, list[dict[str, torch.Tensor]]] = {}
+"""The validation batches read in this process, by what they are made of (:func:`validation_batches`)."""
+KEPT = 8
+"""How many sets of validation batches a process keeps (the last ones asked for)."""
+
+
+def validation_batches(stream: PretrainStream) -> list[dict[str, torch.Tensor]]:
+    """The batches of ``stream`` (a validation split, finite and deterministic), read once per process,
+    in this process (the same batches whatever ``data.num_workers``): keyed by everything they are made
+    of (the data and objective settings, the tokenizer, the seed, the rank, the number of batches) and
+    the corpus files' state (a rewritten file is read again)."""
+    made_of: tuple[object, ...] = (stream.data, stream.objective, stream.tokenizer_json, stream.seed, stream.split)
+    made_of += (stream.rank, stream.world_size, stream.max_batches, _files_state(stream.data))
+    key = hashlib.sha256(repr(made_of).encode()).hexdigest()
+    if key not in _VALIDATION:
+        _VALIDATION[key] = list(stream)
+        while len(_VALIDATION) > KEPT:
+            _VALIDATION.pop(next(iter(_VALIDATION)))
+    return _VALIDATION[key]
+
+
+def _files_state(data: DataConfig) -> tuple[tuple[str, int, int], ...]:
+    """Size and modification time of the corpus's local files (none for a hub or builtin corpus)."""
+    corpus = resolve_corpus(data.corpus, data.text_field)
+    out = []
+    for name in getattr(corpus, "files", None) or ():
+        with contextlib.suppress(OSError):
+            st = Path(name).stat()
+            out.append((str(name), st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 Batches = Iterable[dict[str, Any]]
