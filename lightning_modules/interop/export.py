@@ -12,8 +12,6 @@ The loaders that read such folders back are :mod:`~ablate.lightning_modules.inte
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -29,7 +27,7 @@ from ablate.lightning_modules.interop.classifier import (
     write_labels,
 )
 from ablate.lightning_modules.interop.classifier_card import tokenizer_length
-from ablate.lightning_modules.interop.hub import CARD, model_card, redact, save_tokenizer
+from ablate.lightning_modules.interop.hub import CARD, model_card, redact, save_tokenizer, staged
 from ablate.lightning_modules.interop.maps import CLASSES, CLASSIFIER_CLASSES, family
 from ablate.lightning_modules.interop.pretrained import state_dict, to_transformers
 from ablate.lightning_modules.model.classifier import Classifier
@@ -95,9 +93,7 @@ def export(
             if isinstance(model, Classifier)
             else to_transformers(model, cfg.model)
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         tokens = None
         if tokenizer is not None:  # without transformers, an ablate export copies the tokenizer file
             length = tokenizer_length(cfg, classifier)  # a classifier's: finetune.max_length
@@ -131,10 +127,4 @@ def export(
             labels=labels if hf is not None else None,
         )
         (tmp / CARD).write_text(card, encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return format

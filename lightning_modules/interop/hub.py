@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -325,3 +327,19 @@ def push_to_hub(api: Any, folder: str | Path, repo: str, private: bool = False) 
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise StorageError(f"--push-to-hub {repo}: upload failed ({first}); the export is in {folder}") from None
     return f"https://huggingface.co/{repo}"
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to write an export into; renamed to ``out`` (an empty folder
+    or none) once the block ends, removed if it raises: nothing half-written is left at ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

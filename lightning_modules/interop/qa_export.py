@@ -12,8 +12,6 @@ export folder (``ablate export`` of a span run): ``AutoModelForQuestionAnswering
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from ablate.lightning_modules.interop.classifier import (
     load_weights,
     read_weights,
 )
-from ablate.lightning_modules.interop.hub import CARD, redact, save_tokenizer
+from ablate.lightning_modules.interop.hub import CARD, redact, save_tokenizer, staged
 from ablate.lightning_modules.interop.maps import (
     Pair,
     albert_identity_in,
@@ -204,9 +202,7 @@ def export_span(
         name = None
     fmt = "transformers" if format == "auto" and name is not None else ("ablate" if format == "auto" else format)
     hf = to_transformers_qa(model, cfg.model) if fmt == "transformers" else None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         if tokenizer is not None:
             length = min(cfg.finetune.max_length, cfg.model.max_position)
             save_tokenizer(tokenizer, tmp, cfg.data.lowercase, length, required=hf is not None)
@@ -220,10 +216,4 @@ def export_span(
         (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
         hf_name = QA_CLASSES[name] if hf is not None and name is not None else None
         (tmp / CARD).write_text(_card(cfg, hf_name, metrics or {}, source), encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return fmt

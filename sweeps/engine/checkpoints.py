@@ -185,7 +185,7 @@ def exists(path: str) -> bool:
     return bool(fs.exists(inner))
 
 
-def _download(client: Any, run_id: str, folder: str, name: str = LAST) -> str | None:
+def download(client: Any, run_id: str, folder: str, name: str = LAST) -> str | None:
     """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
@@ -211,7 +211,7 @@ def resume_path(plan: Plan | None, client: Any, run_id: str, name: str = LAST) -
     for run in client.search_runs(
         [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
     ):
-        if (got := _download(client, run.info.run_id, plan.folder, name)) is not None:  # its own, when it goes on
+        if (got := download(client, run.info.run_id, plan.folder, name)) is not None:  # its own, when it goes on
             return got
     return None
 
@@ -234,7 +234,7 @@ def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
         return None
     if where != MLFLOW and exists(f"{where}/{LAST}"):
         return f"{where}/{LAST}"
-    return _download(client, run_id, folder)
+    return download(client, run_id, folder)
 
 
 def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[ExperimentConfig, str]:

@@ -78,7 +78,7 @@ class PhaseStore:
         if checkpoints.exists(path):
             return path
         # a mirrored run resumed by id: its artifacts, beside the downloaded last.ckpt
-        return checkpoints._download(self.run.client, self.run.run_id, str(PurePosixPath(self.resume).parent), name)
+        return checkpoints.download(self.run.client, self.run.run_id, str(PurePosixPath(self.resume).parent), name)
 
     def resume_point(self, phases: int) -> tuple[int, str | None]:
         """How many phases ended in an earlier attempt, and the ``last.ckpt`` of the next one (None: it
