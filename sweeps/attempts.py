@@ -66,3 +66,23 @@ def stopped_stage(client: Any, trial_run: str) -> str | None:
         max_results=1,
     )
     return str(found[0].info.run_id) if found else None
+
+
+def finished_attempt(client: Any, exp_id: str, study: str, numbers: list[int], metric: str) -> tuple[str, float] | None:
+    """The run of an earlier attempt of a retried trial (trial ``numbers``, newest last) that FINISHED
+    with ``metric`` logged before its worker died, its Optuna outcome never recorded (a SIGKILL between
+    the run's end and the trial's): the run and its value, which the retry takes instead of training
+    the configuration again; None when no attempt got that far."""
+    for number in reversed(numbers):
+        found = client.search_runs(
+            [exp_id],
+            filter_string=(
+                f"tags.`{tracking.STUDY}` = '{study}' and tags.`{tracking.TRIAL}` = '{number}' "
+                f"and tags.`{tracking.ROLE}` = 'trial' and attributes.status = 'FINISHED'"
+            ),
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if found and metric in found[0].data.metrics:
+            return str(found[0].info.run_id), float(found[0].data.metrics[metric])
+    return None

@@ -268,6 +268,8 @@ def trial_objective(
         except workers.DuplicateTrial as exc:
             trial.set_user_attr(FAIL_REASON, str(exc))
             raise
+        if (kept := _finished_earlier(place, trial)) is not None:
+            return kept
         cfg = trial_config(place.base, spec, params, study_model)
         tags = {
             tracking.ROLE: "trial",
@@ -335,6 +337,25 @@ def trial_objective(
         return value
 
     return objective
+
+
+def _finished_earlier(place: study_model_runs.StudyPlace, trial: optuna.Trial) -> float | None:
+    """The value of a retried trial whose dead attempt's run had FINISHED (its worker killed before
+    Optuna recorded it): the run is tagged as this trial's and COMPLETE, and nothing trains again."""
+    history = workers.retry_history(trial)
+    found = attempts.finished_attempt(place.client, place.exp_id, place.spec.name, history, place.spec.optimize.metric)
+    if found is None:
+        return None
+    run_id, value = found
+    place.client.set_tag(run_id, tracking.TRIAL, str(trial.number))
+    place.client.set_tag(run_id, tracking.STATE, "COMPLETE")
+    trial.set_user_attr("mlflow_run_id", run_id)
+    _CONSOLE.print(
+        f"trial {trial.number}: COMPLETE, {place.spec.optimize.metric} {value:.4g}: the run of trial "
+        f"{history[-1]} had finished before its worker died ({run_id})",
+        markup=False,
+    )
+    return value
 
 
 def _ended(trial: optuna.Trial, how: str, began: float) -> None:

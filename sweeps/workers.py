@@ -68,6 +68,12 @@ def params_of(trial: FrozenTrial) -> dict[str, Any]:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
 
 
+def retry_history(trial: optuna.Trial) -> list[int]:
+    """The numbers of the dead attempts a trial retries, oldest first (empty: not a retry)."""
+    frozen = trial.study.get_trials(deepcopy=False)[trial.number]  # a study's trials are in number order
+    return RetryHeartbeatStaleTrialCallback.retry_history(frozen)
+
+
 def key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(params.items()))
 

@@ -23,6 +23,7 @@ from ablate.lightning_modules.config.load import replace
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study, trial_config
+from ablate.sweeps.study import run_study
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL
 
@@ -237,3 +238,39 @@ def _third_phase_checkpointed(checkpoints: Path) -> bool:
 
 def _storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+
+
+def test_a_trial_whose_worker_died_after_its_run_finished_is_not_trained_again(tmp_path, wiki_validation):
+    """A worker SIGKILLed between its trial run's end and Optuna's record of it leaves a FINISHED run
+    and a RUNNING trial. Made here as that worker leaves them (the trial taken from the queue with
+    a heartbeat, its run trained and finished, nothing told): the next worker retries the stale trial
+    and takes the finished run's value, so the configuration has one FINISHED run, not two."""
+    made = write_study(
+        tmp_path,
+        wiki_validation,
+        name="late",
+        search={"model.sharing": {"choices": ["all"]}},
+        trainer={"max_steps": 4, "measure": False},
+        heartbeat=1,
+    )
+    spec, base = load_study(made)
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_study(spec, base, storage=storage, tracking_uri=uri, n_trials=0)  # the study, its queue and parent
+    rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=1, grace_period=3)
+    dead = optuna.load_study(study_name="late", storage=rdb).ask()  # the queued configuration, RUNNING
+    rdb.record_heartbeat(dead._trial_id)
+    tags = {"ablate.role": "trial", "ablate.study": "late", "ablate.trial": str(dead.number)}
+    cfg = trial_config(base, spec, {"model.sharing": "all", "seed": 0}, None)
+    ran = train(cfg, RunContext(tracking_uri=uri, experiment="late", tags=tags))
+    time.sleep(4)  # its heartbeat goes stale
+    run_study(spec, base, storage=storage, tracking_uri=uri)
+
+    trials = optuna.load_study(study_name="late", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert trials[1].user_attrs["mlflow_run_id"] == ran.run_id
+    assert trials[1].value == pytest.approx(ran.metrics["val/loss"])
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("late").experiment_id
+    (finished,) = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    assert finished.info.run_id == ran.run_id and finished.info.status == "FINISHED"
+    assert finished.data.tags["ablate.state"] == "COMPLETE" and finished.data.tags["ablate.trial"] == "1"
