@@ -227,7 +227,7 @@ def _study(args: argparse.Namespace) -> tuple[StudySpec, dict[str, Any], Overrid
 
 def cmd_sweep(args: argparse.Namespace) -> int | None:
     from ablate.reports.catalog import study_report
-    from ablate.sweeps import workers
+    from ablate.sweeps import guard, workers
     from ablate.sweeps.engine import tracking
     from ablate.sweeps.estimate import print_estimate
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
@@ -307,6 +307,9 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
         print(f"best trial {best.number}: {spec.optimize.metric}={best.value:.4f} {best.params}")
     except ValueError:
         pass
+    chosen = guard.chosen_line(study, spec.optimize.metric, spec.optimize.direction) if spec.optimize.guard else None
+    if chosen is not None:  # the best within the accuracy bound, or the closest to it when none is
+        print(chosen)
     if overridden is not None and report is not None:
         print(f"its report: ablate report {args.study} --study {spec.name}")
     _print_ui_hint(result.tracking_uri, study=spec.name)

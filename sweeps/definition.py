@@ -51,7 +51,7 @@ def definition(spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
         "seeds": spec.seeds,
         "tasks": [dataclasses.asdict(t) for t in spec.tasks],
         model.SECTION if model is not None else "study model": dataclasses.asdict(model) if model else None,
-        "optimize": dataclasses.asdict(spec.optimize),
+        "optimize": {k: v for k, v in dataclasses.asdict(spec.optimize).items() if k != "guard" or v is not None},
         "sampler": spec.sampler,
         "n_trials": spec.n_trials,
     }

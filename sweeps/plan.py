@@ -31,6 +31,7 @@ from ablate.lightning_modules.config.metric_names import (
 )
 from ablate.lightning_modules.config.paths import output_file, output_folder
 from ablate.lightning_modules.config.run import TrainerConfig
+from ablate.sweeps.guard import reference_task
 from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
@@ -158,19 +159,25 @@ def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine |
 
 
 def trial_metrics(cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> tuple[str, ...]:
-    """The validation metrics a study trial of ``cfg`` returns, fine-tuned on ``tasks`` ((task, metric))."""
+    """The validation metrics a study trial of ``cfg`` returns, fine-tuned on ``tasks`` ((task, metric)),
+    and its model's accounting (``model_bytes``, ``flops_per_token``, measured: ``latency_ms_b1``, ``_b32``)."""
+    counted = ("model_bytes", "flops_per_token", *(("latency_ms_b1", "latency_ms_b32") if cfg.trainer.measure else ()))
     if cfg.regime == "finetune":
-        return task_metrics(cfg.finetune.task, cfg.finetune.metric)
+        return (*task_metrics(cfg.finetune.task, cfg.finetune.metric), *counted)
     sentence = (VAL_SENTENCE_ACC,) if cfg.objective.sentence != "none" else ()
     chained = tuple(name for task in tasks for name in task_metrics(*task))
-    return (*VALIDATION, *sentence, *chained, *((DOWNSTREAM_AVG,) if tasks else ()))
+    return (*VALIDATION, *sentence, *chained, *((DOWNSTREAM_AVG,) if tasks else ()), *counted)
 
 
-def check_optimized_metric(metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> None:
-    """The metric the study optimizes (``optimize.metric``) is one its trials log: a validation
-    metric of their regime, a task's, or one of the other namespaces runs log (``quant/...``,
-    ``intrinsic/...``)."""
+def check_optimized_metric(
+    metric: str, cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]], key: str = "optimize.metric"
+) -> None:
+    """The metric the study optimizes (``optimize.metric``; or bounds: ``key``) is one its trials log: a
+    validation metric of their regime, a task's, the model's accounting (``params.*`` too), or one of the
+    other namespaces runs log (``quant/...``, ``intrinsic/...``)."""
     known = trial_metrics(cfg, tasks)
+    if metric.startswith("params."):
+        return
     namespace, slash, _ = metric.partition("/")
     own = (cfg.finetune.task, *(d.name for d in cfg.finetune.extra_validation)) if cfg.regime == "finetune" else ()
     task_names = {task for task, _ in tasks} | set(own)  # a task's further dev sets (mnli-mm) log as tasks
@@ -179,13 +186,13 @@ def check_optimized_metric(metric: str, cfg: ExperimentConfig, tasks: Sequence[t
     if slash and namespace not in NAMESPACES:
         have = ", ".join(sorted(task_names)) or "none"
         raise ConfigError(
-            f"optimize.metric: {metric!r} is not a metric ablate logs: {namespace!r} is neither one of its "
+            f"{key}: {metric!r} is not a metric ablate logs: {namespace!r} is neither one of its "
             f"namespaces ({', '.join(NAMESPACES)}) nor a task this study fine-tunes (tasks: {have})"
         )
     if namespace == "val" or metric == DOWNSTREAM_AVG or not slash:
         close = difflib.get_close_matches(metric, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; its trials log {', '.join(known)}"
-        raise ConfigError(f"optimize.metric: {metric!r} is not logged by this study's trials{hint}")
+        raise ConfigError(f"{key}: {metric!r} is not logged by this study's trials{hint}")
 
 
 def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machine: Machine | None) -> None:
@@ -208,6 +215,7 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             check_run(study_model_config(base, spec), spec.checkpoints, machine)
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {spec.study_model.SECTION}.{exc}") from None
+        _check_guard_reference(spec, base, where)
     for i, task in enumerate(spec.tasks):  # each task's data, as check_data checks a run's
         try:
             task_data(task, f"tasks[{i}]")
@@ -227,8 +235,29 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             check_optimized_metric(spec.optimize.metric, cfg, tasks)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if (guard := spec.optimize.guard) is not None:
+            try:
+                check_optimized_metric(guard.metric, cfg, tasks, key="optimize.guard.metric")
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         if spec.optimize.metric.startswith("glue/") and not any(t.glue for t in mine):
             raise ConfigError(
                 f"{where}: optimize.metric: {spec.optimize.metric!r} is logged by a trial fine-tuned on GLUE tasks "
                 f"(tasks: glue, or - glue: mrpc); {'this trial' if spec.variants else 'this study'} has none"
             )
+
+
+def _check_guard_reference(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
+    """A guard whose reference is the study model's value: its model logs the guard's metric (a
+    pre-trained model its validation and accounting; a task's metric, the model fine-tuned on a task
+    that distils from it)."""
+    guard, model = spec.optimize.guard, spec.study_model
+    if guard is None or guard.reference is not None or model is None or reference_task(guard, spec.tasks) is not None:
+        return
+    logged = trial_metrics(study_model_config(base, spec), ())
+    if guard.metric not in logged and not guard.metric.startswith("params."):
+        raise ConfigError(
+            f"{where}: optimize.guard.reference: the study's {model.SECTION} logs no {guard.metric} (it logs "
+            f"{', '.join(logged)}; a task's metric: a task that distils from it, tasks[i].distill); give the "
+            "reference's value (optimize.guard.reference: 0.91)"
+        )

@@ -17,6 +17,8 @@ Example::
     sampler: grid
     pruner: {type: median, n_warmup_steps: 100}
     optimize: {metric: val/loss, direction: minimize}      # Optuna's metric (base.objective: pre-training's)
+    # optimize: {metric: model_bytes, direction: minimize,   # or: the smallest (fastest) within an accuracy
+    #            guard: {metric: val/mlm_acc, max_drop: 0.01}}  # bound of the study model's (sweeps/guard.py)
     teacher:                                                # optional: every trial distils from one teacher
       model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
       overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
@@ -60,6 +62,7 @@ from ablate.lightning_modules.config.errors import (
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
+from ablate.sweeps.guard import GuardSpec, check_reference
 from ablate.sweeps.reach import check_search_reaches
 from ablate.sweeps.space import culprits, points, range_values
 from ablate.sweeps.study_models import (
@@ -176,6 +179,7 @@ class OptimizeSpec:
 
     metric: str = "val/loss"
     direction: Literal["minimize", "maximize"] = "minimize"
+    guard: GuardSpec | None = None  # an accuracy bound: the best configuration within it (sweeps/guard.py)
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -206,6 +210,7 @@ class StudySpec:
         given = [name for name in ("teacher", "prune_source", "reference") if getattr(self, name) is not None]
         if len(given) > 1:
             raise FieldError(f"{given[1]}", "a study has one trained model (teacher, prune_source or reference)")
+        check_reference(self.optimize.guard, self.study_model)  # a guard's reference: given, or the study model's
         return self
 
     @field_validator("tasks", mode="before")

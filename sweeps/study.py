@@ -27,7 +27,7 @@ from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
-from ablate.sweeps import attempts, study_model_runs, workers
+from ablate.sweeps import attempts, guard, study_model_runs, workers
 from ablate.sweeps.chain import chained_trial
 from ablate.sweeps.definition import check_unchanged
 from ablate.sweeps.engine import checkpoints, tracking
@@ -260,6 +260,9 @@ def trial_objective(
     study optimizes. Each trial says its number, configuration and, when it ends, its time; a retry of
     a stopped attempt that left a checkpoint goes on in that attempt's run."""
     spec, client, exp_id, uri = place.spec, place.client, place.exp_id, place.uri
+    guarded = guard.start_guard(spec, client, place.parent, study_model, task_teachers or {})
+    if guarded is not None:
+        _CONSOLE.print(f"guard: {guarded.said()}", markup=False)
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: space.suggest(trial, name) for name, space in spec.space.items()}
@@ -269,6 +272,9 @@ def trial_objective(
             trial.set_user_attr(FAIL_REASON, str(exc))
             raise
         if (kept := _finished_earlier(place, trial)) is not None:
+            if guarded is not None:  # its run's guard, recorded on this trial
+                run_id = trial.user_attrs["mlflow_run_id"]
+                guarded.record(trial, client, run_id, client.get_run(run_id).data.metrics)
             return kept
         cfg = trial_config(place.base, spec, params, study_model)
         tags = {
@@ -333,7 +339,11 @@ def trial_objective(
                 f"optimize.metric: {spec.optimize.metric!r} was not logged; logged: {', '.join(sorted(result.metrics))}"
             )
         value = result.metrics[spec.optimize.metric]
-        _ended(trial, f"COMPLETE, {spec.optimize.metric} {value:.4g}", began)
+        said = ""
+        if guarded is not None:  # the trial's constraint: within the bound or not
+            verdict = guarded.record(trial, client, result.run_id, result.metrics)
+            said = f", {guarded.guard.metric} {verdict.value:.4g} {'within' if verdict.met else 'past'} the bound"
+        _ended(trial, f"COMPLETE, {spec.optimize.metric} {value:.4g}{said}", began)
         return value
 
     return objective
