@@ -18,9 +18,11 @@ the quantized arms are (held-out MLM metrics on the CPU in float32, ``model_byte
 ``quant/layers`` 0; the check that a quantized model holds integers applies wherever a method is set.
 
 The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config,
-logged last as every run's (:func:`~ablate.sweeps.engine.phases.weights_finisher`): quantization is a
-deterministic function of both, redone where the model is used (a fine-tuning task quantizes its
-fine-tuned classifier the same way).
+logged last as every run's (:func:`~ablate.sweeps.engine.phases.weights_finisher`), and the quantized
+model as it was scored, logged by :func:`quantize_and_score`: ``model/quantized.safetensors`` (integer
+weights and scales) and ``model/quantization.yaml`` (method, plan, bits and layout per layer;
+:mod:`ablate.lightning_modules.interop.quantized`). :func:`~ablate.sweeps.engine.weights.load_quantized`
+rebuilds it, to score again or export.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.sources import Source
 from ablate.sweeps.engine.trainer import build_trainer
+from ablate.sweeps.engine.weights import log_quantized
 
 MLM = ("val/loss", "val/mlm_loss", "val/mlm_acc")
 """The held-out metrics compared before and after quantization."""
@@ -162,6 +165,8 @@ def quantize_and_score(
         metrics["quant/avg_bits"] = plan.bits
     if plan.table is not None and run is not None:
         run.text(plan.table.to_csv(index=False), "quant/plan.csv")
+    if run is not None:  # the model as scored: integer weights and scales, beside the float model/ artifacts
+        log_quantized(run.client, run.run_id, quantized, cfg, plan.plan, plan.bits)
     return metrics, plan
 
 

@@ -32,6 +32,14 @@ from ablate.lightning_modules.interop.export import export
 from ablate.lightning_modules.interop.hub import TOKENIZER_FILE, save_tokenizer
 from ablate.lightning_modules.interop.pretrained import load_pretrained, state_dict
 from ablate.lightning_modules.interop.qa_export import export_span, load_span_model
+from ablate.lightning_modules.interop.quantized import (
+    QUANTIZED,
+    QuantizedModel,
+    dequantized,
+    read_quantized,
+    write_quantized,
+)
+from ablate.lightning_modules.methods.quantization.apply import Plan
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import PretrainingModel
@@ -95,6 +103,53 @@ def log_weights(
         except AblateError as exc:
             warnings.warn(f"run {run_id}: {ARTIFACT}/ artifacts logged without the tokenizer ({exc})", stacklevel=2)
         client.log_artifacts(run_id, str(folder), ARTIFACT)
+
+
+def log_quantized(
+    client: MlflowClient, run_id: str, model: nn.Module, cfg: ExperimentConfig, plan: Plan | None, bits: float | None
+) -> None:
+    """Log the quantized ``model`` the run scored as its ``model/quantized.safetensors`` and
+    ``model/quantization.yaml`` (:func:`~ablate.lightning_modules.interop.quantized.write_quantized`):
+    integer weights and scales, read back by :func:`load_quantized` with the ``model/config.yaml`` and
+    float weights the weights finisher logs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / ARTIFACT
+        write_quantized(model, cfg, plan, bits, folder)
+        client.log_artifacts(run_id, str(folder), ARTIFACT)
+
+
+def _download_model(uri: str, run_id: str, tmp: str) -> Path:
+    """Run ``run_id``'s ``model/`` folder, downloaded into ``tmp``; ConfigError when the run is unknown or
+    logged no quantized model, StorageError when the download fails."""
+    client = store(uri)
+    try:
+        names = {Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT)}
+        regime = client.get_run(run_id).data.params.get("quant.method", "none")
+    except MlflowException:
+        raise ConfigError(f"run {run_id}: no such run in {uri}") from None
+    if not {QUANTIZED, WEIGHTS, "config.yaml"} <= names:
+        what = "is not quantized" if regime == "none" else "saved no quantized model"
+        raise ConfigError(f"{RUNS}{run_id} {what} (no {ARTIFACT}/{QUANTIZED} artifact beside its weights)")
+    try:
+        return Path(client.download_artifacts(run_id, ARTIFACT, tmp))
+    except MlflowException as exc:
+        raise StorageError(f"run {run_id}: cannot download its {ARTIFACT}/ artifacts ({exc.message})") from None
+
+
+def load_quantized(uri: str, run_id: str) -> QuantizedModel:
+    """Run ``run_id``'s quantized model as it scored it, rebuilt from its integer weights and scales
+    (:func:`~ablate.lightning_modules.interop.quantized.read_quantized`: ``.cfg``, ``.model``, ``.plan``,
+    ``.layers``). ConfigError for a run that logged none (not quantized, or logged before quantized
+    models were kept), DataError for artifacts this version cannot rebuild."""
+    with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-quantized-") as tmp:
+        return read_quantized(_download_model(uri, run_id, tmp))
+
+
+def load_dequantized(uri: str, run_id: str) -> tuple[ExperimentConfig, nn.Module]:
+    """Run ``run_id``'s config and float model holding its quantized layers' dequantized weights
+    (:func:`~ablate.lightning_modules.interop.quantized.dequantized`): what a teacher learns from."""
+    with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-quantized-") as tmp:
+        return dequantized(_download_model(uri, run_id, tmp))
 
 
 def _check_classifier_config(model: Classifier, cfg: ExperimentConfig) -> None:
