@@ -21,6 +21,7 @@ from rich.table import Table as RichTable
 
 from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.lightning_modules.config.paths import output_folder
+from ablate.reports.pareto import study_section
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
 from ablate.reports.runs import ExperimentRuns, absent_store, load_runs, load_stages
@@ -196,6 +197,11 @@ def build_report(
             (staging / names["remeasured"]).write_text(again.to_csv(), encoding="utf-8")
         shared, of = (train_runs.shared, "experiment") if train_runs is not None else (None, "study")
         document = markdown_document(table, study, missing, shared, of=of)
+        shown = again.apply(runs) if again else runs
+        included = shown[shown["state"].isin(spec.include_states)]
+        if (guarded := study_section(tracking_uri, parent, included, staging)) is not None:  # optimize.guard
+            document += "\n" + guarded.markdown
+            plots += [f for f in guarded.files if f.suffix == ".png"]
         (staging / names["markdown"]).write_text(document, encoding="utf-8")
         (staging / names["latex"]).write_text(to_latex(table), encoding="utf-8")
         (staging / names["csv"]).write_text(to_csv(table), encoding="utf-8")
