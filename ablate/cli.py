@@ -116,9 +116,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("out_dir", help="new or empty output folder")
     s.add_argument(
         "--format",
-        choices=["auto", "transformers", "ablate"],
+        choices=["auto", "transformers", "ablate", "onnx"],
         default="auto",
-        help="auto (default): a transformers checkpoint when expressible, else ablate safetensors",
+        help="auto (default): a transformers checkpoint when expressible, else ablate safetensors; onnx: an ONNX "
+        "graph of a fine-tuned classifier or span model, checked against ablate's on the run's dev rows (the onnx "
+        "extra)",
+    )
+    s.add_argument(
+        "--quantize",
+        metavar="HOW",
+        help="with --format onnx: dynamic-int8, static-int8 (calibrated on the task's training rows), int4 "
+        "(weight-only MatMulNBits; also weight-int2, weight-int8)",
     )
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
     s.add_argument(

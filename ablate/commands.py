@@ -376,8 +376,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     from ablate.lightning_modules.config.paths import output_folder
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps.engine import tracking
+    from ablate.sweeps.engine.onnx_run import check_onnx_request
     from ablate.sweeps.engine.weights import RUNS, export_run
 
+    check_onnx_request(args.format, args.quantize)  # the onnx extra, --quantize: before anything
     out = output_folder(args.out_dir, "out_dir", empty=True)  # before downloading anything
     if args.private and not args.push_to_hub:
         raise ConfigError("--private: only with --push-to-hub REPO")
@@ -389,10 +391,17 @@ def cmd_export(args: argparse.Namespace) -> None:
     run_id = args.run.removeprefix(RUNS).strip("/")
     uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
     labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
-    written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
-    extra = "; a fine-tuned sequence classifier" if written.classifier else ""
-    extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
-    print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
+    if args.format == "onnx":
+        from ablate.sweeps.engine.onnx_run import export_run_onnx
+
+        onnx = export_run_onnx(uri, run_id, out, quantize=args.quantize, labels=labels)
+        what = f"onnx format, {args.quantize}" if args.quantize else "onnx format, fp32"
+        print(f"run {run_id} exported to {out.resolve()}/ ({what}; {onnx.summary()})")
+    else:
+        written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
+        extra = "; a fine-tuned sequence classifier" if written.classifier else ""
+        extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
+        print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
     if api is not None:
         from ablate.lightning_modules.interop.hub import push_to_hub
 

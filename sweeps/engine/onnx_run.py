@@ -1,0 +1,76 @@
+"""``ablate export RUN OUT --format onnx``: a fine-tuning run's model as ONNX, checked on the run's own data.
+
+The run's ``model/`` artifacts give the model (:func:`~ablate.sweeps.engine.weights.load_run_classifier` or
+:func:`~ablate.sweeps.engine.weights.load_run_span`), its tokenizer artifact the tokenizer, and its config's
+``finetune`` section the data the checks read
+(:func:`~ablate.lightning_modules.interop.onnx_check.task_rows`); the folder is written by
+:func:`~ablate.lightning_modules.interop.onnx_export.export_onnx`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.interop.onnx_check import CALIBRATION_ROWS, require_onnx, task_rows
+from ablate.lightning_modules.interop.onnx_export import OnnxExport, export_onnx
+from ablate.lightning_modules.interop.onnx_quant import parse
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.span import SpanModel
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.weights import RUN_KINDS, RUNS, load_run_classifier, load_run_span, run_tokenizer, store
+
+
+def check_onnx_request(format: str, quantize: str | None) -> None:  # noqa: A002 - the CLI's word
+    """What ``ablate export`` checks before reading anything: ``--quantize`` only with ``--format onnx`` and one
+    ONNX Runtime holds; the onnx extra installed. ConfigError otherwise."""
+    if quantize is not None and format != "onnx":
+        raise ConfigError(
+            f"--quantize {quantize}: the {format} format holds float weights; a quantized export is --format onnx"
+        )
+    if format == "onnx":
+        require_onnx()
+        if quantize is not None:
+            parse(quantize)
+
+
+def export_run_onnx(
+    uri: str, run_id: str, out_dir: Path, quantize: str | None = None, labels: Sequence[str] | None = None
+) -> OnnxExport:
+    """Run ``run_id``'s fine-tuned classifier or span model as an ONNX folder ``out_dir`` (see the module).
+
+    Raises:
+        ConfigError: the run is not a fine-tuning run, is quantized (its artifacts hold float weights),
+            logged no tokenizer, or a check fails.
+        DataError: the run's task data cannot be read.
+    """
+    client = store(uri)
+    try:
+        params = client.get_run(run_id).data.params
+    except MlflowException:
+        raise ConfigError(f"run {run_id}: no such run in {uri}") from None
+    regime = params.get("regime", "finetune")
+    if regime != "finetune":
+        raise ConfigError(
+            f"--format onnx: {RUNS}{run_id} is {RUN_KINDS.get(regime, f'a {regime} run')}; "
+            "ONNX exports a fine-tuned classifier or span model"
+        )
+    with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-onnx-") as tmp:
+        model: Classifier | SpanModel
+        span = params.get("finetune.kind") == "span"
+        cfg, model = load_run_span(uri, run_id) if span else load_run_classifier(uri, run_id)
+        if cfg.quant.enabled:
+            raise ConfigError(
+                f"--format onnx: run {run_id} is quantized (quant.method {cfg.quant.method}) and logged its float "
+                "weights only; export its float source and quantize the export (--quantize)"
+            )
+        tok = run_tokenizer(client, run_id, Path(tmp))
+        if tok is None:
+            raise ConfigError(f"--format onnx: run {run_id} logged no tokenizer, and the checks read its dev rows")
+        static = quantize is not None and parse(quantize) is parse("static-int8")
+        rows = task_rows(cfg.finetune, tok, train_rows=CALIBRATION_ROWS if static else 0)
+        return export_onnx(model, cfg, Path(out_dir), rows, quantize=quantize, tokenizer=tok, labels=labels)
