@@ -334,14 +334,18 @@ def trial_objective(
             raise
         trial.set_user_attr("mlflow_run_id", result.run_id)
         client.set_tag(result.run_id, tracking.STATE, "COMPLETE")
-        if spec.optimize.metric not in result.metrics:
+        metrics = result.metrics
+        if spec.optimize.metric not in metrics:  # a model's accounting (params.*, model_bytes) is logged at its start
+            metrics = {**client.get_run(result.run_id).data.metrics, **metrics}
+        if spec.optimize.metric not in metrics:
             raise KeyError(
-                f"optimize.metric: {spec.optimize.metric!r} was not logged; logged: {', '.join(sorted(result.metrics))}"
+                f"optimize.metric: {spec.optimize.metric!r} was not logged; logged: {', '.join(sorted(metrics))}"
             )
-        value = result.metrics[spec.optimize.metric]
+        value = metrics[spec.optimize.metric]
         said = ""
         if guarded is not None:  # the trial's constraint: within the bound or not
-            verdict = guarded.record(trial, client, result.run_id, result.metrics)
+            logged = metrics if guarded.guard.metric in metrics else client.get_run(result.run_id).data.metrics
+            verdict = guarded.record(trial, client, result.run_id, {**logged, **metrics})
             said = f", {guarded.guard.metric} {verdict.value:.4g} {'within' if verdict.met else 'past'} the bound"
         _ended(trial, f"COMPLETE, {spec.optimize.metric} {value:.4g}{said}", began)
         return value
