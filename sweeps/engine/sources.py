@@ -24,12 +24,24 @@ from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.weights import (
     RUNS,
+    load_dequantized,
     load_run_classifier,
     load_run_span,
     load_run_weights,
     run_tokenizer,
     store,
 )
+
+
+def _quantized_source(source: str, run_id: str, uri: str, method: str, use: str) -> ConfigError:
+    """A quantized run refused where its rounded weights would be quantized, pruned or trained again:
+    the message names the model it quantized (its source run) to start from instead."""
+    origin = store(uri).get_run(run_id).data.tags.get(tracking.SOURCE)
+    start = f"start from the model it quantized ({RUNS}{origin})" if origin else "start from its float model"
+    return ConfigError(
+        f"{source} is quantized (quant.method={method}): {use} would start from its rounded weights; "
+        f"{start} and set this run's quant.method"
+    )
 
 
 def load_span_source(source: str, uri: str, workdir: Path, field: str) -> tuple[SpanSource, Path | None]:
@@ -43,8 +55,10 @@ def load_span_source(source: str, uri: str, workdir: Path, field: str) -> tuple[
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
             cfg, model = load_run_span(uri, run_id)
-            if cfg.quant.enabled:
-                raise ConfigError(f"{source} is quantized and its artifacts hold its float weights")
+            if cfg.quant.enabled:  # a teacher: its dequantized model
+                cfg, dequantized = load_dequantized(uri, run_id)
+                assert isinstance(dequantized, SpanModel)
+                model = dequantized
             tok = run_tokenizer(store(uri), run_id, workdir)
         return SpanSource(source, cfg.model, model, run_id), tok
     except (ConfigError, StorageError) as exc:
@@ -91,8 +105,10 @@ def load_source(
     ``tokenizer.json``, when it has one, is the source's tokenizer).
     ConfigError/StorageError prefixed with ``field`` (the config key that named it).
 
-    A quantized run's ``model/`` artifacts are its float weights: only a fine-tuning run, which
-    quantizes its classifier the same way, takes it (``quantized``); others are refused."""
+    A quantized run: a fine-tuning run (``quantized``) takes its float weights (after QAT, the trained
+    ones) and quantizes its classifier again; a teacher (``distill.teacher``) is its dequantized model
+    (the quantized weights as floats); a model to prune or to quantize again is refused, naming the
+    model it quantized."""
     try:
         if not source.startswith(RUNS):  # a folder, the data catalog's model entry or a hub name
             folder = resolve_model(source, field)
@@ -101,11 +117,13 @@ def load_source(
         run_id = source.removeprefix(RUNS).strip("/")
         with tracking.quiet_downloads():
             cfg, model = load_run_weights(uri, run_id)
-            if cfg.quant.enabled and not quantized:
-                raise ConfigError(
-                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
-                    f"weights; start from the model it quantized, then quantize the result (quant.method)"
-                )
+            if cfg.quant.enabled and field == "distill.teacher":
+                cfg, dequantized = load_dequantized(uri, run_id)
+                assert isinstance(dequantized, PretrainingModel)
+                model = dequantized
+            elif cfg.quant.enabled and not quantized:
+                use = {"prune.source": "pruning it", "quant.source": "quantizing it again"}.get(field, field)
+                raise _quantized_source(source, run_id, uri, cfg.quant.method, use)
             tok = run_tokenizer(store(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
     except (ConfigError, StorageError) as exc:
@@ -130,8 +148,10 @@ def load_classifier_source(
     """The fine-tuned classifier ``field`` names: ``runs:/RUN_ID`` of a fine-tuning run in the store
     ``uri`` (its tokenizer downloaded into ``workdir``) or a classifier folder (an ``ablate export``
     of one, or a transformers ``*ForSequenceClassification`` checkpoint; its ``tokenizer.json``,
-    when it has one, is the tokenizer). One-line ConfigError/StorageError prefixed with ``field``;
-    a quantized run (whose artifacts hold its float weights) only when ``quantized``."""
+    when it has one, is the tokenizer). One-line ConfigError/StorageError prefixed with ``field``.
+    A quantized fine-tuning run teaches with its dequantized classifier (its quantized weights as
+    floats: a weight-only classifier's own logits; ``dynamic-int8`` and ``qat-int8`` without their
+    activation rounding); ``quantized`` takes its float weights instead."""
     try:
         if not source.startswith(RUNS):
             folder = resolve_model(source, field)
@@ -142,10 +162,9 @@ def load_classifier_source(
         with tracking.quiet_downloads():
             cfg, model = load_run_classifier(uri, run_id)
             if cfg.quant.enabled and not quantized:
-                raise ConfigError(
-                    f"{source} is quantized (quant.method={cfg.quant.method}) and its artifacts hold its float "
-                    "weights; use the same fine-tuning run without quant.method"
-                )
+                cfg, dequantized = load_dequantized(uri, run_id)
+                assert isinstance(dequantized, Classifier)
+                model = dequantized
             tok = run_tokenizer(store(uri), run_id, workdir)
         return ClassifierSource(source, cfg.model, model, model.num_labels, tok, run_id)
     except (ConfigError, StorageError) as exc:

@@ -221,10 +221,12 @@ def test_a_quantization_that_leaves_layers_float_is_an_error(monkeypatch):
 
 @pytest.mark.parametrize(
     ("field", "section"),
-    [("distill.teacher", "distill"), ("prune.source", "prune"), ("quant.source", "quant")],
+    [("prune.source", "prune"), ("quant.source", "quant")],
 )
 def test_a_quantized_run_is_no_source(source, quantized, field, section):
-    _, base, _ = source
+    """Pruned or quantized again, a quantized run's rounded weights are refused; the message names its
+    source (a teacher learns from its dequantized model: tests/sweeps/test_quant_stored.py)."""
+    _, base, src = source
     key = field.split(".")[1]
     extra = {"method": "dynamic-int8"} if section == "quant" else {}
     tree = _tree(base, **{section: {key: f"runs:/{quantized.run_id}", **extra}})
@@ -232,8 +234,8 @@ def test_a_quantized_run_is_no_source(source, quantized, field, section):
     with pytest.raises(ConfigError) as err:
         train(build_config(tree))
     message = str(err.value)
-    assert message.startswith(f"{field}: runs:/{quantized.run_id}") and "quantized" in message, message
-    assert "\n" not in message
+    assert message.startswith(f"{field}: runs:/{quantized.run_id} is quantized"), message
+    assert f"start from the model it quantized (runs:/{src.run_id})" in message and "\n" not in message
     assert _runs(quantized) == before  # refused before a run exists
 
 

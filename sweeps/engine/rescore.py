@@ -1,0 +1,57 @@
+"""A quantized run's model scored again, from its stored integers and scales.
+
+:func:`rescore_quantized` rebuilds the model a quantized run scored
+(:func:`~ablate.sweeps.engine.weights.load_quantized`) and scores it as the run did, on the CPU in
+float32: a fine-tuning run's classifier on its task's dev set (``<task>/final_<metric>``, the quantized
+score the run logged), a pre-training or ``quant`` run's model on its held-out MLM batches
+(``val/mlm_acc``, ``val/mlm_loss``, ``val/loss``). The same integers and kernels give the logged values
+again (to float rounding): what a report or an export checks a quantized model against.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ablate.datamodules.classification import ClassificationDataModule
+from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.methods.finetune import FinetuneModule
+from ablate.lightning_modules.methods.pretrain import PretrainModule
+from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.inputs import corpus
+from ablate.sweeps.engine.quant import MLM, on_cpu, validate
+from ablate.sweeps.engine.weights import RUNS, load_quantized, run_tokenizer, store
+
+
+def rescore_quantized(uri: str, run_id: str) -> dict[str, float]:
+    """Run ``run_id``'s quantized model, rebuilt from its ``model/`` artifacts, scored again as the run
+    scored it (see the module's docstring); the metrics by the names the run logged them under.
+
+    Raises:
+        ConfigError: the run logged no quantized model, or is a span task's (scored by its own path).
+        DataError: the task's or corpus's data cannot be read.
+    """
+    stored = load_quantized(uri, run_id)
+    cfg = stored.cfg
+    if cfg.regime != "finetune":
+        eval_cfg = on_cpu(cfg)
+        model = stored.model
+        assert isinstance(model, PretrainingModel)
+        scores = validate(PretrainModule(eval_cfg, model), eval_cfg, corpus(cfg))
+        return {k: scores[k] for k in MLM if k in scores}
+    f = cfg.finetune
+    if f.kind == "span":
+        raise ConfigError(f"{RUNS}{run_id} is a span task's model (finetune.kind span): not re-scored here")
+    with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-rescore-") as tmp:
+        tok = run_tokenizer(store(uri), run_id, Path(tmp))
+        if tok is None:
+            raise ConfigError(f"{RUNS}{run_id} logged no tokenizer: its dev set cannot be encoded again")
+        data = ClassificationDataModule(
+            f, tok, seed=cfg.seed, limit_train=f.train_examples, cache_dir=cfg.data.cache_dir
+        )
+        data.setup("fit")
+    module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
+    module.model = stored.model  # the quantized classifier, as the run scored it
+    scores = validate(module, cfg, data)
+    return {f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"]}
