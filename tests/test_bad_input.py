@@ -205,6 +205,25 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "tpe without n_trials": (_study(sampler="tpe"), "n_trials"),
     "variant unknown field": (_study(variants={"x": {"model.colour": 1}}), "variants.x.model.colour"),
     "unknown report": (_study(report="albert-table9"), "report: albert-table9"),
+    "accuracy bound without a reference": (
+        _study(optimize={"metric": "model_bytes", "guard": {"metric": "val/mlm_acc", "max_drop": 0.01}}),
+        "optimize.guard.reference: the bound on val/mlm_acc needs a reference",
+    ),
+    "accuracy bound both absolute and relative": (
+        _study(
+            optimize={
+                "metric": "model_bytes",
+                "guard": {"metric": "val/mlm_acc", "max_drop": 0.01, "max_relative_drop": 0.01, "reference": 0.5},
+            }
+        ),
+        "optimize.guard.max_drop: give one of max_drop (absolute) and max_relative_drop, not both",
+    ),
+    "accuracy bound on a metric no trial logs": (
+        _study(
+            optimize={"metric": "model_bytes", "guard": {"metric": "sst2/accuracy", "max_drop": 0.01, "reference": 0.9}}
+        ),
+        "optimize.guard.metric: 'sst2/accuracy' is not a metric ablate logs",
+    ),
     # corpora
     "corpus missing": (_train(data={"corpus": "/nonexistent/corpus.txt"}), "data.corpus"),
     "corpus empty": (_corpus(b"", "empty.txt"), "data.corpus"),
