@@ -122,7 +122,9 @@ def load_source(
                 assert isinstance(dequantized, PretrainingModel)
                 model = dequantized
             elif cfg.quant.enabled and not quantized:
-                use = {"prune.source": "pruning it", "quant.source": "quantizing it again"}.get(field, field)
+                use = {"prune.source": "pruning it", "quant.source": "quantizing it again"}.get(
+                    field, f"using it as {field}"
+                )
                 raise _quantized_source(source, run_id, uri, cfg.quant.method, use)
             tok = run_tokenizer(store(uri), run_id, workdir)
         return Source(source, cfg.model, model, tok, run_id)
