@@ -318,7 +318,7 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     from ablate.lightning_modules.config.paths import output_folder
-    from ablate.reports.build import build_report, render_console
+    from ablate.reports.build import build_report, latency_columns, render_console
     from ablate.reports.target import resolve_target
     from ablate.sweeps.engine import tracking
 
@@ -335,8 +335,9 @@ def cmd_report(args: argparse.Namespace) -> None:
     uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
     out = Path(args.out) if args.out else Path(target.root) / "reports" / target.study
     output_folder(out, "--out")  # before the store is read
+    remeasure = args.remeasure if args.remeasure is not None else bool(latency_columns(target.report))
     result = build_report(
-        target.report, target.study, uri, out, remeasure=args.remeasure, expected=target.expected, sweep=target.sweep
+        target.report, target.study, uri, out, remeasure=remeasure, expected=target.expected, sweep=target.sweep
     )
     render_console(result)
     extra = ", remeasured.csv" if result.remeasured is not None else ""

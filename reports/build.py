@@ -23,7 +23,7 @@ from ablate.lightning_modules.config.errors import ConfigError, StorageError
 from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.pareto import study_section
 from ablate.reports.plots import draw_plots
-from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, Remeasured, remeasure_runs
+from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, RUNTIME, Remeasured, remeasure_runs
 from ablate.reports.runs import ExperimentRuns, absent_store, load_runs, load_stages
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import (
@@ -41,6 +41,12 @@ from ablate.sweeps.engine.tracking import redact
 
 #: Artifact folder on the study's parent run.
 ARTIFACT_PATH = "report"
+#: Under a table whose latencies are the runs' own (``ablate report --no-remeasure``).
+LOGGED_NOTE = (
+    "Latency as each run logged it while it trained (--no-remeasure): runs timed minutes apart, on whatever "
+    "else the machine ran then, in PyTorch; figures of two rows are comparable only when ablate report times "
+    "them again (its default)."
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class ReportResult:
         parent_run_id: The study's parent run, if any.
         logged: Whether the files were logged as artifacts of the parent run.
         table: The aggregated table.
-        remeasured: ``remeasured.csv`` when ``--remeasure`` timed the models again, else None.
+        remeasured: ``remeasured.csv`` when the report timed the models again (``remeasure``), else None.
     """
 
     markdown: Path
@@ -126,7 +132,8 @@ def _study_runs(tracking_uri: str, study: str, sweep: str | None) -> tuple[pd.Da
 
 
 def latency_columns(spec: ReportSpec) -> list[str]:
-    """The latency metrics (``latency_ms_b1``, ``latency_ms_b32``, their ``_spread``) the table or a plot shows."""
+    """The latency metrics (``latency_ms_b1``, ``latency_ms_b32``, ``_all``, their ``_spread``) the table or a plot
+    shows."""
     return [m for m in aggregated_metrics(spec) if m in REMEASURED_METRICS]
 
 
@@ -155,10 +162,12 @@ def build_report(
         out_dir: Output folder (created if needed).
         log_to_parent: Also log the files as artifacts of the study's parent
             run under ``report/`` (when a parent run exists).
-        remeasure: Time the model of every run the table averages again, in this process,
+        remeasure: Time the deployed model of every run the table averages again, in this process,
             one model after the other in a few rounds (:func:`ablate.reports.remeasure.remeasure_runs`),
-            and show those latencies instead of the logged ones; the table says where and when,
-            and ``remeasured.csv`` lists them beside the logged ones.
+            and show those latencies instead of the logged ones, with a column saying which runtime timed
+            each row (``ablate report`` does, where the report shows a latency); the table says where, when
+            and how, and ``remeasured.csv`` lists them beside the logged ones. False: the logged latencies,
+            and a line under the table that says so (:data:`LOGGED_NOTE`).
         progress: With ``remeasure``: show a progress bar (on stderr).
         expected: The trials the study's grid runs per row: a row no trial started is listed
             as missing (:func:`~ablate.reports.tables.aggregate`).
@@ -184,7 +193,13 @@ def build_report(
             raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
         if len(runs):
             again = remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
-            table = dataclasses.replace(aggregate(again.apply(runs), spec, expected, stages), notes=(again.note,))
+            shown = spec
+            if RUNTIME not in spec.details:  # which runtime and form timed each row
+                labels = {RUNTIME: "timed by", **spec.row_labels}
+                shown = dataclasses.replace(spec, details=(*spec.details, RUNTIME), row_labels=labels)
+            table = dataclasses.replace(aggregate(again.apply(runs), shown, expected, stages), notes=again.notes)
+    elif latency_columns(spec) and len(runs):
+        table = dataclasses.replace(table, notes=(*table.notes, LOGGED_NOTE))
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}

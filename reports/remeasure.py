@@ -1,21 +1,25 @@
-"""``ablate report --remeasure``: time every model of a report again, in one process on this machine.
+"""``ablate report``'s latency columns (by default; ``--no-remeasure`` keeps the logged figures): every model of
+a report timed again as it is deployed, in one process on this machine, after the study's runs ended.
 
 Latencies logged by the runs were measured wherever and whenever each run trained, often beside
 other work; two of them are only comparable when one quiet process measured both. For every run
 the table averages, the model is rebuilt from the run's logged config (``model/config.yaml``, the
 model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's pretraining
-stage's), with random weights (timing depends on the architecture, not the values), by the measuring
-layer (:mod:`ablate.lightning_modules.measure.retime`; this module reads runs and tabulates), and timed as
-runs time themselves (:func:`ablate.lightning_modules.measure.profiling.time_forward`: warm-up, then timed
-repeats; the latency is the fastest, the spread ``(median - min) / min``), one model after the
-other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same architecture
-(seeds) share one measurement.
+stage's), with random weights (timing depends on the architecture, not the values), as the artifact a
+user deploys (:mod:`ablate.reports.deployed`: a fine-tuned model as the ONNX graph ``ablate export --format
+onnx`` writes, quantized as its run was where ONNX Runtime can hold it, run by ONNX Runtime; PyTorch
+otherwise), and timed by the measuring layer (:mod:`ablate.lightning_modules.measure.deployed`: warm-up,
+then timed repeats; the latency is the fastest, the spread ``(median - min) / min``) at one thread
+(``latency_ms_b1``, ``latency_ms_b32``) and at every thread (``latency_ms_b1_all``, ``latency_ms_b32_all``), one
+model after the other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same
+architecture (seeds) share one measurement.
 
 Each repeat is followed by one run of the fixed reference workload
 (:mod:`ablate.lightning_modules.measure.reference_load`), as when a run times itself. The figures replace
-the runs' ``latency_ms_b1``, ``latency_ms_b32`` and their ``_spread`` and ``_reference`` in the
-report only: the runs' own metrics stay what they measured when they trained. Where, when and how
-the report measured is said under the table and in ``remeasured.csv`` beside it.
+the runs' latencies and their ``_spread`` and ``_reference`` in the report only (and add the column
+:data:`RUNTIME`: which runtime and form timed each row): the runs' own metrics stay what they measured when
+they trained. Where, when and how the report measured, and the CPU's instruction sets, are said under the
+table and in ``remeasured.csv`` beside it.
 """
 
 from __future__ import annotations
@@ -38,14 +42,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ablate.sweeps.engine import tracking
 
 if TYPE_CHECKING:  # torch is imported when a pass runs
-    from ablate.lightning_modules.measure.retime import Retimed
+    from ablate.lightning_modules.measure.deployed import Turns
 
-#: The metrics a remeasure replaces: profiling.latency_metric(b) (and + SPREAD_SUFFIX, + REFERENCE_SUFFIX)
-#: for b in LATENCY_BATCHES.
-LATENCY_METRICS = ("latency_ms_b1", "latency_ms_b32")
+#: The metrics a remeasure replaces: deployed.latency_names() (one thread, then every thread: ``_all``),
+#: each also + SPREAD_SUFFIX and + REFERENCE_SUFFIX.
+LATENCY_METRICS = ("latency_ms_b1", "latency_ms_b32", "latency_ms_b1_all", "latency_ms_b32_all")
 SPREAD_SUFFIX = "_spread"
 REFERENCE_SUFFIX = "_reference"
 REMEASURED_METRICS = tuple(m + s for m in LATENCY_METRICS for s in ("", SPREAD_SUFFIX, REFERENCE_SUFFIX))
+#: The column (and table detail) naming which runtime and form timed a row: ``ORT int8``, ``PyTorch`` ...
+RUNTIME = "latency.runtime"
 #: Tag of a chained trial naming its pretraining stage's run (``ablate.sweeps.chain.PRETRAIN_RUN``).
 PRETRAIN_RUN = "ablate.pretrain_run"
 CSV_NAME = "remeasured.csv"
@@ -61,8 +67,10 @@ class Remeasured:
     """What ``--remeasure`` measured.
 
     Attributes:
-        frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, the six
-            :data:`REMEASURED_METRICS`, and ``logged/<metric>`` (what the run logged, NaN if none).
+        frame: One row per remeasured run: ``run_id``, ``run_name``, ``device``, :data:`RUNTIME` (which
+            runtime and form timed it), ``why`` (why not ONNX Runtime; empty if it was), the
+            :data:`REMEASURED_METRICS` (NaN where not timed: ``_all`` on a GPU), and ``logged/<metric>``
+            (what the run logged, NaN if none).
         machine: Which machine measured (:func:`~ablate.lightning_modules.measure.measuring.describe_machine`
             of each device used, joined by ``; ``).
         when: When the pass began, UTC, e.g. ``2025-06-01 14:02 UTC``.
@@ -75,6 +83,8 @@ class Remeasured:
         run_ids: Every run the pass was asked to measure, rebuilt or not.
         load: The host's 1-minute load average at the start and at the end of the pass, the
             larger (None where the OS does not say): above the CPU count, the machine was busy.
+        instruction_sets: The CPU's (:func:`~ablate.lightning_modules.measure.deployed.describe_instruction_sets`).
+        threads: Every thread the pass timed the ``_all`` latencies at (the default ones at one).
     """
 
     frame: pd.DataFrame
@@ -89,19 +99,33 @@ class Remeasured:
     missing: list[str] = field(default_factory=list)
     run_ids: tuple[str, ...] = ()
     load: float | None = None
+    instruction_sets: str = ""
+    threads: int = 1
 
     @property
     def note(self) -> str:
-        """The line under the table that says where and when its latencies were measured."""
+        """The line under the table that says where, when and how its latencies were measured."""
         n = len(self.frame)
         load = "" if self.load is None else f" (load average {self.load:.1f} on {os.cpu_count()} CPUs)"
+        runtimes = ", ".join(sorted(set(self.frame[RUNTIME]))) if len(self.frame) else "none"
         return (
-            f"Latency re-measured by ablate report --remeasure on {self.when}: {self.machine}{load}; "
+            f"Latency re-measured by ablate report on {self.when}: {self.machine}{load}; instruction sets "
+            f"{self.instruction_sets}; each model as it is deployed ({runtimes}; column {RUNTIME}), "
             f"{self.models} model{'s' * (self.models != 1)} for {n} run{'s' * (n != 1)} in one process, "
             f"{self.rounds} round{'s' * (self.rounds != 1)} over all of them one after the other; each latency the "
             f"fastest of {self.rounds * self.repeats} repeats ({self.repeats} a round after "
-            f"{self.warmup} warm-up run{'s' * (self.warmup != 1)})."
+            f"{self.warmup} warm-up run{'s' * (self.warmup != 1)}); latency_ms_b1 and latency_ms_b32 at one "
+            f"thread, latency_ms_b1_all and latency_ms_b32_all at {self.threads} (every one)."
         )
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """:attr:`note`, then one line per reason a model was timed in PyTorch rather than ONNX Runtime."""
+        if not len(self.frame):
+            return (self.note,)
+        whys = self.frame[self.frame["why"] != ""].groupby("why", sort=True)["run_name"].agg(list)
+        lines = [f"PyTorch, not ONNX Runtime, for {', '.join(map(str, names))}: {why}" for why, names in whys.items()]
+        return (self.note, *lines)
 
     def apply(self, runs: pd.DataFrame) -> pd.DataFrame:
         """``runs`` with the latency columns of every run the pass was asked to measure replaced
@@ -116,6 +140,7 @@ class Remeasured:
         hit = out["run_id"].isin([*self.run_ids, *by_id.index])
         for name in REMEASURED_METRICS:
             out.loc[hit, name] = out.loc[hit, "run_id"].map(by_id[name]).to_numpy(dtype=float)
+        out[RUNTIME] = out["run_id"].map(by_id[RUNTIME]).astype(object)
         return out
 
     def to_csv(self) -> str:
@@ -123,6 +148,7 @@ class Remeasured:
         meta: dict[str, object] = {"machine": self.machine, "host": self.host, "when": self.when}
         meta |= {"rounds": self.rounds, "repeats": self.repeats, "warmup": self.warmup}
         meta |= {"load": self.load if self.load is not None else math.nan}
+        meta |= {"instruction_sets": self.instruction_sets, "threads": self.threads}
         csv: str = self.frame.assign(**meta).to_csv(index=False)
         return csv
 
@@ -151,10 +177,11 @@ def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> Any:
 
 @dataclass
 class _Model:
-    """One architecture to time (the measuring layer's :class:`~ablate.lightning_modules.measure.retime.Retimed`)
-    and the runs that share it."""
+    """One deployed artifact to time (the measuring layer's :class:`~ablate.lightning_modules.measure.deployed.Turns`),
+    why it is not ONNX Runtime's (None if it is) and the runs that share it."""
 
-    timing: Retimed
+    timing: Turns
+    why: str | None
     runs: list[dict[str, Any]]
 
 
@@ -167,20 +194,22 @@ def remeasure_runs(
     progress: bool = True,
     console: Console | None = None,
 ) -> Remeasured:
-    """Time the model of every run in ``runs`` again on this machine, in one process.
+    """Time the deployed model of every run in ``runs`` again on this machine, in one process.
 
-    Every distinct architecture (seeds share one) is timed in ``rounds`` rounds over all of them,
-    one model after the other, ``repeats`` timed forwards after ``warmup`` untimed ones per batch
-    size each round (:func:`ablate.lightning_modules.measure.profiling.time_forward`, as a run times
-    itself). A model's latency is its fastest repeat over all rounds and its spread is that of all
-    its repeats (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`): a burst of load
-    that slows one model's whole round shows as a spread (and a marker), or is outrun by a
-    quieter round, instead of standing as a plausible figure.
+    Every distinct artifact (seeds share one; :func:`ablate.reports.deployed.key`) is made first
+    (:func:`ablate.reports.deployed.deployed`: ONNX graphs exported into a temporary folder), then timed in
+    ``rounds`` rounds over all of them, one model after the other, ``repeats`` timed forwards after
+    ``warmup`` untimed ones per thread setting and batch size each round
+    (:class:`ablate.lightning_modules.measure.deployed.Turns`). A model's latency is its fastest repeat over
+    all rounds and its spread is that of all its repeats
+    (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`): a burst of load that slows one
+    model's whole round shows as a spread (and a marker), or is outrun by a quieter round, instead of
+    standing as a plausible figure.
 
     Args:
         runs: Rows of :func:`ablate.reports.runs.load_runs` (``run_id``, ``run_name``, metrics).
         tracking_uri: The MLflow store the runs are in (their ``config.yaml`` artifacts).
-        repeats: Timed forwards per batch size per model per round.
+        repeats: Timed forwards per thread setting and batch size per model per round.
         warmup: Untimed forwards before them.
         rounds: Rounds over all the models.
         progress: Show a rich progress bar (on ``console``, default stderr).
@@ -190,8 +219,10 @@ def remeasure_runs(
         The :class:`Remeasured` figures; a run whose config cannot be read or built is left out
         and named in ``missing``.
     """
-    from ablate.lightning_modules.measure.retime import Retimed
-    from ablate.lightning_modules.methods.quantization.apply import quantized_like
+    from ablate.lightning_modules.measure import deployed as timing
+    from ablate.lightning_modules.measure.measuring import describe_device, describe_machine
+    from ablate.lightning_modules.measure.reference_load import reference_workload
+    from ablate.reports.deployed import deployed, key
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
@@ -200,18 +231,9 @@ def remeasure_runs(
     load_before = _load()
     start = time.perf_counter()
     missing: list[str] = []
-    models: dict[tuple[str, ...], _Model] = {}
+    configs: dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]] = {}
     records = runs.to_dict("records")
-    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads():
-        for run in records:
-            try:
-                cfg = _run_config(client, str(run["run_id"]), Path(tmp))
-            except Exception as exc:  # noqa: BLE001 - any unreadable or invalid config: the run is left out
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
-                continue
-            timing = Retimed.of(cfg)  # on the device its run measured on
-            models.setdefault(timing.key, _Model(timing, [])).runs.append(run)
+    settings = timing.thread_settings()
     bar = Progress(
         TextColumn("[bold]re-measuring latency[/]"),
         BarColumn(),
@@ -222,28 +244,45 @@ def remeasure_runs(
         transient=True,
         disable=not progress,
     )
-    with bar:
-        task = bar.add_task("", total=rounds * len(models))
-        workloads = {str(m.timing.device): m.timing.workload() for m in models.values()}
+    models: list[_Model] = []
+    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads(), bar:
+        for run in records:
+            try:
+                cfg = _run_config(client, str(run["run_id"]), Path(tmp))
+            except Exception as exc:  # noqa: BLE001 - any unreadable or invalid config: the run is left out
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
+                continue
+            configs.setdefault(key(cfg), (cfg, []))[1].append(run)
+        task = bar.add_task("", total=len(configs) + rounds * len(configs))
+        for i, (cfg, shared) in enumerate(configs.values()):
+            bar.update(task, description=f"preparing {', '.join(str(r['run_name']) for r in shared)}")
+            made = deployed(cfg, Path(tmp) / f"model-{i}")
+            models.append(_Model(timing.Turns(made.target), made.why, shared))
+            bar.advance(task)
+        workloads = {str(m.timing.target.device): reference_workload(m.timing.target.device) for m in models}
         for r in range(rounds):
-            for m in models.values():
+            for m in models:
                 names = ", ".join(str(run["run_name"]) for run in m.runs)
-                bar.update(task, description=f"round {r + 1}/{rounds}: {names}")
-                m.timing.time_round(quantized_like, repeats, warmup, workloads[str(m.timing.device)])
+                bar.update(task, description=f"round {r + 1}/{rounds}: {names} ({m.timing.target.label})")
+                m.timing.time_round(repeats, warmup, workloads[str(m.timing.target.device)], settings)
                 bar.advance(task)
     rows: list[dict[str, Any]] = []
     machines: dict[str, str] = {}
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
-    for m in models.values():
-        described, machine = m.timing.described()
-        machines.setdefault(described, machine)
+    for m in models:
+        device = m.timing.target.device
+        described = describe_device(device)
+        machines.setdefault(described, describe_machine(device))
         metrics = m.timing.metrics()
         for run in m.runs:
             logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
-            rows.append({"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described})
-            rows[-1].update({**metrics, **logged})
+            row = {"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described}
+            row |= {RUNTIME: m.timing.target.label, "why": m.why or ""}
+            rows.append(row | {name: metrics.get(name, math.nan) for name in REMEASURED_METRICS} | logged)
     loads = [x for x in (load_before, _load()) if x is not None]
-    columns = ["run_id", "run_name", "device", *REMEASURED_METRICS, *(f"logged/{c}" for c in logged_cols)]
+    columns = ["run_id", "run_name", "device", RUNTIME, "why", *REMEASURED_METRICS]
+    columns += [f"logged/{c}" for c in logged_cols]
     return Remeasured(
         frame=pd.DataFrame(rows, columns=columns),
         machine="; ".join(machines.values()) or "nothing measured",
@@ -257,4 +296,6 @@ def remeasure_runs(
         missing=missing,
         run_ids=tuple(str(r["run_id"]) for r in records),
         load=max(loads) if loads else None,
+        instruction_sets=timing.describe_instruction_sets(),
+        threads=settings[timing.ALL_THREADS],
     )

@@ -19,9 +19,11 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.measure import measuring, profiling
 from ablate.lightning_modules.measure.accounting import metric_counts
+from ablate.lightning_modules.measure.deployed import describe_instruction_sets
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report, render_console
-from ablate.reports.remeasure import REMEASURED_METRICS, remeasure_runs
+from ablate.reports.build import LOGGED_NOTE
+from ablate.reports.remeasure import REMEASURED_METRICS, RUNTIME, remeasure_runs
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import (
@@ -120,7 +122,8 @@ def spec(**extra: object) -> ReportSpec:
 
 def test_a_run_logs_the_fastest_repeat_and_its_spread(study: Study) -> None:
     metrics = study.client().get_run(study.ids["L=1"]).data.metrics
-    for name in REMEASURED_METRICS:
+    logged = [profiling.latency_metric(b) + s for b in profiling.LATENCY_BATCHES for s in ("", SPREAD_SUFFIX)]
+    for name in [*logged, *(profiling.latency_metric(b) + REFERENCE_SUFFIX for b in profiling.LATENCY_BATCHES)]:
         assert name in metrics and metrics[name] >= 0 and not math.isnan(metrics[name])
     assert 0 < metrics["latency_ms_b1"] < BOGUS
 
@@ -148,6 +151,11 @@ def test_remeasure_replaces_the_logged_latencies_and_says_where(study: Study, tm
     note = next(line for line in md.splitlines() if line.startswith("Latency re-measured"))
     assert machine in note and "load average" in note and "UTC" in note
     assert "2 models for 3 runs" in note and "3 rounds" in note and "fastest of 12 repeats" in note
+    # pre-training runs: no task head to deploy, timed in PyTorch, and the table says so
+    assert set(again[RUNTIME]) == {"PyTorch"} and (again["why"].str.startswith("a pre-trained model")).all()
+    assert describe_instruction_sets() in note and "AVX2" in note
+    assert "| timed by |" in md and "| PyTorch |" in md and "PyTorch, not ONNX Runtime, for L=1" in md
+    assert (again["latency_ms_b32_all"] > 0).all() and (again["instruction_sets"] == describe_instruction_sets()).all()
     assert "re-measured" in res.latex.read_text() and res.remeasured in res.files
     console = Console(record=True, width=200)
     render_console(res, console)
@@ -185,29 +193,6 @@ def test_remeasure_leaves_out_a_run_without_config_and_says_so(study: Study) -> 
     assert math.isnan(applied.loc[applied["run_name"] == "ghost", "latency_ms_b32"].iloc[0])  # no stale figure
 
 
-def test_a_busy_round_is_outrun_by_quiet_ones_or_marked(study: Study, monkeypatch: pytest.MonkeyPatch) -> None:
-    runs, _ = load_runs(study.uri, STUDY)
-    runs = runs[runs["run_name"] == "L=1"]
-
-    def timings(*slow_rounds: int) -> pd.Series:
-        calls: list[int] = []
-
-        def fake(model: object, vocab: int, batch: int, *args: object) -> profiling.Latency:
-            calls.append(batch)
-            this_round = (len(calls) - 1) // len(profiling.LATENCY_BATCHES)
-            return profiling.Latency((700.0 if this_round in slow_rounds else 45.0,) * 4)
-
-        monkeypatch.setattr(profiling, "time_forward", fake)
-        again = remeasure_runs(runs, study.uri, repeats=4, warmup=1, rounds=3, progress=False)
-        assert len(calls) == 3 * len(profiling.LATENCY_BATCHES)  # one model, three rounds
-        return again.frame.iloc[0]
-
-    one = timings(0)  # the first round ran beside something else: the quiet rounds give the figure
-    assert one["latency_ms_b32"] == 45.0 and one["latency_ms_b32_spread"] == 0.0
-    two = timings(0, 2)  # most of it was busy: still the fastest, but marked
-    assert two["latency_ms_b32"] == 45.0 and two["latency_ms_b32_spread"] > SPREAD_LIMIT
-
-
 def test_cli_remeasure(study: Study, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "layers.yaml"
     report.write_text(yaml.safe_dump({**_spec_dict(), "tracking_uri": study.uri}))
@@ -216,6 +201,15 @@ def test_cli_remeasure(study: Study, tmp_path: Path, capsys: pytest.CaptureFixtu
     shown = " ".join(capsys.readouterr().out.split())  # the note is wrapped to the table's width
     assert "Latency re-measured" in shown and measuring.describe_device("cpu") in shown and "remeasured.csv" in shown
     assert (out / "remeasured.csv").is_file()
+    # the default: a report with a latency column times its models again
+    assert cli.main(["report", str(report), "--out", str(tmp_path / "default")]) == 0
+    assert "Latency re-measured" in " ".join(capsys.readouterr().out.split())
+    assert (tmp_path / "default" / "remeasured.csv").is_file()
+    # --no-remeasure: the logged figures, and the table says so
+    assert cli.main(["report", str(report), "--no-remeasure", "--out", str(tmp_path / "logged")]) == 0
+    md = (tmp_path / "logged" / "report.md").read_text()
+    assert LOGGED_NOTE in md and "Latency re-measured" not in md and f"{BOGUS:.2f}" in md
+    assert not (tmp_path / "logged" / "remeasured.csv").exists()
     # a report without a latency column has nothing to re-measure: one error line, nothing written
     plain = {**_spec_dict(), "tracking_uri": study.uri, "metrics": [{"name": "params.backbone"}]}
     report.write_text(yaml.safe_dump(plain))

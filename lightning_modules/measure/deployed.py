@@ -1,0 +1,193 @@
+"""Timing a model as it is deployed (``ablate report``'s latency columns): at one thread and at every
+thread, a round at a time, whatever runs it; and the CPU's instruction sets, recorded beside the figures.
+
+A :class:`Target` is what is timed: given a thread count and a batch size, a call that runs one forward
+on random ids. :class:`TorchTarget` is a PyTorch model's; ONNX Runtime's targets are made above this layer
+(:mod:`ablate.reports.deployed`, which exports the graph ``ablate export --format onnx`` writes).
+:class:`Turns` keeps every timed repeat of one target by thread setting and batch size; a report times all
+its targets one after the other, round after round, in one process, so that each round meets the same
+machine. As a run times itself (:func:`~ablate.lightning_modules.measure.profiling.time_forward`), each
+repeat is followed by one run of the fixed reference workload, at the same thread count, and a latency is
+the fastest repeat (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`).
+
+Metric names: ``latency_ms_b1`` and ``latency_ms_b32`` at one thread (the default a table shows: a figure of
+the model, not of the machine's core count, and one whose ratios between models hold on a machine that others
+share), ``latency_ms_b1_all`` and ``latency_ms_b32_all`` at every thread the process may use (each with its
+``_spread`` and ``_reference``). On a GPU the thread count does not apply: only the default is timed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ablate.lightning_modules.measure import profiling
+from ablate.lightning_modules.measure.measuring import autocast_for, forked_rng, random_batch, sync
+from ablate.lightning_modules.measure.reference_load import Workload
+
+#: Suffix of the every-thread latencies (``latency_ms_b32_all``); the default (one thread) has none.
+ALL_THREADS = "_all"
+#: What a report names -> the ``/proc/cpuinfo`` flags, any of which says the CPU has it.
+INSTRUCTION_SETS: dict[str, tuple[str, ...]] = {
+    "AVX2": ("avx2",),
+    "AVX-512": ("avx512f",),
+    "VNNI": ("avx512_vnni", "avx_vnni"),
+    "AMX": ("amx_tile", "amx_int8", "amx_bf16"),
+}
+Call = Callable[[], object]
+
+
+def instruction_sets(path: Path = Path("/proc/cpuinfo")) -> dict[str, bool] | None:
+    """Which of :data:`INSTRUCTION_SETS` the CPU has; None where ``path`` cannot be read (not Linux)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+    return {name: any(f in flags for f in names) for name, names in INSTRUCTION_SETS.items()}
+
+
+def describe_instruction_sets(sets: Mapping[str, bool] | None = None) -> str:
+    """``AVX2 yes, AVX-512 yes, VNNI yes, AMX no`` (of this CPU when ``sets`` is None), or ``unknown (no
+    /proc/cpuinfo)``."""
+    have = instruction_sets() if sets is None else sets
+    if have is None:
+        return "unknown (no /proc/cpuinfo)"
+    return ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in have.items())
+
+
+def all_threads() -> int:
+    """The CPUs this process may run on (its affinity; else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_settings() -> dict[str, int]:
+    """Metric suffix -> threads: ``""`` one thread, :data:`ALL_THREADS` every one (:func:`all_threads`)."""
+    return {"": 1, ALL_THREADS: all_threads()}
+
+
+def latency_name(batch: int, suffix: str = "") -> str:
+    """``latency_ms_b32`` (one thread), ``latency_ms_b32_all`` (``suffix`` :data:`ALL_THREADS`)."""
+    return profiling.latency_metric(batch) + suffix
+
+
+def latency_names() -> tuple[str, ...]:
+    """Every latency a deployed timing gives, each with ``_spread`` and ``_reference`` beside it."""
+    return tuple(latency_name(b, s) for s in ("", ALL_THREADS) for b in profiling.LATENCY_BATCHES)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``threads`` while inside (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Target(Protocol):
+    """Something to time: ``label`` says which runtime and form (``ORT int8``, ``ORT fp32``, ``PyTorch``)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def call(self, threads: int, batch: int) -> Call:
+        """One forward at batch size ``batch`` on fixed random ids, run with ``threads`` intra-op threads."""
+        ...
+
+
+@dataclass
+class TorchTarget:
+    """A PyTorch model timed as it runs: ``forward(model, batch)`` in eval mode, under inference mode and the
+    autocast of ``precision``, on ``device``, on random ids of ``seq_len`` tokens (the model's own copy: it is
+    moved and left in eval mode)."""
+
+    model: nn.Module
+    forward: Callable[[nn.Module, dict[str, torch.Tensor]], object]
+    vocab_size: int
+    seq_len: int
+    device: torch.device = torch.device("cpu")
+    precision: str = "32-true"
+    label: str = "PyTorch"
+
+    def __post_init__(self) -> None:
+        self.model.to(self.device).eval()
+
+    def call(self, threads: int, batch: int) -> Call:
+        with forked_rng(self.device):
+            inputs = random_batch(self.vocab_size, batch, self.seq_len, self.device)
+        inputs = {k: inputs[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+        def run() -> object:
+            with torch.inference_mode(), autocast_for(self.precision, self.device):
+                return self.forward(self.model, inputs)
+
+        return run
+
+
+@dataclass
+class Turns:
+    """Every timed repeat of one target, by (thread suffix, batch size), over the rounds timed so far.
+
+    Attributes:
+        target: what is timed.
+        times: (suffix, batch) -> each timed repeat, ms.
+        refs: (suffix, batch) -> the reference workload's run after each repeat, ms.
+    """
+
+    target: Target
+    times: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    refs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+
+    def time_round(self, repeats: int, warmup: int, reference: Workload, settings: Mapping[str, int]) -> None:
+        """One round: at every thread setting of ``settings`` (suffix -> threads; on a GPU the default only)
+        and every batch size of :data:`~ablate.lightning_modules.measure.profiling.LATENCY_BATCHES`,
+        ``warmup`` untimed forwards, then ``repeats`` timed ones, ``reference`` run after each."""
+        dev = self.target.device
+        for suffix, threads in settings.items():
+            if suffix and dev.type != "cpu":
+                continue
+            with torch_threads(threads):
+                for batch in profiling.LATENCY_BATCHES:
+                    run = self.target.call(threads, batch)
+                    for _ in range(warmup):
+                        run()
+                    times = self.times.setdefault((suffix, batch), [])
+                    refs = self.refs.setdefault((suffix, batch), [])
+                    for _ in range(repeats):
+                        sync(dev)
+                        start = time.perf_counter()
+                        run()
+                        sync(dev)
+                        times.append((time.perf_counter() - start) * 1e3)
+                        start = time.perf_counter()
+                        reference()
+                        sync(dev)
+                        refs.append((time.perf_counter() - start) * 1e3)
+
+    def metrics(self) -> dict[str, float]:
+        """Each latency (:func:`latency_name`: the fastest repeat over every round), its ``_spread`` and its
+        ``_reference`` (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`)."""
+        out: dict[str, float] = {}
+        for (suffix, batch), times in self.times.items():
+            lat = profiling.Latency(tuple(times), tuple(self.refs.get((suffix, batch), ())))
+            for name, value in profiling.latency_metrics({batch: lat}).items():
+                base = profiling.latency_metric(batch)
+                out[latency_name(batch, suffix) + name[len(base) :]] = value
+        return out
