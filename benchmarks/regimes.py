@@ -307,7 +307,12 @@ def _finetune(
         else:
             module = FinetuneModule(at, s.model)
             dm = ClassificationDataModule(
-                task, s.tokenizer, seed=run_cfg.seed, limit_train=task.train_examples, cache_dir=cfg.data.cache_dir
+                task,
+                s.tokenizer,
+                seed=run_cfg.seed,
+                limit_train=task.train_examples,
+                cache_dir=cfg.data.cache_dir,
+                bucketed=cfg.trainer.compile,
             )
             dm.setup("fit")
         data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]

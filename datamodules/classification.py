@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.augment import MaskedLM, augment_rows, cached_augmentation, sample_table, vocab_digest
+from ablate.datamodules.memo import Kept, files_state
 from ablate.datamodules.sources import TaskData
 from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
@@ -82,6 +83,10 @@ class EncodedSplit(Dataset[Example]):
         return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.first[i]), label
 
 
+_ENCODED: Kept[EncodedSplit] = Kept(8)
+"""The task splits tokenized in this process (the last 8), by what they are made of (``_encode``)."""
+
+
 def encode(tok: Tokenizer, texts: list[list[str]], labels: Labels, max_length: int) -> EncodedSplit:
     """Tokenize one (``[texts_a]``) or two (``[texts_a, texts_b]``) text columns.
 
@@ -116,9 +121,23 @@ def encode(tok: Tokenizer, texts: list[list[str]], labels: Labels, max_length: i
     return EncodedSplit(np.asarray(ids, dtype=np.int32), offsets, np.asarray(first, dtype=np.int64), targets)
 
 
-def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> dict[str, torch.Tensor]:
+def bucket_lengths(max_length: int, smallest: int = 16) -> tuple[int, ...]:
+    """The widths a compiled fine-tuning step's batches are padded to: powers of two from ``smallest``,
+    then ``max_length`` (128: 16, 32, 64, 128). One graph (and CUDA graph) per width, at most 4 or 5 of
+    them, where padding every batch to ``max_length`` would cost 2-3x the step (SST-2)."""
+    widths = []
+    width = smallest
+    while width < max_length:
+        widths.append(width)
+        width *= 2
+    return (*widths, max_length)
+
+
+def collate(
+    rows: list[Example], pad_id: int = 0, length: int | None = None, buckets: tuple[int, ...] = ()
+) -> dict[str, torch.Tensor]:
     """Pad rows of :class:`EncodedSplit` to the longest one (or to ``length`` tokens, at least the
-    longest): the batch dict of tensors.
+    longest; or to the first of ``buckets`` that holds the longest): the batch dict of tensors.
 
     The loaders pad to the longest row: every layer's cost grows with T, and a classification
     batch is far shorter than ``finetune.max_length`` (SST-2's batches of 32 are about 50
@@ -129,6 +148,7 @@ def collate(rows: list[Example], pad_id: int = 0, length: int | None = None) -> 
     """
     lengths = torch.tensor([len(ids) for ids, _, _ in rows])
     width = max(int(lengths.max()), length or 0)
+    width = next((b for b in buckets if b >= width), width)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, (ids, _, _) in enumerate(rows):
         input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
@@ -158,6 +178,8 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         cache_dir: where augmented training sets are cached (under ``augment/``); None:
             ``$ABLATE_CACHE`` or ``~/.cache/ablate``, as ``data.cache_dir``'s default.
         mlm_id: the masked LM's identity (a run id, a path), part of the cache key.
+        bucketed: pad training batches to :func:`bucket_lengths` widths (a compiled step: a few fixed
+            shapes, which CUDA graphs need), not to their longest row.
 
     Attributes:
         tokenizer, train_set, val_set: the tokenizer and the tokenized splits (after ``setup``);
@@ -185,12 +207,14 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         mlm: MaskedLM | None = None,
         cache_dir: str | Path | None = None,
         mlm_id: str = "",
+        bucketed: bool = False,
     ) -> None:
         super().__init__()
         if limit_train is not None and limit_train <= 0:
             raise ValueError("limit_train must be positive or None")
         self.cfg, self.tokenizer_path, self.seed = cfg, Path(tokenizer_path), seed
         self.num_workers, self.limit_train = num_workers, limit_train
+        self.buckets = bucket_lengths(cfg.max_length) if bucketed else ()
         self._train_src, self._dev_srcs = splits(cfg)
         if cfg.augment_copies > 0 and mlm is None:
             raise ConfigError(
@@ -233,6 +257,17 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         return tok
 
     def _encode(self, src: TaskData, limit: int | None, augment: bool = False) -> EncodedSplit:
+        """A split read, checked and tokenized: once per process for a split that is not augmented
+        (later runs of a worker take it from memory; keyed by the split, its files' state, what is read
+        of it, the tokenizer and ``max_length``)."""
+        if augment and self.cfg.augment_copies > 0:
+            return self._read_and_encode(src, limit, augment)
+        assert self.tokenizer is not None
+        made_of: tuple[object, ...] = (src, files_state(src.files), Schema.of(self.cfg), limit, self.cfg.max_length)
+        made_of += (self.tokenizer.to_str(),)
+        return _ENCODED.get(made_of, lambda: self._read_and_encode(src, limit, augment=False))
+
+    def _read_and_encode(self, src: TaskData, limit: int | None, augment: bool) -> EncodedSplit:
         assert self.tokenizer is not None
         texts, labels = read_split(src, Schema.of(self.cfg), limit)
         if augment and self.cfg.augment_copies > 0:
@@ -316,8 +351,11 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         return float((val.labels == majority).mean())
 
     def _loader(self, split: EncodedSplit, shuffle: bool, skip: int = 0) -> DataLoader[Example]:
+        """Training batches padded to a bucket's width when ``bucketed`` (a compiled step), dev batches
+        (scored eager) to their longest row."""
         assert self.tokenizer is not None
-        collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
+        buckets = self.buckets if shuffle else ()
+        collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad, buckets=buckets)
         return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip)
 
     def train_dataloader(self) -> DataLoader[Example]:

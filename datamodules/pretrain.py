@@ -12,9 +12,7 @@ Batches are dicts of tensors (see :func:`ablate.datamodules.stream.collate`): ``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import itertools
 import os
 from collections.abc import Iterable
@@ -28,6 +26,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from ablate.datamodules.corpus import Split, check_corpus
+from ablate.datamodules.memo import Kept, files_state
 from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
@@ -182,10 +181,9 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
         return DataLoader(batches, batch_size=None, pin_memory=on_cuda)  # type: ignore[arg-type]  # a list
 
 
-_VALIDATION: dict[str, list[dict[str, torch.Tensor]]] = {}
-"""The validation batches read in this process, by what they are made of (:func:`validation_batches`)."""
-KEPT = 8
-"""How many sets of validation batches a process keeps (the last ones asked for)."""
+_VALIDATION: Kept[list[dict[str, torch.Tensor]]] = Kept(8)
+"""The validation batches read in this process (the last 8 sets asked for), by what they are made of
+(:func:`validation_batches`)."""
 
 
 def validation_batches(stream: PretrainStream) -> list[dict[str, torch.Tensor]]:
@@ -195,23 +193,13 @@ def validation_batches(stream: PretrainStream) -> list[dict[str, torch.Tensor]]:
     the corpus files' state (a rewritten file is read again)."""
     made_of: tuple[object, ...] = (stream.data, stream.objective, stream.tokenizer_json, stream.seed, stream.split)
     made_of += (stream.rank, stream.world_size, stream.max_batches, _files_state(stream.data))
-    key = hashlib.sha256(repr(made_of).encode()).hexdigest()
-    if key not in _VALIDATION:
-        _VALIDATION[key] = list(stream)
-        while len(_VALIDATION) > KEPT:
-            _VALIDATION.pop(next(iter(_VALIDATION)))
-    return _VALIDATION[key]
+    return _VALIDATION.get(made_of, lambda: list(stream))
 
 
 def _files_state(data: DataConfig) -> tuple[tuple[str, int, int], ...]:
     """Size and modification time of the corpus's local files (none for a hub or builtin corpus)."""
     corpus = resolve_corpus(data.corpus, data.text_field)
-    out = []
-    for name in getattr(corpus, "files", None) or ():
-        with contextlib.suppress(OSError):
-            st = Path(name).stat()
-            out.append((str(name), st.st_size, st.st_mtime_ns))
-    return tuple(out)
+    return files_state(getattr(corpus, "files", None) or ())
 
 
 Batches = Iterable[dict[str, Any]]

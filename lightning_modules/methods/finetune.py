@@ -130,6 +130,8 @@ class FinetuneModule(TrainModule):
         self.best_state: dict[str, torch.Tensor] | None = None
         self.best_values: dict[str, float] = {}
         """Every dev metric (and the score) at the best validation: what the kept weights score."""
+        if cfg.trainer.compile:  # the classifier's forward, one graph per bucketed width (the loader's)
+            self.model.compile(mode=cfg.trainer.compile_mode, dynamic=False)
 
     def dev_metrics(self, dev: int = 0) -> dict[str, Metric]:
         """The metrics of dev set ``dev`` (0: the task's own) by name, its loss as ``loss``."""
@@ -204,7 +206,10 @@ class FinetuneModule(TrainModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.scoring():
             return
-        logits, labels = self.model(batch), batch["labels"]
+        # eager when compiled: dev batches are padded to their longest row, and a few of them would
+        # each compile (and capture) a graph of their own
+        logits = self.model.forward(batch) if self.cfg.trainer.compile else self.model(batch)
+        labels = batch["labels"]
         metrics = self.dev_metrics(dataloader_idx)
         metrics.pop("loss").update(task_loss(logits, labels), weight=labels.shape[0])
         preds = predictions(logits, self.regression)

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from ablate.datamodules.classification import ClassificationDataModule, collate
+from ablate.datamodules.classification import ClassificationDataModule, bucket_lengths, collate
 from ablate.datamodules.tokenizer import special_ids, train_tokenizer
 from ablate.lightning_modules.config.experiment import ObjectiveConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -81,3 +81,37 @@ def test_padding_to_the_longest_row_gives_the_same_logits_and_accuracy(dev, shar
     accuracy = [(logits.argmax(-1) == labels).float().mean() for logits in (longest_logits, full_logits)]
     assert accuracy[0] == accuracy[1]
     assert longest_logits.std(0).min() > 1e-3  # the rows are told apart: the comparison is not vacuous
+
+
+def test_a_compiled_step_sees_a_few_bucketed_widths_and_the_same_logits(dev):
+    """With ``bucketed`` (``trainer.compile``), training batches are padded to a bucket's width: the
+    same rows and logits as padded to their longest, and the compiled classifier builds one graph per
+    width it meets, not one per batch length."""
+    from torch._dynamo.utils import counters
+
+    buckets = bucket_lengths(MAX_LENGTH)
+    assert buckets == (16, 32, 64, 128) and bucket_lengths(100) == (16, 32, 64, 100)
+    bucketed = ClassificationDataModule(dev.cfg, dev.tokenizer_path, bucketed=True)
+    bucketed.setup("fit")
+    assert bucketed.train_set is dev.train_set  # the split tokenized once in this process
+    torch.manual_seed(0)
+    model_cfg = ModelConfig(
+        vocab_size=1000, hidden_dim=32, embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, max_position=MAX_LENGTH
+    )
+    classifier = build_classifier(build_pretraining_model(model_cfg, ObjectiveConfig()), 2, 0.0, 0.5).eval()
+    compiled = torch.compile(classifier, backend="aot_eager", dynamic=False)
+    torch._dynamo.reset()
+    counters.clear()
+    pairs = zip(bucketed.train_dataloader(), dev.train_dataloader(), strict=True)  # the same seed, the same rows
+    lengths, widths = set(), set()
+    with torch.no_grad():
+        for padded, plain in itertools.islice(pairs, BATCHES):
+            width, longest = padded["input_ids"].shape[1], plain["input_ids"].shape[1]
+            assert width == min(b for b in buckets if b >= longest)
+            assert torch.equal(padded["input_ids"][:, :longest], plain["input_ids"])
+            assert not padded["attention_mask"][:, longest:].any()
+            torch.testing.assert_close(compiled(padded), classifier(plain), rtol=1e-4, atol=1e-5)
+            lengths.add(longest)
+            widths.add(width)
+    assert len(lengths) > len(widths)  # batches of many lengths, a few widths
+    assert counters["stats"]["unique_graphs"] == len(widths)

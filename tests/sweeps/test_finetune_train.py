@@ -92,3 +92,18 @@ def test_intrinsic_scores_are_logged_after_pretraining(tmp_path, wiki_validation
     metrics = MlflowClient(result.tracking_uri).get_run(result.run_id).data.metrics
     for name in ("intrinsic/mlm_acc", "intrinsic/nsp_acc", "intrinsic/sop_acc"):
         assert 0.0 <= metrics[name] <= 1.0 and result.metrics[name] == metrics[name]
+
+
+def test_a_compiled_fine_tuning_run_ends_where_an_eager_one_does(pretrained):
+    """``trainer.compile``: the classifier's step compiled (one graph per bucketed width), validation
+    eager; the same dev metrics and training loss as the eager run's."""
+    tmp, base, source = pretrained
+    ends = []
+    for compiled in (False, True):
+        tree = _finetune(tmp, base, f"runs:/{source.run_id}", max_steps=6, val_every=6)
+        tree["trainer"] = {**tree["trainer"], "compile": compiled}
+        result = train(build_config(tree))
+        ends.append(result.metrics)
+    eager, compiled_ = ends
+    for name in ("sst2/accuracy", "sst2/loss", "train/loss"):
+        assert compiled_[name] == pytest.approx(eager[name], rel=1e-3, abs=1e-4), name
