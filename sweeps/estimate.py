@@ -13,7 +13,9 @@ One line, ``estimated wall time: ~N min (T trials x S steps x M ms/step + R runs
   smaller arm's step is shorter, a distillation's (the teacher's forward besides) and a fine-tuning
   step at another length differ;
 - **R runs x F s**: every run's fixed cost (start-up, validation, measurement, teardown) from the
-  per-device table :data:`FIXED_COST_S`.
+  per-device table :data:`FIXED_COST_S`;
+- **C shapes x K s**: a compiled study (``trainer.compile``) compiles each configuration once (its seeds'
+  runs and later workers' take the graphs from PyTorch's caches): :data:`COMPILE_S` per configuration.
 
 A study is estimated when its file is a GPU study (``*_gpu.yaml``) or it trains on a GPU
 (``trainer.accelerator: gpu`` or ``cuda``). Where this machine lacks the study's device the line says
@@ -39,10 +41,15 @@ if TYPE_CHECKING:  # torch and the engine are imported when a study is estimated
 
 FIXED_COST_S = {
     "cpu": 1.5,  # a tiny study's trials on a 2-core CPU: 1.2 to 1.6 s each, start to end, their 6 steps aside
-    "cuda": 30.0,  # one NVIDIA H200, issue 36: a bert-small run started in 30.0 s (validation: 11.1 s more)
+    "cuda": 5.0,  # one NVIDIA H200: `ablate bench study fastbert_gpu.yaml --smoke`, a repeat run of a shape
 }
-"""A run's fixed cost, seconds, by device type: what a run takes besides its training steps. The CUDA
-value is the issue's start-up figure until a study's runs are measured on a GPU (``ablate bench study``)."""
+"""A run's fixed cost, seconds, by device type: what a run takes besides its training steps and its
+compilation (measured by ``ablate bench study``, 2026-11-26; docs/performance.md)."""
+COMPILE_S = {
+    "cpu": 30.0,  # a tiny classifier's step and validation on a 2-core CPU: 25 s more than eager
+    "cuda": 15.0,  # one NVIDIA H200: 8 to 18 s for a new shape's first step (bert-small, bf16)
+}
+"""A compiled configuration's first compilation, seconds, by device type (once per configuration)."""
 WARMUP_STEPS = 2
 TIMED_STEPS = 10
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -58,6 +65,8 @@ class Workload:
     steps: int
     runs: int
     largest: ExperimentConfig
+    configurations: int
+    """Runs that compile a shape of their own (the runs over the seeds: a seed's repeat reuses the graphs)."""
 
 
 def wants_estimate(spec: StudySpec, base: dict[str, Any], where: str | Path) -> bool:
@@ -108,7 +117,8 @@ def workload(spec: StudySpec, base: dict[str, Any]) -> Workload:
             if key not in seen:
                 seen.add(key)
                 steps, runs = steps + _steps(teacher.config(shapes[0], PLACEHOLDER_SOURCE)), runs + 1
-    return Workload(total, steps, runs, max(shapes, key=_size))
+    largest = max(shapes, key=_size)
+    return Workload(total, steps, runs, largest, round(runs / len(spec.seeds)) if largest.trainer.compile else 0)
 
 
 def _autocast(cfg: ExperimentConfig, device: torch.device) -> AbstractContextManager[Any]:
@@ -172,12 +182,13 @@ def estimate_line(spec: StudySpec, base: dict[str, Any]) -> str:
         )
     if device.type not in FIXED_COST_S:
         return f"estimated wall time: cannot estimate on this machine ({counts}): no fixed cost known for {device.type}"
-    step_s, fixed_s = step_seconds(work.largest, device), FIXED_COST_S[device.type]
+    step_s, fixed_s, compile_s = step_seconds(work.largest, device), FIXED_COST_S[device.type], COMPILE_S[device.type]
     per_trial = work.steps / work.trials
-    minutes = (work.steps * step_s + work.runs * fixed_s) / 60
+    minutes = (work.steps * step_s + work.runs * fixed_s + work.configurations * compile_s) / 60
+    compiled = f" + {work.configurations} configurations x {compile_s:g} s compiling" if work.configurations else ""
     return (
         f"estimated wall time: ~{max(minutes, 0.1):.1f} min ({work.trials} trials x {per_trial:,.0f} steps x "
-        f"{step_s * 1e3:.1f} ms/step + {work.runs} runs x {fixed_s:g} s fixed cost)"
+        f"{step_s * 1e3:.1f} ms/step + {work.runs} runs x {fixed_s:g} s fixed cost{compiled})"
     )
 
 

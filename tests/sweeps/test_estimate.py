@@ -15,7 +15,7 @@ from tests.sweeps.conftest import write_study
 
 LINE = re.compile(
     r"^estimated wall time: ~([\d.]+) min \((\d+) trials x ([\d,]+) steps x ([\d.]+) ms/step "
-    r"\+ (\d+) runs x ([\d.]+) s fixed cost\)$",
+    r"\+ (\d+) runs x ([\d.]+) s fixed cost(?: \+ (\d+) configurations x ([\d.]+) s compiling)?\)$",
     re.M,
 )
 
@@ -63,3 +63,13 @@ def test_a_cpu_study_says_nothing(tmp_path, wiki_validation, capsys):
     assert not wants_estimate(spec, base, path)
     assert main(["sweep", str(path), "--check"]) in (0, None)
     assert "estimated wall time" not in capsys.readouterr().out
+
+
+def test_a_compiled_study_counts_each_configuration_compiling_once(tmp_path, wiki_validation):
+    """Seeds repeat a configuration: its graphs come from the compile caches, compiled once."""
+    path = write_study(tmp_path, wiki_validation, name="seeded_gpu", trainer={"compile": True}, seeds=[0, 1, 2])
+    spec, base = load_study(path)
+    work = workload(spec, base)
+    assert (work.trials, work.runs, work.configurations) == (6, 6, 2)  # two configurations, three seeds each
+    eager = write_study(tmp_path, wiki_validation, name="eager_gpu", seeds=[0, 1, 2])
+    assert workload(*load_study(eager)).configurations == 0
