@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass as plain_dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -37,7 +37,6 @@ from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldErr
 if TYPE_CHECKING:
     import optuna
 
-    from ablate.sweeps.spec import StudySpec
     from ablate.sweeps.study_models import FinetuneTask, StudyModel
 
 GUARD = "guard"
@@ -227,8 +226,28 @@ class GuardRun:
         return verdict
 
 
+class Objective(Protocol):
+    """What a guard reads of a study's ``optimize`` (a Protocol: the spec imports this module)."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def direction(self) -> Direction: ...
+    @property
+    def guard(self) -> GuardSpec | None: ...
+
+
+class Guarded(Protocol):
+    """What a guard reads of a study: its objective and its fine-tuning tasks."""
+
+    @property
+    def optimize(self) -> Objective: ...
+    @property
+    def tasks(self) -> Sequence[FinetuneTask]: ...
+
+
 def start_guard(
-    spec: StudySpec, client: Any, parent: str, study_model: str | None, task_teachers: dict[int, str]
+    spec: Guarded, client: Any, parent: str, study_model: str | None, task_teachers: dict[int, str]
 ) -> GuardRun | None:
     """A guarded study's :class:`GuardRun` (its reference read now, after the study model trained), its
     tags set on the study's ``parent`` run; None for a study without ``optimize.guard``."""

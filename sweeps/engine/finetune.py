@@ -166,6 +166,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
             cache_dir=cfg.data.cache_dir,
             mlm_id=mlm_id,
             num_workers=task_workers(cfg),
+            bucketed=cfg.trainer.compile,
         )
         data.setup("fit")
     check_quantizable(module.model, cfg.quant, "the classifier")
@@ -309,7 +310,8 @@ def _summary(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float
     """The run's final values, logged at its last step: the kept model's dev metrics, its size, latency."""
     f = m.cfg.finetune
     out = {**m.kept, **m.baseline}
-    out.setdefault(f"{f.task}/final_{f.metric}", m.best)
+    final = f"{f.task}/final_{f.metric}"  # the quantized classifier's or the early exit's where a finisher scored it
+    out[final] = metrics.get(final, m.best)
     merged = {**metrics, **out}
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
     keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *m.kept)
