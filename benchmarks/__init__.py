@@ -14,6 +14,8 @@
   (:mod:`ablate.benchmarks.regimes`: pre-training, distillation, pruning, fine-tuning).
 - :mod:`ablate.benchmarks.study_bench`: where a study's time goes, run by run (start-up, steps,
   validation, teardown) and the study's efficiency.
+- :mod:`ablate.benchmarks.deploy`: a bert-base-sized classifier where it is deployed: PyTorch fp32 against
+  ONNX Runtime fp32, dynamic and static int8 and 4-bit, batch 1 and 32, one thread and every core.
 - :mod:`ablate.benchmarks.status`: what a bench is doing, on stderr, while it runs.
 """
 

@@ -23,7 +23,7 @@ from ablate.lightning_modules.config.errors import ConfigError
 if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
     import torch
 
-SUITES = ("train", "precision", "data", "pruning", "loop", "study")
+SUITES = ("train", "precision", "data", "pruning", "loop", "study", "deploy")
 REGIMES = ("pretrain", "distill", "prune", "finetune")
 SST2_ENV = "ABLATE_SST2"  # a GLUE SST-2 folder (train.tsv, validation.tsv) for `ablate bench loop --regime finetune`
 console = Console(highlight=False, soft_wrap=True)  # the tables: stdout
@@ -90,13 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
         "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
         "study with and without pruning; loop: a real `ablate train` against its isolated step; study: "
-        "where a study's time goes, run by run (STUDY.yaml after it)",
+        "where a study's time goes, run by run (STUDY.yaml after it); deploy: a bert-base-sized classifier as "
+        "PyTorch fp32 and ONNX Runtime fp32, int8 and 4-bit, batch 1 and 32 (the onnx extra)",
     )
     parser.add_argument("study", nargs="?", default=None, help="study only: the study file (STUDY.yaml)")
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="study only: run the study's smoke form (as `ablate sweep --smoke` makes it) instead of the study",
+        help="study: run the study's smoke form (as `ablate sweep --smoke` makes it) instead of the study; "
+        "deploy: a tiny model, two rounds",
     )
     parser.add_argument(
         "--case",
@@ -158,8 +160,14 @@ def run(args: argparse.Namespace) -> int:
     loop_only = [name for name, value in (("--regime", args.regime), ("--sst2", args.sst2)) if value is not None]
     if args.suite != "loop" and loop_only:
         raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
-    if args.suite != "study" and (args.study is not None or args.smoke):
-        raise ConfigError(f"{'--smoke' if args.smoke else args.study}: only for `ablate bench study STUDY.yaml`")
+    if args.suite != "study" and args.study is not None:
+        raise ConfigError(f"{args.study}: only for `ablate bench study STUDY.yaml`")
+    if args.suite not in ("study", "deploy") and args.smoke:
+        raise ConfigError("--smoke: only for `ablate bench study STUDY.yaml` and `ablate bench deploy`")
+    if args.suite == "deploy":
+        from ablate.lightning_modules.interop.onnx_check import require_onnx
+
+        require_onnx()  # the onnx extra: one line before anything runs
     if args.suite == "study" and args.study is None:
         raise ConfigError("ablate bench study: a study file is needed (ablate bench study STUDY.yaml)")
     for name, value in (("--task", args.task), ("--sst2", args.sst2)):
@@ -175,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    from ablate.benchmarks import data_speed, loop, precision, study_bench, sweep_pruning, train_table
+    from ablate.benchmarks import data_speed, deploy, loop, precision, study_bench, sweep_pruning, train_table
 
     suites = {
         "train": train_table.main,
@@ -184,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         "pruning": sweep_pruning.main,
         "loop": loop.main,
         "study": study_bench.main,
+        "deploy": deploy.main,
     }
     if args.suite == "loop":
         loop.chosen(args, device)  # a case the regime cannot run: one line, before anything runs

@@ -120,7 +120,7 @@ def require_onnx() -> tuple[Any, Any]:
 
 def session(path: Path | str, threads: int | None = None) -> Any:
     """An ONNX Runtime CPU session of ``path`` (all graph optimizations; ``threads`` intra-op threads, None: ORT's
-    default, every core)."""
+    default, every core; idle threads sleep rather than spin)."""
     _, ort = require_onnx()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -128,6 +128,8 @@ def session(path: Path | str, threads: int | None = None) -> Any:
     if threads is not None:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+    # no busy-waiting between runs: models timed in turns in one process (ablate bench deploy) get the cores
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
