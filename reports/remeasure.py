@@ -56,9 +56,9 @@ RUNTIME = "latency.runtime"
 PRETRAIN_RUN = "ablate.pretrain_run"
 CSV_NAME = "remeasured.csv"
 #: Defaults of a remeasure: rounds over all the models, each timing every model ``REPEATS`` times
-#: after ``WARMUP`` untimed runs per batch size (12 repeats a latency in all).
+#: after ``WARMUP`` untimed runs per thread setting and batch size (18 turns a latency in all).
 ROUNDS = 3
-REPEATS = 4
+REPEATS = 6
 WARMUP = 1
 
 
@@ -112,9 +112,11 @@ class Remeasured:
             f"Latency re-measured by ablate report on {self.when}: {self.machine}{load}; instruction sets "
             f"{self.instruction_sets}; each model as it is deployed ({runtimes}; column {RUNTIME}), "
             f"{self.models} model{'s' * (self.models != 1)} for {n} run{'s' * (n != 1)} in one process, "
-            f"{self.rounds} round{'s' * (self.rounds != 1)} over all of them one after the other; each latency the "
-            f"fastest of {self.rounds * self.repeats} repeats ({self.repeats} a round after "
-            f"{self.warmup} warm-up run{'s' * (self.warmup != 1)}); latency_ms_b1 and latency_ms_b32 at one "
+            f"{self.rounds} round{'s' * (self.rounds != 1)} of {self.repeats} turns, one forward of each model "
+            f"after the other, after {self.warmup} warm-up run{'s' * (self.warmup != 1)}; each latency its "
+            f"model's median share of the quietest third of the {self.rounds * self.repeats} turns times the "
+            f"quietest turn (a model timed alone: the fastest of its {self.rounds * self.repeats} repeats); "
+            "latency_ms_b1 and latency_ms_b32 at one "
             f"thread, latency_ms_b1_all and latency_ms_b32_all at {self.threads} (every one)."
         )
 
@@ -262,19 +264,16 @@ def remeasure_runs(
             bar.advance(task)
         workloads = {str(m.timing.target.device): reference_workload(m.timing.target.device) for m in models}
         for r in range(rounds):
-            for m in models:
-                names = ", ".join(str(run["run_name"]) for run in m.runs)
-                bar.update(task, description=f"round {r + 1}/{rounds}: {names} ({m.timing.target.label})")
-                m.timing.time_round(repeats, warmup, workloads[str(m.timing.target.device)], settings)
-                bar.advance(task)
+            bar.update(task, description=f"round {r + 1}/{rounds}: {len(models)} models in turns")
+            timing.time_round([m.timing for m in models], repeats, warmup, workloads, settings)
+            bar.advance(task, len(models))
     rows: list[dict[str, Any]] = []
     machines: dict[str, str] = {}
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
-    for m in models:
+    for m, metrics in zip(models, timing.paired_metrics([m.timing for m in models]), strict=True):
         device = m.timing.target.device
         described = describe_device(device)
         machines.setdefault(described, describe_machine(device))
-        metrics = m.timing.metrics()
         for run in m.runs:
             logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
             row = {"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described}

@@ -5,10 +5,13 @@ A :class:`Target` is what is timed: given a thread count and a batch size, a cal
 on random ids. :class:`TorchTarget` is a PyTorch model's; ONNX Runtime's targets are made above this layer
 (:mod:`ablate.reports.deployed`, which exports the graph ``ablate export --format onnx`` writes).
 :class:`Turns` keeps every timed repeat of one target by thread setting and batch size; a report times all
-its targets one after the other, round after round, in one process, so that each round meets the same
-machine. As a run times itself (:func:`~ablate.lightning_modules.measure.profiling.time_forward`), each
-repeat is followed by one run of the fixed reference workload, at the same thread count, and a latency is
-the fastest repeat (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`).
+its targets in turns (:func:`time_round`: one forward of each target after the other), round after round, in
+one process, so that each meets the same machine. As a run times itself
+(:func:`~ablate.lightning_modules.measure.profiling.time_forward`), each repeat is followed by one run of the
+fixed reference workload, at the same thread count. A target timed alone has the fastest repeat as its
+latency (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`); targets timed in turns have
+:func:`paired_metrics`: each one's median share of a turn, times the quietest turn (on a machine others
+share, the ratios between them then hold to a few percent from one pass to the next).
 
 Metric names: ``latency_ms_b1`` and ``latency_ms_b32`` at one thread (the default a table shows: a figure of
 the model, not of the machine's core count, and one whose ratios between models hold on a machine that others
@@ -20,12 +23,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,6 +47,8 @@ INSTRUCTION_SETS: dict[str, tuple[str, ...]] = {
     "AMX": ("amx_tile", "amx_int8", "amx_bf16"),
 }
 Call = Callable[[], object]
+#: :func:`paired_metrics` keeps the quietest 1/QUIET_SHARE of the turns (at least 3).
+QUIET_SHARE = 3
 
 
 def instruction_sets(path: Path = Path("/proc/cpuinfo")) -> dict[str, bool] | None:
@@ -156,30 +162,21 @@ class Turns:
     refs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
     def time_round(self, repeats: int, warmup: int, reference: Workload, settings: Mapping[str, int]) -> None:
-        """One round: at every thread setting of ``settings`` (suffix -> threads; on a GPU the default only)
-        and every batch size of :data:`~ablate.lightning_modules.measure.profiling.LATENCY_BATCHES`,
-        ``warmup`` untimed forwards, then ``repeats`` timed ones, ``reference`` run after each."""
+        """One round of this target alone (:func:`time_round`)."""
+        time_round([self], repeats, warmup, {str(self.target.device): reference}, settings)
+
+    def time_once(self, run: Call, key: tuple[str, int], reference: Workload) -> None:
+        """One timed forward ``run`` kept under ``key``, then one run of ``reference``."""
         dev = self.target.device
-        for suffix, threads in settings.items():
-            if suffix and dev.type != "cpu":
-                continue
-            with torch_threads(threads):
-                for batch in profiling.LATENCY_BATCHES:
-                    run = self.target.call(threads, batch)
-                    for _ in range(warmup):
-                        run()
-                    times = self.times.setdefault((suffix, batch), [])
-                    refs = self.refs.setdefault((suffix, batch), [])
-                    for _ in range(repeats):
-                        sync(dev)
-                        start = time.perf_counter()
-                        run()
-                        sync(dev)
-                        times.append((time.perf_counter() - start) * 1e3)
-                        start = time.perf_counter()
-                        reference()
-                        sync(dev)
-                        refs.append((time.perf_counter() - start) * 1e3)
+        sync(dev)
+        start = time.perf_counter()
+        run()
+        sync(dev)
+        self.times.setdefault(key, []).append((time.perf_counter() - start) * 1e3)
+        start = time.perf_counter()
+        reference()
+        sync(dev)
+        self.refs.setdefault(key, []).append((time.perf_counter() - start) * 1e3)
 
     def metrics(self) -> dict[str, float]:
         """Each latency (:func:`latency_name`: the fastest repeat over every round), its ``_spread`` and its
@@ -191,3 +188,52 @@ class Turns:
                 base = profiling.latency_metric(batch)
                 out[latency_name(batch, suffix) + name[len(base) :]] = value
         return out
+
+
+def time_round(
+    turns: Sequence[Turns], repeats: int, warmup: int, references: Mapping[str, Workload], settings: Mapping[str, int]
+) -> None:
+    """One round over every target of ``turns``, interleaved as finely as timing allows: at each thread setting
+    of ``settings`` (suffix -> threads; on a GPU the default only) and each batch size of
+    :data:`~ablate.lightning_modules.measure.profiling.LATENCY_BATCHES`, every target runs ``warmup`` untimed
+    forwards, then the targets take turns, one timed forward each (and its device's reference workload,
+    ``references`` by ``str(device)``), ``repeats`` times. A load that comes and goes meets every target alike,
+    so their ratios hold."""
+    for suffix, threads in settings.items():
+        timed = [t for t in turns if not suffix or t.target.device.type == "cpu"]
+        with torch_threads(threads):
+            for batch in profiling.LATENCY_BATCHES:
+                runs = [t.target.call(threads, batch) for t in timed]
+                for run in runs:
+                    for _ in range(warmup):
+                        run()
+                for _ in range(repeats):
+                    for t, run in zip(timed, runs, strict=True):
+                        t.time_once(run, (suffix, batch), references[str(t.target.device)])
+
+
+def paired_metrics(turns: Sequence[Turns]) -> list[dict[str, float]]:
+    """Each target's :meth:`Turns.metrics`, its latencies taken from the turns it shared with the others
+    (:func:`time_round`): where several targets on one device took the same turns at a thread setting and
+    batch size, a target's latency is ``exp(median over turns of (log t - mean log t of the turn))`` times the
+    quietest turn's geometric mean, over the quietest of the turns (a third: :data:`QUIET_SHARE`; a heavy load
+    slows models unlike each other). A load that slows a whole turn slows every target in it alike and drops
+    out of their ratios; the median keeps a load that slowed one target's forward in one turn out; and the
+    figure is that of the quietest turn (a lone target: its fastest repeat, as before). Spreads and
+    references stay each target's own."""
+    out = [t.metrics() for t in turns]
+    groups: dict[tuple[str, tuple[str, int]], list[int]] = {}
+    for i, t in enumerate(turns):
+        for key in t.times:
+            groups.setdefault((str(t.target.device), key), []).append(i)
+    for (_, key), members in groups.items():
+        lengths = {len(turns[i].times[key]) for i in members}
+        if len(members) < 2 or len(lengths) != 1:
+            continue
+        logs = np.log(np.array([turns[i].times[key] for i in members]))  # (targets, turns)
+        turn = logs.mean(axis=0)
+        quiet = np.argsort(turn)[: max(3, len(turn) // QUIET_SHARE)]  # the quietest turns: loads distort ratios
+        shares = np.median(logs[:, quiet] - turn[quiet], axis=1)
+        for i, share in zip(members, shares, strict=True):
+            out[i][latency_name(key[1], key[0])] = float(np.exp(share + turn.min()))
+    return out

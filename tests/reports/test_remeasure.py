@@ -150,7 +150,7 @@ def test_remeasure_replaces_the_logged_latencies_and_says_where(study: Study, tm
     assert measuring.cpu_model() in machine
     note = next(line for line in md.splitlines() if line.startswith("Latency re-measured"))
     assert machine in note and "load average" in note and "UTC" in note
-    assert "2 models for 3 runs" in note and "3 rounds" in note and "fastest of 12 repeats" in note
+    assert "2 models for 3 runs" in note and "3 rounds of 6 turns" in note and "of the 18 turns" in note
     # pre-training runs: no task head to deploy, timed in PyTorch, and the table says so
     assert set(again[RUNTIME]) == {"PyTorch"} and (again["why"].str.startswith("a pre-trained model")).all()
     assert describe_instruction_sets() in note and "AVX2" in note
