@@ -169,6 +169,15 @@ def test_refusals_are_one_line_and_write_nothing(sst2_run, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
         assert not out.exists()
+    # a pre-training run has no classifier or span head to export
+    client = tracking.connect(uri)
+    pre = tracking.start_run(client, tracking.experiment_id(client, "pretrain", uri), "pre", {})
+    client.log_param(pre, "regime", "pretrain")
+    tracking.end_run(client, pre, "FINISHED")
+    assert main(["export", pre, str(tmp / "refused-pre"), "--format", "onnx", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a pre-training run; ONNX exports a fine-tuned classifier or span model" in err[0]
+    assert not (tmp / "refused-pre").exists()
 
 
 def test_fastbert_exits_are_left_out_and_the_line_says_so(sst2_run):
