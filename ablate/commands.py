@@ -396,7 +396,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         from ablate.sweeps.engine.onnx_run import export_run_onnx
 
         onnx = export_run_onnx(uri, run_id, out, quantize=args.quantize, labels=labels)
-        what = f"onnx format, {args.quantize}" if args.quantize else "onnx format, fp32"
+        what = f"onnx format, {onnx.quantize or 'fp32'}"  # a quantized run's own form when none was asked
         print(f"run {run_id} exported to {out.resolve()}/ ({what}; {onnx.summary()})")
     else:
         written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)

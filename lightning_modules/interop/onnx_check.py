@@ -165,6 +165,7 @@ class Check:
     agreement: float | None = None  # quantized: % of predictions as fp32 PyTorch's
     agreement_ablate: float | None = None  # quantized: % of predictions as ablate's own quantized model's
     ablate_quantized: str | None = None  # which model that is
+    metric_ablate_quantized: float | None = None  # that model's dev metric on the same rows
 
 
 def inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -148,6 +148,8 @@ class OnnxExport:
                 text += f", {q.agreement:.1f}% of predictions as fp32"
             if q.agreement_ablate is not None:
                 text += f", {q.agreement_ablate:.1f}% as {q.ablate_quantized}"
+            if q.metric_ablate_quantized is not None:
+                text += f" (its {q.metric_name} {q.metric_ablate_quantized:.2f})"
             parts.append(text)
         return "; ".join([*parts, *self.notes])
 
@@ -191,9 +193,11 @@ def export_onnx(
     quantize: str | None = None,
     tokenizer: Path | None = None,
     labels: Sequence[str] | None = None,
+    own: tuple[nn.Module, str] | None = None,
 ) -> OnnxExport:
     """Write ``model`` to the new folder ``out_dir`` as ONNX (fp32, or quantized as ``quantize`` says: one of
-    :data:`~ablate.lightning_modules.interop.onnx_quant.QUANTIZERS`), checked on ``rows``.
+    :data:`~ablate.lightning_modules.interop.onnx_quant.QUANTIZERS`), checked on ``rows`` (a quantized graph
+    also against ``own``: a quantized run's model as it scored it, and what it is).
 
     Raises:
         ConfigError: onnx extra missing, a quantization ONNX Runtime cannot hold, a model the exporter cannot
@@ -215,7 +219,7 @@ def export_onnx(
         how: dict[str, object] = {}
         if quantize is not None:  # the quantized graph replaces the fp32 one
             source = fp32.replace(tmp / f"{FP32_STEM}.onnx")
-            q_check, how = quantized(quantize, model, source, fp32, rows, want)
+            q_check, how = quantized(quantize, model, source, fp32, rows, want, own)
             source.unlink()
         result = OnnxExport(quantize, check, q_check, notes, tokenizer is not None)
         if tokenizer is not None:

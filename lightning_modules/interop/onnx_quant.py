@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.interop.onnx_check import (
@@ -134,6 +135,28 @@ def parse(quantize: str) -> Quantizer:
     raise ConfigError(f"--quantize: {quantize!r} is not one of {', '.join(QUANTIZERS)}")
 
 
+RUN_FORMS = {"dynamic-int8": "dynamic-int8", "qat-int8": "static-int8"}
+"""A quantized run's ``quant.method`` -> the ``--quantize`` that writes it as ONNX (int8 with activations
+quantized: per batch at run time as torch.ao's dynamic layers, or calibrated ranges as QAT's converted ones);
+a uniform weight-only method -> MatMulNBits at its bits (:func:`run_form`)."""
+
+
+def run_form(method: str, plan: Mapping[str, int]) -> str:
+    """The ``--quantize`` that writes a quantized run's model (``quant.method``, its ``plan`` of bits per
+    layer) as ONNX. ConfigError for a form ONNX Runtime cannot hold: a plan of several widths (Q-BERT's mixed
+    plans: ``MatMulNBitsQuantizer`` writes every MatMul at one width) or a width ``MatMulNBits`` lacks."""
+    if method in RUN_FORMS:
+        return RUN_FORMS[method]
+    widths, held = sorted(set(plan.values())), ", ".join(map(str, NBITS))
+    if len(widths) != 1 or widths[0] not in NBITS:
+        raise ConfigError(
+            f"--format onnx: the run's quant.method {method} gives its layers {', '.join(map(str, widths))} bits; "
+            f"ONNX Runtime's MatMulNBits writes one width for the whole graph, of {held} bits: export the run's "
+            "float source and pick one with --quantize"
+        )
+    return f"weight-int{widths[0]}"
+
+
 def _ablate_dynamic(model: Classifier | SpanModel, rows: TaskRows) -> list[torch.Tensor]:
     from ablate.lightning_modules.methods.quantization.apply import quantize_dynamic_int8
 
@@ -146,14 +169,22 @@ def _agreement(a: list[torch.Tensor], b: list[torch.Tensor], rows: TaskRows) -> 
 
 
 def quantized(
-    quantize: str, model: Classifier | SpanModel, src: Path, dst: Path, rows: TaskRows, fp32: list[torch.Tensor]
+    quantize: str,
+    model: Classifier | SpanModel,
+    src: Path,
+    dst: Path,
+    rows: TaskRows,
+    fp32: list[torch.Tensor],
+    own: tuple[nn.Module, str] | None = None,
 ) -> tuple[Check, dict[str, object]]:
     """Quantize the fp32 graph ``src`` into ``dst`` as ``quantize`` says and check it on ``rows`` against
-    ablate's fp32 outputs ``fp32`` (and, for dynamic int8, ablate's own dynamic int8 model).
+    ablate's fp32 outputs ``fp32`` and ablate's own quantized model: ``own`` (a quantized run's model as it
+    scored it, and what it is), else for dynamic int8 torch.ao's dynamic int8 of ``model``.
 
     Raises:
-        ConfigError: an unknown quantization, bits MatMulNBits lacks, ONNX Runtime failing to quantize, or a
-            dev metric more than :data:`MAX_DROP` points under fp32's.
+        ConfigError: an unknown quantization, bits MatMulNBits lacks, ONNX Runtime failing to quantize, a
+            dev metric more than :data:`MAX_DROP` points under fp32's, or (``own``) more than that away from
+            the run's own quantized model's.
     """
     quantizer = parse(quantize)
     _, ort = require_onnx()
@@ -167,7 +198,9 @@ def quantized(
         raise ConfigError(f"--quantize {quantize}: ONNX Runtime cannot quantize this model ({first})") from None
     how["library"] = f"onnxruntime {ort.__version__}"
     ablate_q, ablate_name = None, None
-    if quantize == "dynamic-int8":
+    if own is not None:
+        ablate_q, ablate_name = torch_outputs(own[0], rows), own[1]
+    elif quantize == "dynamic-int8":
         ablate_q, ablate_name = _ablate_dynamic(model, rows), "ablate's dynamic-int8 (torch.ao)"
     name = METRICS[rows.kind][0]
     check = Check(
@@ -178,7 +211,16 @@ def quantized(
         agreement=_agreement(got, fp32, rows),
         agreement_ablate=None if ablate_q is None else _agreement(got, ablate_q, rows),
         ablate_quantized=ablate_name,
+        metric_ablate_quantized=None if ablate_q is None else metric(ablate_q, rows),
     )
+    if own is not None and check.metric_ablate_quantized is not None:
+        apart = abs(check.metric_onnx - check.metric_ablate_quantized)
+        if not apart <= MAX_DROP:
+            raise ConfigError(
+                f"--quantize {quantize}: the quantized graph's dev {name} is {check.metric_onnx:.2f} against "
+                f"{check.metric_ablate_quantized:.2f} for {own[1]} on {check.rows} dev rows, more than "
+                f"{MAX_DROP:g} point apart; nothing written"
+            )
     drop = check.metric_torch - check.metric_onnx
     if not drop <= MAX_DROP:
         raise ConfigError(

@@ -92,9 +92,8 @@ def test_qbert_in_a_finetuning_run_keeps_its_low_bit_classifier(source, tmp_path
     tables = {n for n, e in stored.layers.items() if e["bits"] == 8}
     assert tables == {"encoder.embeddings.word", "encoder.embeddings.token_type"}
     assert {e["bits"] for n, e in stored.layers.items() if n not in tables} == {4}
-    # the logged quantized score; note: engine/finetune.py's summary finisher logs the float best as
-    # <task>/final_<metric> over the quantized score (out.setdefault), so this holds only where the two agree
-    # until it keeps the quantized one; the bit-for-bit check is tests/lightning_modules/interop/test_quantized.py
+    # the logged quantized score (the summary keeps the quantize finisher's <task>/final_<metric>); the
+    # bit-for-bit check is tests/lightning_modules/interop/test_quantized.py
     logged = result.metrics["sst2/final_accuracy"]
     assert rescore_quantized(result.tracking_uri, result.run_id)["sst2/final_accuracy"] == pytest.approx(logged)
     # a teacher learns from its dequantized weights: the same logits as the weight-only classifier

@@ -16,10 +16,12 @@ import torch
 pytest.importorskip("onnxruntime")
 
 from ablate.cli import main  # noqa: E402
+from ablate.lightning_modules.config.errors import ConfigError  # noqa: E402
 from ablate.lightning_modules.config.load import build_config  # noqa: E402
 from ablate.lightning_modules.interop.export import export  # noqa: E402
 from ablate.lightning_modules.interop.onnx_check import feed, session, task_rows  # noqa: E402
 from ablate.lightning_modules.interop.onnx_export import NO_EXITS, ONNX_FILE, ONNX_META, export_onnx  # noqa: E402
+from ablate.lightning_modules.interop.onnx_quant import run_form  # noqa: E402
 from ablate.lightning_modules.model.classifier import new_head  # noqa: E402
 from ablate.lightning_modules.model.heads import build_pretraining_model  # noqa: E402
 from ablate.lightning_modules.model.span import build_span_model  # noqa: E402
@@ -123,6 +125,48 @@ def test_each_quantized_export_is_checked_against_fp32_on_dev_rows(sst2_run, how
     if how == "dynamic-int8":
         assert "ablate's dynamic-int8 (torch.ao)" in line and q["agreement_ablate"] >= 90
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_quantized_run_exports_in_its_own_form_checked_against_the_model_it_scored(sst2_run, capsys):
+    """A fine-tuning run quantized dynamic int8 (``quant.method``) is written as ORT's dynamic int8 graph by
+    default, and checked against the run's own quantized model (``model/quantized.safetensors``), not only fp32;
+    another ``--quantize`` for it is refused; a plan of several widths has no MatMulNBits form."""
+    tmp, uri, run_id = sst2_run
+    source = tmp / "source"
+    tree = {
+        "model": MODEL,
+        "finetune": {"source": str(source), "task": "sst2", "train": "nyu-mll/glue:sst2", "max_length": 48},
+        "quant": {"method": "dynamic-int8"},
+        "data": {"num_workers": 0},
+        "trainer": {"measure": False, "progress": False},
+        "tracking": {"root": str(tmp / "runs")},
+    }
+    tree["finetune"] |= {"batch_size": 32, "max_steps": 20, "val_every": 20, "validation_examples": 256}
+    quantized_run = train(build_config(tree)).run_id
+    out = tmp / "own-form"
+    assert main(["export", quantized_run, str(out), "--format", "onnx", "--tracking-uri", uri]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "onnx format, dynamic-int8;" in line and "the run's own dynamic-int8 model" in line
+    q = json.loads((out / ONNX_META).read_text(encoding="utf-8"))["checks"]["quantized"]
+    assert abs(q["metric_onnx"] - q["metric_ablate_quantized"]) <= 1.0 and q["agreement_ablate"] >= 90
+    again = [
+        "export",
+        quantized_run,
+        str(tmp / "other"),
+        "--format",
+        "onnx",
+        "--quantize",
+        "int4",
+        "--tracking-uri",
+        uri,
+    ]
+    assert main(again) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --quantize int4: run ") and "its ONNX form is --quantize dynamic-int8" in err
+    assert not (tmp / "other").exists()
+    with pytest.raises(ConfigError, match="gives its layers 2, 4 bits"):
+        run_form("weight-mixed", {"a": 2, "b": 4})
+    assert run_form("qat-int8", {}) == "static-int8" and run_form("weight-mixed", {"a": 4}) == "weight-int4"
 
 
 def test_a_span_model_exports_start_and_end_logits(tmp_path):
