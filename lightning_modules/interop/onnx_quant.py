@@ -5,7 +5,7 @@ from the checked fp32 graph, and checked on the run's dev rows.
   run time (``MatMulInteger``); checked against ablate's own dynamic int8 model too (torch.ao,
   :func:`~ablate.lightning_modules.methods.quantization.apply.quantize_dynamic_int8`).
 - ``static-int8``: ``quantize_static`` in QDQ format, int8 weights per channel, uint8 activations whose ranges
-  (MinMax) are calibrated on :data:`~ablate.lightning_modules.interop.onnx_rows.CALIBRATION_ROWS` rows of the
+  (MinMax) are calibrated on :data:`~ablate.lightning_modules.interop.onnx_check.CALIBRATION_ROWS` rows of the
   task's training split; the ``MatMul`` and ``Gemm`` nodes are quantized.
 - ``int4`` (``weight-int4``), ``weight-int2``, ``weight-int8``: weight-only, block-wise (:data:`BLOCK_SIZE`
   weights per scale, symmetric) ``MatMulNBits`` by ``MatMulNBitsQuantizer``; activations stay float (the
