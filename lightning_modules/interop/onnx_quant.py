@@ -19,6 +19,7 @@ Each check compares the quantized graph's dev metric with ablate's fp32 model's:
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,7 +104,13 @@ def _weight_only(src: Path, dst: Path, rows: TaskRows, bits: int) -> dict[str, o
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=4)
-    q.process()
+    chatty = logging.getLogger(MatMulNBitsQuantizer.__module__)  # a line per MatMul at INFO
+    level = chatty.level
+    chatty.setLevel(logging.WARNING)
+    try:
+        q.process()
+    finally:
+        chatty.setLevel(level)
     q.model.save_model_to_file(str(dst), use_external_data_format=False)
     return {
         "method": f"weight-int{bits}",
@@ -147,12 +154,12 @@ def run_form(method: str, plan: Mapping[str, int]) -> str:
     plans: ``MatMulNBitsQuantizer`` writes every MatMul at one width) or a width ``MatMulNBits`` lacks."""
     if method in RUN_FORMS:
         return RUN_FORMS[method]
-    widths, held = sorted(set(plan.values())), ", ".join(map(str, NBITS))
+    widths = sorted(set(plan.values()))
     if len(widths) != 1 or widths[0] not in NBITS:
         raise ConfigError(
             f"--format onnx: the run's quant.method {method} gives its layers {', '.join(map(str, widths))} bits; "
-            f"ONNX Runtime's MatMulNBits writes one width for the whole graph, of {held} bits: export the run's "
-            "float source and pick one with --quantize"
+            f"ONNX Runtime's MatMulNBits writes one width for the whole graph ({' or '.join(map(str, NBITS))} bits): "
+            "pick it with --quantize (int4, weight-int8, weight-int2), checked against the run's own model"
         )
     return f"weight-int{widths[0]}"
 

@@ -88,7 +88,12 @@ def _quantized_form(uri: str, run_id: str, method: str, asked: str | None) -> tu
     """A quantized run's ``--quantize`` (:func:`~ablate.lightning_modules.interop.onnx_quant.run_form`: the
     one asked must be it) and its own quantized model as it scored it (``model/quantized.safetensors``)."""
     stored = load_quantized(uri, run_id)
-    form = run_form(method, stored.plan if method == "weight-mixed" else {"": WEIGHT_BITS.get(method, 8)})
+    try:
+        form = run_form(method, stored.plan if method == "weight-mixed" else {"": WEIGHT_BITS.get(method, 8)})
+    except ConfigError:  # widths ONNX Runtime cannot hold as planned: at the one width asked for
+        if asked is None or parse(asked).run is not parse("int4").run:
+            raise
+        form = asked
     if asked is not None and parse(asked) is not parse(form):
         raise ConfigError(
             f"--quantize {asked}: run {run_id} is quantized (quant.method {method}); its ONNX form is "
