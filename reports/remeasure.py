@@ -4,8 +4,9 @@ a report timed again as it is deployed, in one process on this machine, after th
 Latencies logged by the runs were measured wherever and whenever each run trained, often beside
 other work; two of them are only comparable when one quiet process measured both. For every run
 the table averages, the model is rebuilt from the run's logged config (``model/config.yaml``, the
-model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's pretraining
-stage's), with random weights (timing depends on the architecture, not the values), as the artifact a
+model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's first fine-tuning
+stage's, whose classifier is what it deploys, else its pretraining stage's), with random weights
+(timing depends on the architecture, not the values), as the artifact a
 user deploys (:mod:`ablate.reports.deployed`: a fine-tuned model as the ONNX graph ``ablate export --format
 onnx`` writes, quantized as its run was where ONNX Runtime can hold it, run by ONNX Runtime; PyTorch
 otherwise), and timed by the measuring layer (:mod:`ablate.lightning_modules.measure.deployed`: warm-up,
@@ -163,12 +164,24 @@ def _load() -> float | None:
         return None
 
 
+def _deployed_stage(client: MlflowClient, run_id: str) -> str | None:
+    """A chained trial's first fine-tuning stage run (its classifier is what the trial deploys), None if none."""
+    run = client.get_run(run_id)
+    stages = client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"tags.`{tracking.PARENT}` = '{run_id}' and tags.`{tracking.STAGE}` LIKE 'finetune:%'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    return str(stages[0].info.run_id) if stages else None
+
+
 def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> Any:
     """The :class:`ExperimentConfig` of the model run ``run_id`` ended with (see the module doc)."""
     from ablate.lightning_modules.config.load import build_config
     from ablate.lightning_modules.config.yamlio import load_yaml
 
-    source = client.get_run(run_id).data.tags.get(PRETRAIN_RUN) or run_id
+    source = _deployed_stage(client, run_id) or client.get_run(run_id).data.tags.get(PRETRAIN_RUN) or run_id
     for folder, name in (("model", "model/config.yaml"), (None, "config.yaml")):
         listed = {a.path for a in client.list_artifacts(source, folder)}
         if name in listed:

@@ -234,3 +234,27 @@ def test_report_and_profiling_agree_on_the_names() -> None:
     assert SPREAD_SUFFIX == profiling.SPREAD_SUFFIX == remeasure.SPREAD_SUFFIX
     assert remeasure.PRETRAIN_RUN == PRETRAIN_RUN
     assert {profiling.latency_metric(b) for b in profiling.LATENCY_BATCHES} <= set(REMEASURED_METRICS)
+
+
+def test_a_chained_trial_is_timed_as_the_classifier_it_deploys(tmp_path: Path) -> None:
+    """A chained trial (pre-training, then fine-tuning stages) deploys its first fine-tuning stage's classifier:
+    that stage's config is what is rebuilt and timed, not the pre-training stage's encoder."""
+    from ablate.lightning_modules.config.experiment import to_yaml
+    from ablate.reports.remeasure import _run_config
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("chained", artifact_location=str(tmp_path / "artifacts"))
+    trial = client.create_run(exp, tags={"ablate.stage": "trial"}).info.run_id
+    pre = client.create_run(exp, tags={"mlflow.parentRunId": trial, "ablate.stage": "pretrain"}).info.run_id
+    client.set_tag(trial, "ablate.pretrain_run", pre)
+    ft = client.create_run(exp, tags={"mlflow.parentRunId": trial, "ablate.stage": "finetune:sst2"}).info.run_id
+    model = {"preset": "bert-tiny", "num_layers": 2}
+    task = {"source": "runs:/x", "task": "sst2", "train": "a.tsv", "validation": "b.tsv", "max_length": 48}
+    for run, tree in ((pre, {"model": model}), (ft, {"model": model, "finetune": task})):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "config.yaml").write_text(to_yaml(build_config(tree)), encoding="utf-8")
+        client.log_artifact(run, str(tmp_path / run / "config.yaml"), "model")
+    assert _run_config(client, trial, tmp_path / "w1").regime == "finetune"  # the stage that deploys
+    assert _run_config(client, pre, tmp_path / "w2").regime == "pretrain"
+    client.delete_run(ft)  # no fine-tuning stage: the pre-training stage's model
+    assert _run_config(client, trial, tmp_path / "w3").regime == "pretrain"
