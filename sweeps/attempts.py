@@ -17,6 +17,9 @@ from typing import Any
 from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.checkpoints import Plan
 
+FINISHED_BEFORE = "ablate.finished_before_retry"
+"""On a run whose trial's worker died after it finished, taken by the retry: the dead trial's number."""
+
 
 def _killed_with(client: Any, exp_id: str, digest: str) -> list[Any]:
     """The KILLED runs that kept checkpoints of config ``digest``, newest first."""

@@ -363,6 +363,7 @@ def _finished_earlier(place: study_model_runs.StudyPlace, trial: optuna.Trial) -
     run_id, value = found
     place.client.set_tag(run_id, tracking.TRIAL, str(trial.number))
     place.client.set_tag(run_id, tracking.STATE, "COMPLETE")
+    place.client.set_tag(run_id, attempts.FINISHED_BEFORE, str(history[-1]))
     trial.set_user_attr("mlflow_run_id", run_id)
     _CONSOLE.print(
         f"trial {trial.number}: COMPLETE, {place.spec.optimize.metric} {value:.4g}: the run of trial "

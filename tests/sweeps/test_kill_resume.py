@@ -274,3 +274,4 @@ def test_a_trial_whose_worker_died_after_its_run_finished_is_not_trained_again(t
     (finished,) = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
     assert finished.info.run_id == ran.run_id and finished.info.status == "FINISHED"
     assert finished.data.tags["ablate.state"] == "COMPLETE" and finished.data.tags["ablate.trial"] == "1"
+    assert finished.data.tags["ablate.finished_before_retry"] == "0"  # the dead attempt's trial
