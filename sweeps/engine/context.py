@@ -52,15 +52,19 @@ class RunContext:
         name: the run's name; None: ``tracking.run_name`` or the config's name.
         tags: tags set when the run is created.
         params: params logged beside the config's (a study's ``variant``).
-        callbacks: Lightning callbacks of its fit (a sweep's pruning callback).
+        callbacks: Lightning callbacks of its fits (a sweep's pruning callback): the run's own, which a
+            chained trial's fine-tuning stages do not keep.
+        clocks: Lightning callbacks that only watch (a benchmark's clocks): in every Trainer of the run and
+            of every stage nested in it.
         checkpoint: where its last and best checkpoints go; None: none kept.
         resume: a ``last.ckpt`` to start from, or True: what an earlier attempt at the config left.
         reopen: an existing run (KILLED) to continue instead of starting a new one: the attempt whose
             checkpoint ``resume`` starts from (``ablate train --resume``, a retried trial), so that its
             curves go on in the same run.
         timed: told ``(what, start, end)`` (``time.perf_counter`` seconds) of the run's timed parts
-            (``measure``: its parameter, FLOP, latency and memory measurement; ``run``: the whole run, from
-            its preparation to its end): the benchmark's hook.
+            (``measure``: its parameter, FLOP, latency and memory measurement; ``finisher:<name>``: each
+            finisher of its plan; ``run``: the whole run, from its preparation to its end): the benchmark's
+            hook, kept by every stage nested in it.
     """
 
     tracking_uri: str | None = None
@@ -70,6 +74,7 @@ class RunContext:
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
     callbacks: tuple[Callback, ...] = ()
+    clocks: tuple[Callback, ...] = ()
     checkpoint: checkpoints.Plan | None = None
     resume: str | bool = False
     reopen: str | None = None
@@ -91,16 +96,21 @@ class RunContext:
                 self.timed(what, start, time.perf_counter())
 
     def hooked(self, hooks: RunContext) -> RunContext:
-        """This context with ``hooks``' callbacks after its own and its ``timed`` hook (when it has one):
-        what a study gives every run it starts (a benchmark's clocks)."""
-        return dataclasses.replace(self, callbacks=(*self.callbacks, *hooks.callbacks), timed=hooks.timed or self.timed)
+        """This context with ``hooks``' callbacks and clocks after its own and its ``timed`` hook (when it
+        has one): what a study gives every run it starts (a benchmark's clocks)."""
+        return dataclasses.replace(
+            self,
+            callbacks=(*self.callbacks, *hooks.callbacks),
+            clocks=(*self.clocks, *hooks.clocks),
+            timed=hooks.timed or self.timed,
+        )
 
     def nested(
         self, parent_run_id: str, name: str, tags: Mapping[str, str], *, trains: bool = False, reopen: str | None = None
     ) -> RunContext:
         """A stage run under ``parent_run_id`` in the same store and experiment; with ``trains`` it keeps
-        this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none;
-        ``reopen``: the stage run of an earlier attempt to continue."""
+        this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none; its
+        clocks and ``timed`` hook always; ``reopen``: the stage run of an earlier attempt to continue."""
         stage = dataclasses.replace(
             self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, reopen=reopen
         )

@@ -11,7 +11,7 @@ the teacher, the data, the module so far) is the regime's *materials*, given at 
 
 - **one step counter**: phase *k*'s metrics are logged at the steps after those of the phases
   before it (the logger's offset), and finishers log at the step the last phase ended;
-- **the run context in every phase**: the sweep's pruning callback, checkpoints, resume;
+- **the run context in every phase**: the sweep's pruning callback, a benchmark's clocks, checkpoints, resume;
 - **resume in every phase**: each phase keeps ``last.ckpt`` (tagged with its index) while it
   trains and leaves ``phase-<k>.ckpt`` when it ends (weights, the module's own state, the random
   generators, the data stream's position, the fit's final metrics). A retry prepares each phase
@@ -140,8 +140,8 @@ def execute(
     ctx: RunContext,
 ) -> Metrics:
     """Run ``plan`` inside ``run``: its phases in turn on one step counter, with the run context's
-    callbacks and checkpoints in each (resuming from what an earlier attempt left), then its
-    finishers; the run's final metrics."""
+    callbacks, clocks and checkpoints in each (resuming from what an earlier attempt left), then its
+    finishers, each timed as ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics."""
     logger = run_logger(run.uri, run.run_id, synchronous=False)
     store = PhaseStore.of(ctx, run)
     done, partial = store.resume_point(len(plan.phases))
@@ -162,7 +162,8 @@ def execute(
             metrics.update(handed)
         step += ended_at
     for finisher in plan.finishers:
-        metrics.update(finisher.work(materials, run, step, metrics))
+        with ctx.timing(f"finisher:{finisher.name}"):
+            metrics.update(finisher.work(materials, run, step, metrics))
     return metrics
 
 
@@ -181,7 +182,7 @@ def _fit_phase(
     """Fit phase ``index`` (from ``start``, a ``last.ckpt`` of it, when given); the steps it ended at
     and its final metrics, kept as its ``phase-<index>.ckpt``."""
     saving = store.callbacks(index, phase.monitor, start)
-    callbacks = [*phase.callbacks(), *ctx.callbacks, *saving]
+    callbacks = [*phase.callbacks(), *ctx.callbacks, *ctx.clocks, *saving]
     trainer = build_trainer(
         cfg,
         logger,

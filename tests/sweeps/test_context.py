@@ -12,6 +12,9 @@ from ablate.sweeps.engine.context import ActiveRun, RunContext
 
 
 def test_a_nested_stage_keeps_the_store_and_only_a_training_stage_keeps_the_callbacks() -> None:
+    def timed(what: str, start: float, end: float) -> None: ...
+
+    clock = object()  # any callback: only its identity matters here
     trial = RunContext(
         tracking_uri="sqlite:///x.db",
         experiment="study",
@@ -20,6 +23,8 @@ def test_a_nested_stage_keeps_the_store_and_only_a_training_stage_keeps_the_call
         tags={"ablate.role": "trial"},
         params={"variant": "a"},
         callbacks=(object(),),  # type: ignore[arg-type]  # any callback: only its identity matters here
+        clocks=(clock,),  # type: ignore[arg-type]
+        timed=timed,
         resume=True,
     )
     pre = trial.nested("trial-run", "E=64 | pretrain", {"ablate.stage": "pretrain"}, trains=True)
@@ -29,7 +34,19 @@ def test_a_nested_stage_keeps_the_store_and_only_a_training_stage_keeps_the_call
         assert stage.params == {}  # the variant is the trial's param, not each stage's
     assert pre.callbacks == trial.callbacks and pre.resume is True
     assert task.callbacks == () and task.resume is False and task.checkpoint is None
+    for stage in (pre, task):  # a benchmark's clocks are in every stage
+        assert stage.clocks == (clock,) and stage.timed is timed
     assert trial.parent_run_id == "parent"  # frozen: the trial's own context is unchanged
+
+
+def test_a_studys_hooks_come_after_a_runs_own() -> None:
+    def timed(what: str, start: float, end: float) -> None: ...
+
+    own, clock, pruning = object(), object(), object()  # any callbacks: only their identity matters here
+    run = RunContext(name="E=64", callbacks=(pruning,), clocks=(own,))  # type: ignore[arg-type]
+    hooked = run.hooked(RunContext(clocks=(clock,), timed=timed))  # type: ignore[arg-type]
+    assert (hooked.name, hooked.callbacks, hooked.clocks, hooked.timed) == ("E=64", (pruning,), (own, clock), timed)
+    assert run.hooked(RunContext()).timed is None
 
 
 @pytest.mark.parametrize("name", ["val/mlm_acc", "sst2/best_accuracy", "params.backbone", "latency_ms_b1", "lr-AdamW"])
