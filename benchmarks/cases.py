@@ -104,6 +104,24 @@ def distill_mini() -> Case:
     return Case("distill-mini", student, "nsp", teacher=ibbert_for(ibbert_mini()))
 
 
+def micro() -> Case:
+    """A 1-layer BERT so small that its step takes a few milliseconds on one CPU thread (V=512, H=E=32,
+    2 heads, FFN 64; T=16, B=4; MLM + NSP): what a loop costs per step besides its step, the host time
+    that a GPU's fast step cannot hide, shows at its full size. Its teacher (for ``--regime distill``)
+    has the same shape with a wider FFN."""
+    model = ModelConfig(
+        vocab_size=512,
+        embed_dim=32,
+        hidden_dim=32,
+        num_layers=1,
+        num_heads=2,
+        ffn_dim=64,
+        max_position=16,
+        dropout=0.0,
+    )
+    return Case("micro", model, "nsp", seq_len=16, batch=4, teacher=replace(model, ffn_dim=128))
+
+
 # GPU-sized cases: T=128, B=128, dropout off (both sides do the same arithmetic)
 def bert_small() -> Case:
     """BERT-small: V=16384, H=E=512, L=4, 8 heads, FFN 2048; MLM + NSP."""
@@ -178,7 +196,9 @@ GPU_CASES: dict[str, Callable[[], Case]] = {
     "mobilebert": mobilebert,
     "distill-mobilebert": distill_mobilebert,
 }
-CASES: dict[str, Callable[[], Case]] = {**CPU_CASES, **GPU_CASES}
+HOST_CASES: dict[str, Callable[[], Case]] = {"micro": micro}
+"""Cases for the loop's host time (``ablate bench loop --case micro``), named only on purpose."""
+CASES: dict[str, Callable[[], Case]] = {**CPU_CASES, **GPU_CASES, **HOST_CASES}
 
 
 def default_cases(device_type: str) -> list[str]:

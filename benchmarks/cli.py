@@ -110,7 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
     parser.add_argument("--steps", type=positive_int, default=None, help="timed steps (train: 20; precision: 300)")
-    parser.add_argument("--compile", action="store_true", help="also time ablate with torch.compile (always on CUDA)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="train, precision: also time ablate with torch.compile; loop --regime finetune: also the compiled run "
+        "(both always on CUDA)",
+    )
     parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda or auto (default)")
     parser.add_argument("--out", type=output_file, default=None, help="also write the tables as markdown here")
     parser.add_argument(
@@ -127,6 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"loop --regime finetune: the task fine-tuned (default {DEFAULT_TASK}; the others are read by their "
         "hub names through the data catalog, $ABLATE_DATA_CATALOG; squad and squad_v2 train on the first "
         "questions of the dev file where the catalog maps only that)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="loop --regime finetune: examples (SQuAD: windows) per step (default 32; a GPU study's SST-2 stage: 128)",
     )
     parser.add_argument(
         "--sst2",
@@ -157,11 +168,19 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
-    loop_only = [name for name, value in (("--regime", args.regime), ("--sst2", args.sst2)) if value is not None]
+    loop_only = [
+        name for name, value in (("--regime", args.regime), ("--sst2", args.sst2), ("--batch", args.batch)) if value
+    ]
     if args.suite != "loop" and loop_only:
         raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
     if args.suite != "study" and args.study is not None:
         raise ConfigError(f"{args.study}: only for `ablate bench study STUDY.yaml`")
+    if args.compile and args.suite not in ("train", "precision", "loop"):
+        raise ConfigError(f"--compile: not for `ablate bench {args.suite}`")
+    if args.compile and args.suite == "loop" and args.regime != "finetune":
+        raise ConfigError(
+            "--compile: for `ablate bench loop` only with --regime finetune (pre-training compiles on CUDA)"
+        )
     if args.suite not in ("study", "deploy") and args.smoke:
         raise ConfigError("--smoke: only for `ablate bench study STUDY.yaml` and `ablate bench deploy`")
     if args.suite == "deploy":
@@ -170,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         require_onnx()  # the onnx extra: one line before anything runs
     if args.suite == "study" and args.study is None:
         raise ConfigError("ablate bench study: a study file is needed (ablate bench study STUDY.yaml)")
-    for name, value in (("--task", args.task), ("--sst2", args.sst2)):
+    for name, value in (("--task", args.task), ("--sst2", args.sst2), ("--batch", args.batch)):
         if value is not None and (args.suite != "loop" or args.regime != "finetune"):
             raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")
     if args.sst2 is not None and args.task not in (None, DEFAULT_TASK):

@@ -55,22 +55,26 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, check_task
-from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_ratios
-from ablate.benchmarks.regimes import DEFAULT_CASE, check_case, setup
+from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_gaps, turn_ratios
+from ablate.benchmarks.regimes import DEFAULT_CASE, FINETUNE_BATCH, TaskChoice, check_case, setup
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
 from ablate.lightning_modules.config.run import TrackingConfig, TrainerConfig
 from ablate.sweeps.engine.context import RunContext
 
 TARGET = 0.90
+HOST_TARGET_MS = 1.0  # the loop's host time per step that a GPU cannot hide (issue 42), read at the micro case
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
 STEPS = {"cpu": 40, "cuda": 300}
 BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after the run
 
 
-def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: str) -> ExperimentConfig:
+def run_config(
+    case: Case, corpus: str, device: torch.device, steps: int, root: str, compiled: bool | None = None
+) -> ExperimentConfig:
     """The ``ablate train`` config of ``case``: bf16, compiled with CUDA graphs on a GPU; fp32 eager
-    on a CPU (its fastest setting there, as ``ablate bench train`` shows)."""
+    on a CPU (its fastest setting there, as ``ablate bench train`` shows); ``compiled`` says otherwise."""
     cuda = device.type == "cuda"
+    compiled = cuda if compiled is None else compiled
     return ExperimentConfig(
         name=f"bench-loop-{case.name}",
         model=case.model,
@@ -82,8 +86,8 @@ def run_config(case: Case, corpus: str, device: torch.device, steps: int, root: 
             val_batches=5,
             accelerator=device.type,
             precision="bf16-mixed" if cuda else "32-true",
-            compile=cuda,
-            compile_mode="reduce-overhead" if cuda else "default",
+            compile=compiled,
+            compile_mode="reduce-overhead" if cuda and compiled else "default",
         ),
         tracking=TrackingConfig(root=root, experiment="bench-loop"),
     )
@@ -113,6 +117,15 @@ class LoopResult:
         return self.loop.tokens_per_s / self.step.tokens_per_s
 
     @property
+    def host_ms(self) -> float:
+        """The host time the loop adds to each step (ms): the median turn's loop step less its step alone;
+        after the run (a GPU), the difference of the two sides' median step times."""
+        gaps = turn_gaps(self.loop, self.step)
+        if len(gaps) >= 3:
+            return 1e3 * statistics.median(gaps)
+        return 1e3 * (self.loop.median_step_s - self.step.median_step_s)
+
+    @property
     def efficiency(self) -> float:
         """The median turn's ratio of the two rates when they ran in turns (a shared machine's load
         changes from second to second: the two halves of a turn see the same); else :attr:`by_median`."""
@@ -129,16 +142,17 @@ def measure(
     block: int | None,
     progress: Callable[[str], None] = lambda _: None,
     regime: str = "pretrain",
-    sst2: Path | None = None,
-    task: str = DEFAULT_TASK,
+    choice: TaskChoice = TaskChoice(),  # noqa: B008 - frozen
+    compiled: bool | None = None,
 ) -> LoopResult:
     """Run ``ablate train`` of ``regime`` for ``warmup + steps`` steps and the step alone for the
-    same steady-state count (in turns of ``block`` steps inside the run, or after it when None)."""
+    same steady-state count (in turns of ``block`` steps inside the run, or after it when None);
+    ``compiled``: as :func:`run_config` says."""
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ablate-bench-loop-") as root:
         progress(f"{regime}: the run's models and data")
-        cfg = run_config(case, corpus, device, warmup + steps, root)
-        s = setup(regime, case, cfg, corpus, device, Path(root), sst2, task)
+        cfg = run_config(case, corpus, device, warmup + steps, root, compiled)
+        s = setup(regime, case, cfg, corpus, device, Path(root), choice)
 
         def alone_built() -> Alone:
             step, data = s.step(min(warmup + steps, 400))
@@ -259,6 +273,8 @@ def report(r: LoopResult, corpus: str) -> tuple[list[str], bool]:
         "",
         f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
         *_estimates(r),
+        f"- host time per step: {r.host_ms:.2f} ms, the loop's step less the step alone's (the median turn's; "
+        f"target <= {HOST_TARGET_MS} ms at the micro case)",
         f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})",
         "",
         f"loop efficiency: {r.efficiency:.2f}",
@@ -279,22 +295,37 @@ def chosen(args: argparse.Namespace, device: torch.device) -> tuple[str, Case]:
     return regime, case
 
 
+def sides(regime: str, device: torch.device, compile_too: bool) -> list[bool | None]:
+    """The runs timed: fine-tuning eagerly, then compiled as a study on a GPU runs it (bucketed widths, CUDA
+    graphs; on a CPU only with ``--compile``), the last line the compiled one's; the others at one setting."""
+    if regime != "finetune":
+        return [None]
+    return [False, True] if device.type == "cuda" or compile_too else [False]
+
+
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     regime, case = chosen(args, device)
     name = case.name
     warmup, steps = WARMUP[device.type], args.steps or STEPS[device.type]
+    choice = TaskChoice(args.task or DEFAULT_TASK, args.sst2, args.batch or FINETUNE_BATCH)
+    lines: list[str] = []
+    ok = True
     bar = progress.add_task(name, total=None)
-    result = measure(
-        case,
-        args.corpus,
-        device,
-        warmup,
-        steps,
-        BLOCK[device.type],
-        lambda what: progress.update(bar, description=f"{name}: {what}"),
-        regime,
-        args.sst2,
-        args.task or DEFAULT_TASK,
-    )
+    for compiled in sides(regime, device, args.compile):
+        result = measure(
+            case,
+            args.corpus,
+            device,
+            warmup,
+            steps,
+            BLOCK[device.type],
+            lambda what: progress.update(bar, description=f"{name}: {what}"),
+            regime,
+            choice,
+            compiled,
+        )
+        table, met = report(result, args.corpus)
+        lines += [*([""] if lines else []), *table]
+        ok = ok and met
     progress.remove_task(bar)
-    return report(result, args.corpus)
+    return lines, ok

@@ -65,6 +65,14 @@ def turn_ratios(loop: Timing, alone: Timing) -> list[float]:
     return [a / b for a, b in zip(loop.block_rates(), alone.block_rates(), strict=True)]
 
 
+def turn_gaps(loop: Timing, alone: Timing) -> list[float]:
+    """Turn by turn, the loop's seconds per step less the step alone's: the host time the loop adds to
+    each step (its hooks, callbacks, logging, loader); empty unless they ran in turns."""
+    if len(loop.blocks) != len(alone.blocks):
+        return []
+    return [a / n - b / m for (a, n), (b, m) in zip(loop.blocks, alone.blocks, strict=True)]
+
+
 @dataclass
 class Alone:
     """The isolated step on pre-built batches, run ``n`` steps at a time; what it did so far."""

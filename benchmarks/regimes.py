@@ -55,8 +55,18 @@ DEFAULT_CASE = {
         "finetune": "bert-small",
     },
 }
-FINETUNE_BATCH = 32  # sentences per fine-tuning step (SST-2's usual batch)
+FINETUNE_BATCH = 32  # sentences per fine-tuning step by default (SST-2's usual batch; --batch)
 Step = Callable[[Batch], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    """What ``--regime finetune`` fine-tunes: ``--task``, its SST-2 folder (``--sst2``; None: the
+    catalog or synthetic sentences) and ``--batch`` (examples, or SQuAD windows, per step)."""
+
+    task: str = DEFAULT_TASK
+    sst2: Path | None = None
+    batch: int = FINETUNE_BATCH
 
 
 @dataclass
@@ -251,8 +261,10 @@ def _prune(case: Case, cfg: ExperimentConfig, corpus: str, device: torch.device,
     return Setup(run_cfg, what, f"data.num_workers {cfg.data.workers()}", _train(run_cfg), step)
 
 
-def _sst2_config(source: str, case: Case, steps: int, root: Path, sst2: Path | None) -> tuple[FinetuneConfig, str]:
-    """SST-2's ``finetune`` section (``sst2``: a folder with its TSVs; None: synthetic sentences) and its origin."""
+def _sst2_config(source: str, case: Case, steps: int, root: Path, choice: TaskChoice) -> tuple[FinetuneConfig, str]:
+    """SST-2's ``finetune`` section (``choice.sst2``: a folder with its TSVs; None: synthetic sentences)
+    and its origin."""
+    sst2 = choice.sst2
     data = sst2 if sst2 is not None else synthetic_sst2(root / "sst2-synthetic")
     task = FinetuneConfig(
         source=source,
@@ -260,33 +272,31 @@ def _sst2_config(source: str, case: Case, steps: int, root: Path, sst2: Path | N
         train=str(data / "train.tsv"),
         validation=str(data / "validation.tsv"),
         max_length=case.seq_len,
-        batch_size=FINETUNE_BATCH,
+        batch_size=choice.batch,
         max_steps=steps,
         val_every=steps,
     )
     return task, f"SST-2 ({'synthetic sentences' if sst2 is None else data})"
 
 
-def _task_config(
-    name: str, source: str, case: Case, steps: int, root: Path, sst2: Path | None
-) -> tuple[FinetuneConfig, str]:
-    """The ``finetune`` section of ``--task name`` and where its data comes from
+def _task_config(source: str, case: Case, steps: int, root: Path, choice: TaskChoice) -> tuple[FinetuneConfig, str]:
+    """The ``finetune`` section of ``--task`` and where its data comes from
     (:mod:`ablate.benchmarks.finetune_tasks`)."""
+    name = choice.task
     if name == DEFAULT_TASK:
-        return _sst2_config(source, case, steps, root, sst2)
+        return _sst2_config(source, case, steps, root, choice)
     if name in SQUAD:
-        return squad_config(name, source, case.seq_len, FINETUNE_BATCH, steps, root / "squad")
-    return glue_config(name, source, case.seq_len, FINETUNE_BATCH, steps)
+        return squad_config(name, source, case.seq_len, choice.batch, steps, root / "squad")
+    return glue_config(name, source, case.seq_len, choice.batch, steps)
 
 
-def _finetune(
-    case: Case, cfg: ExperimentConfig, device: torch.device, root: Path, sst2: Path | None, name: str
-) -> Setup:
-    """Fine-tuning ``case.model`` (written at its initialisation) on ``--task name``; then, for a
-    classification or regression task, the step padded both ways (a span task's windows fill ``T``)."""
+def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Path, choice: TaskChoice) -> Setup:
+    """Fine-tuning ``case.model`` (written at its initialisation) on ``--task``, compiled (bucketed
+    widths, CUDA graphs on a GPU) when ``cfg`` compiles, as a study's fine-tuning stage runs; then, for
+    a classification or regression task, the step padded both ways (a span task's windows fill ``T``)."""
     source = _save(case.model, cfg.objective, cfg.data, root / "source", cfg.seed)
     steps = cfg.trainer.max_steps
-    task, origin = _task_config(name, source, case, steps, root, sst2)
+    task, origin = _task_config(source, case, steps, root, choice)
     # trainer.measure off: a fine-tuning run times its classifier after training, minutes on a busy CPU
     run_cfg = replace(cfg, regime="finetune", finetune=task, trainer=replace(cfg.trainer, measure=False))
 
@@ -328,7 +338,8 @@ def _finetune(
         return padding_comparison(*step(min(steps, 20)), case.seq_len, pad)
 
     rows = "windows (T/3 apart)" if task.kind == "span" else "pairs" if len(task.text_fields) == 2 else "sentences"
-    what = f"fine-tuning: {origin}, {task.kind}, B={FINETUNE_BATCH} {rows} padded to the longest, T <= {case.seq_len}"
+    widths = "bucketed widths" if cfg.trainer.compile and task.kind != "span" else "padded to the longest"
+    what = f"fine-tuning: {origin}, {task.kind}, B={choice.batch} {rows} {widths}, T <= {case.seq_len}"
     after = None if task.kind == "span" else compare
     return Setup(run_cfg, what, "loader in the main process", _train(run_cfg), step, after)
 
@@ -360,8 +371,7 @@ def setup(
     corpus: str,
     device: torch.device,
     root: Path,
-    sst2: Path | None = None,
-    task: str = DEFAULT_TASK,
+    choice: TaskChoice = TaskChoice(),  # noqa: B008 - frozen
 ) -> Setup:
     """The measurement of ``regime`` on ``case``; ``cfg`` is the pre-training run of the case
     (:func:`ablate.benchmarks.loop.run_config`), whose data, trainer and tracking every regime keeps.
@@ -370,12 +380,12 @@ def setup(
     if regime == "pretrain":
         loader = f"data.num_workers {cfg.data.workers()}"
         return Setup(cfg, "pre-training", loader, _train(cfg), lambda n: isolated_step(case, cfg, corpus, device, n))
-    # compiled (and CUDA graphs on a GPU) is pre-training's setting; the other regimes run eagerly
+    if regime == "finetune":  # compiled as cfg says: a study's fine-tuning stages compile with its trainer
+        return _finetune(case, cfg, device, root, choice)
+    # distillation and pruning are timed eagerly
     cfg = replace(cfg, trainer=replace(cfg.trainer, compile=False, compile_mode="default"))
     if regime == "distill":
         return _distill(case, cfg, corpus, device, root)
     if regime == "prune":
         return _prune(case, cfg, corpus, device, root)
-    if regime == "finetune":
-        return _finetune(case, cfg, device, root, sst2, task)
     raise ValueError(f"unknown regime {regime!r}; expected one of {', '.join(REGIMES)}")

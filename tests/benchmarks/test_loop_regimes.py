@@ -5,6 +5,7 @@ speed is the benchmark's job."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -48,6 +49,26 @@ def test_each_regime_runs_and_prints_its_table(regime, name, wiki_validation):
     assert any(line.startswith("- padding to the longest row: **") for line in lines) == (regime == "finetune")
 
 
+def test_fine_tuning_compiled_runs_bucketed_and_reports_its_host_time(wiki_validation):
+    """``--compile`` on a CPU (always on CUDA): the fine-tuning run a GPU study makes, compiled with bucketed
+    widths, at the micro case the host time per step is read at; the table says so, and the host time."""
+    from ablate.benchmarks.loop import sides
+    from ablate.benchmarks.regimes import TaskChoice
+
+    assert sides("finetune", torch.device("cpu"), compile_too=False) == [False]
+    assert sides("finetune", torch.device("cuda"), compile_too=False) == [False, True]  # the last: compiled
+    assert sides("pretrain", torch.device("cuda"), compile_too=True) == [None]
+    case = CASES["micro"]()
+    cpu = torch.device("cpu")
+    r = measure(case, str(wiki_validation), cpu, 2, 4, 1, regime="finetune", choice=TaskChoice(batch=8), compiled=True)
+    assert r.cfg.trainer.compile and r.cfg.finetune.batch_size == 8
+    lines, _ = report(r, "wiki")
+    assert "B=8 sentences bucketed widths" in lines[0] and "compiled default" in lines[0]
+    host = next(line for line in lines if line.startswith("- host time per step: "))
+    gaps = [a / n - b / m for (a, n), (b, m) in zip(r.loop.blocks, r.step.blocks, strict=True)]
+    assert float(host.split()[5]) == pytest.approx(1e3 * statistics.median(gaps), abs=0.006)
+
+
 def test_the_loop_and_the_step_alone_see_the_same_batches(wiki_validation):
     """Fine-tuning batches differ in length (padded to their longest sentence): the step alone's
     timed steps are the loop's own batches, so both count the same real tokens."""
@@ -79,6 +100,10 @@ def test_synthetic_sst2_has_its_format_and_short_sentences(tmp_path):
             "error: --case: albert-tiny cannot be pruned",
         ),
         (["bench", "loop", "--regime", "distill", "--case", "bert-tiny"], "error: --case: bert-tiny has no teacher"),
+        (["bench", "loop", "--batch", "64"], "error: --batch: only for `ablate bench loop --regime finetune`"),
+        (["bench", "train", "--batch", "64"], "error: --batch: only for `ablate bench loop`"),
+        (["bench", "loop", "--compile"], "error: --compile: for `ablate bench loop` only with --regime finetune"),
+        (["bench", "deploy", "--compile"], "error: --compile: not for `ablate bench deploy`"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, wiki_validation):

@@ -14,6 +14,7 @@ import torch
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import glue_config, squad_config
 from ablate.benchmarks.loop import measure, report
+from ablate.benchmarks.regimes import TaskChoice
 from tests.conftest import SHARED_DATA, documented_catalog
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,7 +52,7 @@ def _tiny() -> Case:
     ],
 )
 def test_a_task_runs_and_its_table_names_it(task, origin, kind, documented, wiki_validation):
-    r = measure(_tiny(), str(wiki_validation), torch.device("cpu"), 2, 5, 1, regime="finetune", task=task)
+    r = measure(_tiny(), str(wiki_validation), torch.device("cpu"), 2, 5, 1, regime="finetune", choice=TaskChoice(task))
     assert r.cfg.finetune.task == task and r.cfg.finetune.kind == kind
     assert r.loop.tokens == r.step.tokens > 0  # the step alone trains on the loop's own batches
     lines, _ = report(r, "wiki")
