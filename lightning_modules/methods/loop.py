@@ -1,23 +1,11 @@
 """What every training loop gets: the NaN guard and a progress bar, neither of which reads the
-device each step.
-
-Reading a device tensor on the host (``.item()``, ``float()``, ``if tensor``) waits for the
-device to finish everything queued: on a GPU the host then cannot queue the next step while
-this one runs. Lightning converts every ``prog_bar=True`` value to a number after every batch,
-so the modules log no progress-bar values during training; :class:`LoopProgressBar` reads the
-loss when it refreshes (every ``trainer.log_every`` steps).
-
-The NaN guard:
-Reading a loss on the host (``if not torch.isfinite(loss)``) waits for the device to finish
-the step: on a GPU it stops the host from queueing the next one. :class:`FiniteLoss` instead
-folds each step's loss into a flag that stays on the device, with the first bad step and its
-value, and reads it every ``every`` steps (when the logger reads the metrics anyway), before
-validation and at the end of training. A non-finite loss fails the run with a
-``FloatingPointError`` naming the step at which it first happened.
-"""
+device each step (a host read waits for the device, so a GPU's host could not queue the next step):
+the guard keeps the losses on the device and reads them every ``trainer.log_every`` steps, the bar
+reads the loss only when it refreshes (a log step, at most twice a second)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -34,14 +22,13 @@ class FiniteLoss(Callback):
     may say more with a ``describe_step(step) -> str`` method (a distillation's stage; "" = nothing).
 
     Args:
-        every: read the device flag every this many steps (``trainer.log_every``).
+        every: read the losses kept since the last check every this many steps (``trainer.log_every``).
     """
 
     def __init__(self, every: int) -> None:
         self.every = every
         self._step = 0
-        self._first: torch.Tensor | None = None  # () long: the first bad step, -1 while none
-        self._value: torch.Tensor | None = None  # () float: the loss at that step
+        self._kept: list[tuple[int, torch.Tensor]] = []  # (step, its loss) since the last check, on the device
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -54,32 +41,29 @@ class FiniteLoss(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
-        self.update(loss.detach(), self._step)
+        self.update(loss, self._step)
         if trainer.global_step % self.every == 0:
             self.check(pl_module)
 
     def update(self, loss: torch.Tensor, step: int) -> None:
-        """Fold one step's loss into the flag (device operations only)."""
-        if self._first is None:
-            self._first = torch.full((), -1, dtype=torch.long, device=loss.device)
-            self._value = torch.zeros((), dtype=torch.float32, device=loss.device)
-        assert self._value is not None
-        new = ~torch.isfinite(loss) & (self._first < 0)
-        self._first = torch.where(new, step, self._first)
-        self._value = torch.where(new, loss.float(), self._value)
+        """Keep one step's loss (a copy on the device: a CUDA graph's next replay overwrites its output)."""
+        self._kept.append((step, loss.detach().clone()))
 
     def check(self, pl_module: pl.LightningModule | None = None) -> None:
-        """Raise ``FloatingPointError`` if a step so far had a non-finite loss (one host read)."""
-        if self._first is None or self._value is None:
+        """Raise ``FloatingPointError`` naming the first step since the last check whose loss was not
+        finite (one host read of every kept loss's flag); the kept losses are then let go."""
+        if not self._kept:
             return
-        step = int(self._first)
-        if step < 0:
+        kept, self._kept = self._kept, []
+        finite = torch.isfinite(torch.stack([loss.float() for _, loss in kept])).tolist()
+        if all(finite):
             return
+        step, loss = kept[finite.index(False)]
         describe = getattr(pl_module, "describe_step", None)
         text = describe(step) if describe is not None else ""
         detail = f" ({text})" if text else ""
         what = getattr(pl_module, "loss_name", "training loss")
-        raise FloatingPointError(f"{what} became {float(self._value)} at step {step}{detail}")
+        raise FloatingPointError(f"{what} became {float(loss)} at step {step}{detail}")
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.check(pl_module)
@@ -89,8 +73,24 @@ class FiniteLoss(Callback):
 
 
 class LoopProgressBar(TQDMProgressBar):
-    """Lightning's bar, refreshed every ``refresh_rate`` steps, showing ``train/loss`` (read from
-    the device only then) beside what Lightning shows."""
+    """Lightning's bar, refreshed at most every ``REFRESH_S`` seconds and only at every
+    ``refresh_rate``-th step (a log step), showing ``train/loss`` (read from the device only then)
+    beside what Lightning shows: a refresh costs a millisecond or two of host time and a device read."""
+
+    REFRESH_S = 0.5
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+        self._shown = 0.0
+
+    def _should_update(self, current: int, total: int) -> bool:
+        if not super()._should_update(current, total):
+            return False
+        now = time.monotonic()
+        if current != total and now - self._shown < self.REFRESH_S:
+            return False
+        self._shown = now
+        return True
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)

@@ -20,13 +20,17 @@ def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():
     guard = FiniteLoss(every=10)
     for step, loss in enumerate([2.0, 1.5, float("nan"), float("inf"), 1.0]):
         guard.update(torch.tensor(loss), step)
-    assert guard._first is not None and guard._first.shape == ()  # folded on the device, nothing read yet
+    assert len(guard._kept) == 5  # kept on the device, nothing read yet
     with pytest.raises(FloatingPointError, match=r"training loss became nan at step 2$"):
         guard.check()
     fine = FiniteLoss(every=10)
     for step in range(5):
         fine.update(torch.tensor(1.0), step)
     fine.check()  # finite throughout: no error
+    assert fine._kept == []  # what was checked is let go
+    fine.update(torch.tensor(float("inf")), 5)
+    with pytest.raises(FloatingPointError, match=r"became inf at step 5$"):
+        fine.check()  # a later bad step, after a clean check
 
 
 def _cfg(tmp_path: Path, corpus: Path, **trainer: object):
