@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.augment import MaskedLM, augment_rows, cached_augmentation, sample_table, vocab_digest
 from ablate.datamodules.memo import Kept, files_state
+from ablate.datamodules.rows import Rows, longest, padded
 from ablate.datamodules.sources import TaskData
 from ablate.datamodules.task_rows import READ_BATCH, Labels, Schema, read_columns, read_split, splits
 from ablate.datamodules.tokenizer import cache_root, special_ids
@@ -81,6 +82,10 @@ class EncodedSplit(Dataset[Example]):
     def __getitem__(self, i: int) -> Example:
         label = self.labels[i].item()  # a Python int (a class) or float (a regression target)
         return self.ids[self.offsets[i] : self.offsets[i + 1]], int(self.first[i]), label
+
+    def __getitems__(self, index: list[int]) -> Rows[EncodedSplit]:
+        """Rows ``index`` at once (a DataLoader's batched fetch), for :func:`collate` to pad together."""
+        return Rows(self, index)
 
 
 _ENCODED: Kept[EncodedSplit] = Kept(8)
@@ -134,7 +139,7 @@ def bucket_lengths(max_length: int, smallest: int = 16) -> tuple[int, ...]:
 
 
 def collate(
-    rows: list[Example], pad_id: int = 0, length: int | None = None, buckets: tuple[int, ...] = ()
+    rows: list[Example] | Rows[EncodedSplit], pad_id: int = 0, length: int | None = None, buckets: tuple[int, ...] = ()
 ) -> dict[str, torch.Tensor]:
     """Pad rows of :class:`EncodedSplit` to the longest one (or to ``length`` tokens, at least the
     longest; or to the first of ``buckets`` that holds the longest): the batch dict of tensors.
@@ -146,6 +151,14 @@ def collate(
     row's logits do not depend on its batch's padding (up to float rounding; MobileBERT's
     trigram embedding reads a row's next token, [PAD] or the end, and is the exception).
     """
+    if isinstance(rows, Rows):  # a batched fetch: padded together
+        split, index = rows.split, rows.index
+        width = max(longest(split.offsets, index), length or 0)
+        width = next((b for b in buckets if b >= width), width)
+        labels = split.labels[index]
+        target = np.float32 if labels.dtype.kind == "f" else np.int64
+        batch = padded(split.ids, split.offsets, split.first, index, width, pad_id)
+        return {**batch, "labels": torch.from_numpy(labels.astype(target))}
     lengths = torch.tensor([len(ids) for ids, _, _ in rows])
     width = max(int(lengths.max()), length or 0)
     width = next((b for b in buckets if b >= width), width)

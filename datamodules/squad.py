@@ -42,6 +42,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.catalog import hub_hint
+from ablate.datamodules.rows import Rows, longest, padded
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.span_dev import Reference, SpanDev, Windows
 from ablate.datamodules.tokenizer import special_ids
@@ -175,6 +176,10 @@ class SpanSplit(Dataset[Feature]):
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.ids[a:b], int(self.first[i]), int(self.start[i]), int(self.end[i]), i
 
+    def __getitems__(self, index: list[int]) -> Rows[SpanSplit]:
+        """Windows ``index`` at once (a DataLoader's batched fetch), for :func:`collate` to pad together."""
+        return Rows(self, index)
+
 
 def _windows(n: int, room: int, stride: int) -> list[tuple[int, int]]:
     """BERT's document spans: (start, length) of windows of at most ``room`` tokens over ``n``."""
@@ -250,8 +255,16 @@ def encode(tok: Tokenizer, questions: list[Question], cfg: FinetuneConfig) -> Sp
     )
 
 
-def collate(rows: list[Feature], pad_id: int = 0, length: int | None = None) -> dict[str, torch.Tensor]:
+def collate(
+    rows: list[Feature] | Rows[SpanSplit], pad_id: int = 0, length: int | None = None
+) -> dict[str, torch.Tensor]:
     """Pad windows to the longest one (or to ``length`` tokens, at least the longest): the batch dict."""
+    if isinstance(rows, Rows):  # a batched fetch: padded together
+        split, index = rows.split, rows.index
+        width = max(longest(split.offsets, index), length or 0)
+        batch = padded(split.ids, split.offsets, split.first, index, width, pad_id)
+        spans = {"start_positions": split.start[index], "end_positions": split.end[index], "feature": index}
+        return {**batch, **{k: torch.from_numpy(v.astype(np.int64)) for k, v in spans.items()}}
     lengths = torch.tensor([len(r[0]) for r in rows])
     width = max(int(lengths.max()), length or 0)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)

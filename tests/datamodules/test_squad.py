@@ -81,6 +81,23 @@ def test_windows_cover_long_contexts_and_label_the_answer_tokens(files):
         assert set(counts[counts > 0]) == {1}
 
 
+def test_a_batched_fetch_collates_windows_as_one_by_one_does(files):
+    """A DataLoader fetches a batch's windows at once (``__getitems__``): padded together they are the batch
+    padded window by window, to the longest or to a fixed length, in every field."""
+    from ablate.datamodules.squad import collate
+
+    train = _dm(files, doc_stride=16, max_query_length=16).train_set
+    assert train is not None
+    for index, length in (([5, 0, 3, 9], None), ([2, 1], 64)):
+        batched, one_by_one = (
+            collate(train.__getitems__(index), 7, length),
+            collate([train[i] for i in index], 7, length),
+        )
+        assert list(batched) == list(one_by_one)
+        for key, value in one_by_one.items():
+            assert batched[key].dtype == value.dtype and batched[key].tolist() == value.tolist(), key
+
+
 def test_flat_rows_read_as_the_official_json(files, tmp_path):
     questions = read_questions(resolve_task("finetune.train", str(files["v2"])), None, no_answer=True)
     rows = [

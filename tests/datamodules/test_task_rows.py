@@ -41,6 +41,32 @@ def test_regression_targets_are_float_batches():
     assert collate([encode(tokenizer, [["a"]], [1], 16)[0]])["labels"].dtype == batch["input_ids"].dtype  # long
 
 
+@pytest.mark.parametrize(
+    ("columns", "labels", "kwargs"),
+    [
+        ([["a cat sat on the mat", "no", "the dog and the cat and a bird", "a"]], [1, 0, 1, 0], {}),
+        ([["a cat", "the dog said", "no", "a b c d e"], ["no", "a cat sat", "the mat", "a"]], [0, 1, 1, 0], {}),
+        ([["a cat", "the dog said", "no", "a b c d e"], ["no", "a cat sat", "the mat", "a"]], [4.5, 0.25, 1, 3], {}),
+        ([["a cat sat on the mat", "no", "the dog", "a"]], [1, 0, 1, 0], {"buckets": (4, 8, 16)}),
+        ([["a cat sat on the mat", "no", "the dog", "a"]], [1, 0, 1, 0], {"length": 12, "pad_id": 3}),
+    ],
+)
+def test_a_batched_fetch_collates_as_row_by_row_does(columns, labels, kwargs):
+    """A DataLoader fetches a batch's rows at once (``__getitems__``): padded with array operations, the
+    batch equals the one padded row by row (singles, pairs, regression targets, buckets, a fixed length)."""
+    from torch.utils.data import DataLoader
+
+    tokenizer = train_tokenizer(["a cat and a dog", "the cat said no on the mat", "b c d e bird"] * 20, 100, True)
+    split = encode(tokenizer, columns, labels, max_length=16)
+    order = [2, 0, 3]
+    batched, by_row = collate(split.__getitems__(order), **kwargs), collate([split[i] for i in order], **kwargs)
+    assert batched.keys() == by_row.keys()
+    for key in by_row:
+        assert batched[key].dtype == by_row[key].dtype and batched[key].tolist() == by_row[key].tolist(), key
+    (loaded,) = DataLoader(split, batch_size=4, collate_fn=lambda rows: collate(rows, **kwargs))
+    assert loaded["input_ids"].tolist() == collate([split[i] for i in range(4)], **kwargs)["input_ids"].tolist()
+
+
 def _tsv(path, header, rows):
     path.write_text("\n".join(["\t".join(header), *("\t".join(map(str, r)) for r in rows)]) + "\n", encoding="utf-8")
     return str(path)
