@@ -182,6 +182,14 @@ class TrainModule(pl.LightningModule, abc.ABC):
             return Provided(frozenset(have | {Need.ATTENTION}))
         return Provided(frozenset(have), {Need.ATTENTION: link.heads_error})
 
+    def __setattr__(self, name: str, value: object) -> None:
+        # Lightning names the hook it is in around each of some 40 hook calls a step: a plain attribute,
+        # not through nn.Module's checks for parameters, buffers and submodules (5 us each on a CPU)
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)  # type: ignore[arg-type]  # nn.Module takes any value, typed narrower
+
     # -- the step --------------------------------------------------------------------------
     def new_step(self) -> None:
         """Compiled with CUDA graphs, a step's graph outputs are overwritten by the next replay:
