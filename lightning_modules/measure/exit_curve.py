@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ablate.lightning_modules.measure.exit_speed import Metric, SpeedPoint, full_latency_ms, speed_curve
+from ablate.lightning_modules.measure.exit_speed import (
+    Metric,
+    SpeedPoint,
+    full_latency_ms,
+    shape_latency_ms,
+    speed_curve,
+)
 from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.early_exit import Batch
@@ -106,7 +112,7 @@ def used_at(
     name, score = metric
     with placed(model, torch.device("cpu"), train=False):
         if speed is None:
-            return {f"{task}/latency_ms": full_latency_ms(model, rows[:TIMED])}
+            return {f"{task}/latency_ms": shape_latency_ms(model, rows[:TIMED])}
         (point,) = speed_curve(model, list(rows), labels, [speed], metric=score, timed=TIMED)
     return {
         f"{task}/latency_ms": point.latency_ms,

@@ -16,7 +16,7 @@ from ablate.datamodules.squad import SquadDataModule, collate
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.interop.hub import same_vocabulary
-from ablate.lightning_modules.measure.exit_speed import full_latency_ms
+from ablate.lightning_modules.measure.exit_speed import shape_latency_ms
 from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.span import SpanModule, span_distill_module
 from ablate.lightning_modules.model.span import SpanModel
@@ -56,4 +56,4 @@ def span_latency(model: SpanModel, cfg: ExperimentConfig, data: SquadDataModule)
     assert val is not None, "set up before the run"
     rows = [collate([val[i]]) for i in range(min(TIMED, len(val)))]
     with placed(model, torch.device("cpu"), train=False):
-        return {f"{cfg.finetune.task}/latency_ms": full_latency_ms(model, rows)}  # type: ignore[arg-type]
+        return {f"{cfg.finetune.task}/latency_ms": shape_latency_ms(model, rows)}  # type: ignore[arg-type]

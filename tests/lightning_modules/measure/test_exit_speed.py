@@ -46,3 +46,21 @@ def test_latency_ratio_times_both_on_the_same_examples() -> None:
         model.eval()
     assert r.speed == 1.0 and r.mean_layers == 1
     assert r.early_ms > 0 and r.full_ms > 0 and r.ratio == r.early_ms / r.full_ms
+
+
+def test_batch_1_latency_is_timed_once_per_model_shape() -> None:
+    """Two classifiers of one shape (other weights): the second takes the first's latency; another shape,
+    or other examples, is timed anew."""
+    from ablate.lightning_modules.measure import exit_speed
+
+    examples = _examples(3)
+    first = exit_speed.shape_latency_ms(_model("bert-tiny"), examples)
+    timed = len(exit_speed._BY_SHAPE)
+    other = _model("bert-tiny")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(2.0)
+    assert exit_speed.shape_latency_ms(other, examples) == first and len(exit_speed._BY_SHAPE) == timed
+    exit_speed.shape_latency_ms(other, examples[:2])
+    exit_speed.shape_latency_ms(_model(PRESETS[-1]), examples)
+    assert len(exit_speed._BY_SHAPE) == timed + 1 + (PRESETS[-1] != "bert-tiny")
