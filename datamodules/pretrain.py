@@ -13,6 +13,7 @@ Batches are dicts of tensors (see :func:`ablate.datamodules.stream.collate`): ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 from collections.abc import Iterable
@@ -182,6 +183,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
 
 
 _VALIDATION: Kept[list[dict[str, torch.Tensor]]] = Kept(8)
+_PROBES: Kept[list[dict[str, torch.Tensor]]] = Kept(4)  # the intrinsic probes' training batches
 """The validation batches read in this process (the last 8 sets asked for), by what they are made of
 (:func:`validation_batches`)."""
 
@@ -205,6 +207,10 @@ def _files_state(data: DataConfig) -> tuple[tuple[str, int, int], ...]:
 Batches = Iterable[dict[str, Any]]
 
 
+def _first_batches(dm: PretrainDataModule, n: int) -> list[dict[str, torch.Tensor]]:
+    return list(itertools.islice(dm.train_dataloader(), n))
+
+
 def probe_streams(
     data: DataConfig, vocab_size: int, seed: int = 0, train_batches: int = 40, test_batches: int = 10
 ) -> dict[str, tuple[Batches, Batches]]:
@@ -220,5 +226,9 @@ def probe_streams(
     for task in ("nsp", "sop"):
         dm = PretrainDataModule(data, ObjectiveConfig(sentence=task), vocab_size, seed, val_batches=test_batches)
         dm.prepare_data()
-        streams[task] = (itertools.islice(dm.train_dataloader(), train_batches), dm.val_dataloader())
+        # the training batches too are read once per process: every run of a study probes on the same ones
+        tokenizer = files_state([dm.tokenizer_path] if dm.tokenizer_path else [])
+        made_of = (data, task, vocab_size, seed, train_batches, _files_state(data), tokenizer)
+        train = _PROBES.get(made_of, functools.partial(_first_batches, dm, train_batches))
+        streams[task] = (train, dm.val_dataloader())
     return streams

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -162,3 +163,19 @@ def test_intrinsic_eval_uses_the_budget(tiny_data: DataConfig, monkeypatch: pyte
     scores = intrinsic_eval(_tiny_model(), probe_streams(tiny_data, VOCAB, train_batches=3, test_batches=2))
     assert counts == [3, 2, 3, 2]  # nsp train, nsp test, sop train, sop test
     assert all(0.0 <= v <= 1.0 for v in scores.as_metrics().values())
+
+
+def test_the_probes_training_batches_are_read_once_per_process(tiny_data: DataConfig) -> None:
+    """A study's runs probe on the same batches: the second run's are the first's, from memory (the same
+    objects), equal to the stream's first batches; another seed reads its own."""
+    first = probe_streams(tiny_data, VOCAB, seed=0, train_batches=3, test_batches=2)
+    again = probe_streams(tiny_data, VOCAB, seed=0, train_batches=3, test_batches=2)
+    for task in ("nsp", "sop"):
+        kept, read = first[task][0], again[task][0]
+        assert isinstance(kept, list) and len(kept) == 3 and all(a is b for a, b in zip(kept, read, strict=True))
+        dm = PretrainDataModule(tiny_data, ObjectiveConfig(sentence=task), VOCAB, seed=0, val_batches=2)
+        dm.prepare_data()
+        fresh = list(itertools.islice(dm.train_dataloader(), 3))
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(kept, fresh, strict=True) for k in a)
+    other = probe_streams(tiny_data, VOCAB, seed=1, train_batches=3, test_batches=2)
+    assert other["nsp"][0][0] is not first["nsp"][0][0]
