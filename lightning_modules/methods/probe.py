@@ -46,7 +46,7 @@ class IntrinsicScores:
 class _Pass:
     """What one frozen pass over batches collects."""
 
-    features: torch.Tensor  # (N, H) final hidden state at [CLS], float32 on the CPU
+    features: torch.Tensor  # (N, H) final hidden state at [CLS], float32 on the model's device
     labels: torch.Tensor  # (N,) sentence labels, -100 rows dropped
     mlm_correct: int
     mlm_total: int
@@ -80,12 +80,12 @@ def _run(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]) ->
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(batch)
             keep = batch["sentence_label"] != IGNORE_INDEX  # (B,)
-            feats.append(out.cls[keep].float().cpu())  # (B', H)
-            labels.append(batch["sentence_label"][keep].cpu())
+            feats.append(out.cls[keep].float())  # (B', H), on the model's device
+            labels.append(batch["sentence_label"][keep])
             correct += int(((out.mlm_logits.argmax(-1) == out.mlm_targets) & out.mlm_valid).sum())
             total += int(out.mlm_valid.sum())
-    x = torch.cat(feats) if feats else torch.empty(0, 0)
-    y = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long)
+    x = torch.cat(feats) if feats else torch.empty(0, 0, device=device)
+    y = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long, device=device)
     return _Pass(x, y, correct, total)
 
 
@@ -103,7 +103,7 @@ def cls_features(
         Features (N, H) float32 and labels (N,) on the CPU; rows labelled -100 are skipped.
     """
     run = _run(model, batches)
-    return run.features, run.labels
+    return run.features.cpu(), run.labels.cpu()
 
 
 def mlm_accuracy(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]) -> float:
@@ -125,7 +125,8 @@ def linear_probe(
     """Test accuracy of a 2-way logistic regression trained on frozen features.
 
     Features are standardised with the training statistics; the probe is trained full-batch
-    with AdamW from a seeded initialisation, on the CPU, so it is deterministic for a seed.
+    with AdamW from a seeded initialisation, on the features' device (a study's GPU), deterministic
+    for a seed on one device.
 
     Args:
         train_x: (N, H) training features; train_y: (N,) labels in {0, 1}.
@@ -143,15 +144,16 @@ def linear_probe(
     """
     if len(train_y) == 0 or len(test_y) == 0:
         raise ValueError(f"linear probe needs examples, got {len(train_y)} to train and {len(test_y)} to test")
-    train_x, test_x = train_x.detach().float().cpu(), test_x.detach().float().cpu()
-    train_y, test_y = train_y.detach().long().cpu(), test_y.detach().long().cpu()
+    device = train_x.device
+    train_x, test_x = train_x.detach().float(), test_x.detach().float().to(device)
+    train_y, test_y = train_y.detach().long().to(device), test_y.detach().long().to(device)
     mean, std = train_x.mean(0), train_x.std(0, unbiased=False)  # (H,)
     std = torch.where(std > 1e-6, std, torch.ones_like(std))  # a constant feature stays unscaled, not blown up
     train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
     generator = torch.Generator().manual_seed(seed)
-    probe = nn.Linear(train_x.shape[1], 2)
+    probe = nn.Linear(train_x.shape[1], 2, device=device)
     with torch.no_grad():
-        probe.weight.copy_(torch.randn(probe.weight.shape, generator=generator) * 0.01)  # (2, H)
+        probe.weight.copy_(torch.randn(probe.weight.shape, generator=generator) * 0.01)  # (2, H), drawn on the CPU
         probe.bias.zero_()
     optimizer = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=weight_decay)
     with torch.enable_grad():
