@@ -3,21 +3,18 @@
 The study runs as ``ablate sweep`` runs it (:func:`ablate.sweeps.study.run_study`; with ``--smoke``, its
 smoke form, :func:`ablate.sweeps.smoke.smoke_study`), in a temporary MLflow and Optuna store that is
 deleted after (the user's store is untouched; the tokenizer and data caches are the study's own), with
-clocks in every run it starts (``run_study``'s ``hooks``): a ``timed`` hook that hears each run's start
-and end and its measurement, and one Lightning callback (:class:`StudyClock`) in every phase's Trainer
-that stamps each fit's start, every training batch's end (after a device sync on a GPU) and each
-validation.
+clocks in every run it starts, a chained trial's stages too (``run_study``'s ``hooks``): a ``timed`` hook
+that hears each run's span, measurement and finishers, and one Lightning callback (:class:`StudyClock`,
+a context's ``clocks``) in every Trainer, stamping each fit's start and end, every training batch's end
+(after a device sync on a GPU) and each validation.
 
-Each run's wall time is cut at those stamps into parts that add up to it: start-up (data, corpus check
-and tokenizer up to the measurement; the parameter, FLOP, latency and memory measurement; the MLflow run
-and the Trainer; the first step), training (the steps after the first), validation (wherever it falls),
-between phases (a multi-phase run's later fits starting) and teardown (after the last step: the end of
-fit, finishers, logging the weights, closing the run). A run's steady-state step time is the median of
-its step times after the first :data:`WARMUP`; the study's efficiency is the sum over its runs of that
-step time times the run's steps, over the study's wall time (from ``run_study``'s call to its return:
-the study's own preflight and stores included). The fixed cost of a repeat run is the wall time less
-training and validation of the runs after the first of their model shape (every ``model.*`` param
-equal), averaged; where no two runs share a shape, of the runs after the study's first.
+Each run's wall time is cut at those stamps into parts that add up to it (:data:`PARTS`; the part after
+its steps, by part: :data:`AFTER`). A run's steady-state step time is the median of its step times after
+the first :data:`WARMUP`; the study's efficiency is the sum over its runs of that step time times the
+run's steps, over the study's wall time (from ``run_study``'s call to its return: the study's own
+preflight and stores included). The fixed cost of a repeat run is the wall time less training and
+validation of the runs after the first of their kind (regime, task and every ``model.*`` param equal),
+averaged; where no two runs are of one kind, of the runs after the study's first.
 """
 
 from __future__ import annotations
@@ -42,6 +39,14 @@ from ablate.lightning_modules.config.load import set_dotted
 
 WARMUP = 3
 """Steps of a run left out of its steady state (compilation, the loader's start), fewer in a short run."""
+END_OF_FIT = "end of fit"
+PHASE_END = "phase checkpoint"
+CLOSING = "closing the run"
+AFTER = "after the steps"
+"""The part after a run's last step, by part (:attr:`RunTime.after`): the end of its last fit (up to
+Lightning's ``on_fit_end``; its last validation left out), the phase's end after it (its
+``phase-<k>.ckpt``, what it hands on: a fine-tuning run's best weights restored), each finisher up to
+the next one's start (``finisher:<name>`` stamps), closing the run after the last."""
 PARTS = (
     "data, tokenizer",
     "measurement",
@@ -50,9 +55,14 @@ PARTS = (
     "training",
     "validation",
     "between phases",
-    "teardown",
+    AFTER,
 )
-"""A run's wall time, part by part, in the order they happen (validation: wherever it falls)."""
+"""A run's wall time, part by part, in the order they happen: start-up (data, corpus check and tokenizer
+up to the measurement, or up to the first fit in a run without one; the parameter, FLOP, latency and
+memory measurement; the MLflow run and the Trainer; the first step), training (the steps after the
+first), validation (wherever it falls), between phases (a multi-phase run's later fits starting) and
+after the steps."""
+FINISHER = "finisher:"
 
 
 @dataclass
@@ -106,19 +116,21 @@ class StudyClock(pl.Callback):
 
 @dataclass
 class RunTime:
-    """One run of the study: its name, model shape, parts of its wall time (:data:`PARTS`, seconds),
-    steps and steady-state step time."""
+    """One run of the study: its name, kind (regime, task, model shape), parts of its wall time
+    (:data:`PARTS`, seconds), the part after its steps by part (:data:`AFTER`), steps and steady-state
+    step time."""
 
     name: str
-    shape: str
+    kind: str
     parts: dict[str, float]
+    after: dict[str, float]
     wall: float
     steps: int
     step_s: float
 
     @property
     def fixed(self) -> float:
-        """What the run costs besides its steps and validation: start-up, between phases, teardown."""
+        """What the run costs besides its steps and validation: start-up, between phases, after the steps."""
         return self.wall - self.parts["training"] - self.parts["validation"]
 
 
@@ -134,40 +146,69 @@ def _steady_step(fits: list[Fit], validations: list[tuple[float, float]]) -> flo
     return statistics.median(gaps[min(WARMUP, len(gaps) // 2) :])
 
 
+Cut = tuple[str, float, float]
+"""A part of a run's timeline: its name, start and end."""
+
+
+def _steps(span: tuple[float, float], measure: tuple[float, float] | None, fits: list[Fit], end: float) -> list[Cut]:
+    """The run's timeline from its start to ``end`` (its last step's, or where its finishers start in a
+    run without a fit), cut into :data:`PARTS` before :data:`AFTER`."""
+    a = span[0]
+    if not fits:  # a run that evaluates what it is given (the quant regime's float arm)
+        m0, m1 = measure or (a, a)
+        return [("data, tokenizer", a, m0), ("measurement", m0, m1), ("MLflow run, Trainer", m1, end)]
+    m0, m1 = measure or (fits[0].start, fits[0].start)
+    cuts = [
+        ("data, tokenizer", a, m0),
+        ("measurement", m0, m1),
+        ("MLflow run, Trainer", m1, fits[0].start),
+        ("first step", fits[0].start, fits[0].first),
+    ]
+    for before, fit in zip([None, *fits], fits, strict=False):
+        if before is not None:
+            cuts.append(("between phases", before.last, fit.first))
+        cuts.append(("training", fit.first, fit.last))
+    return cuts
+
+
+def _after(last: float, fit_end: float, finishers: list[Cut], b: float) -> list[Cut]:
+    """The run's timeline from its last step (``last``; its fit ended at ``fit_end``) to its end ``b``,
+    cut into :data:`AFTER`'s parts."""
+    first = finishers[0][1] if finishers else b
+    fit_end = min(max(fit_end, last), first)  # an unended fit: none
+    cuts = [(END_OF_FIT, last, fit_end), (PHASE_END, fit_end, first)]
+    if not finishers:
+        return [*cuts, (CLOSING, b, b)]
+    starts = [s for _, s, _ in finishers[1:]]
+    cuts += [(name, s, end) for (name, s, _), end in zip(finishers, [*starts, finishers[-1][2]], strict=True)]
+    return [*cuts, (CLOSING, finishers[-1][2], b)]
+
+
 def run_time(
     span: tuple[float, float],
     measure: tuple[float, float] | None,
     fits: list[Fit],
     validations: list[tuple[float, float]],
+    finishers: list[Cut],
     name: str,
-    shape: str,
+    kind: str,
 ) -> RunTime:
     """The parts of the run that lasted ``span`` (each point of its timeline in order, so that they add up
-    to its wall time; validation taken out of the part it fell in)."""
+    to its wall time; validation taken out of the part it fell in); ``finishers``: its finishers' names
+    and spans, in order."""
     a, b = span
-    if not fits:  # no Trainer with the clock (a chained trial's fine-tuning stage): start-up and teardown
-        m0, m1 = measure or (a, a)
-        cuts = [("data, tokenizer", a, m0), ("measurement", m0, m1), ("teardown", m1, b)]
-    else:
-        m0, m1 = measure or (fits[0].start, fits[0].start)
-        cuts = [
-            ("data, tokenizer", a, m0),
-            ("measurement", m0, m1),
-            ("MLflow run, Trainer", m1, fits[0].start),
-            ("first step", fits[0].start, fits[0].first),
-        ]
-        for before, fit in zip([None, *fits], fits, strict=False):
-            if before is not None:
-                cuts.append(("between phases", before.last, fit.first))
-            cuts.append(("training", fit.first, fit.last))
-        cuts.append(("teardown", fits[-1].last, b))
+    last = fits[-1].last if fits else (finishers[0][1] if finishers else b)
     mine = [(max(s, a), min(e, b)) for s, e in validations if e > a and s < b]
     parts = dict.fromkeys(PARTS, 0.0)
-    for what, s, e in cuts:
+    for what, s, e in _steps(span, measure, fits, last):
         parts[what] += e - s - _overlap(s, e, mine)
+    after: dict[str, float] = {}
+    for what, s, e in _after(last, fits[-1].end if fits else last, finishers, b):
+        after[what] = after.get(what, 0.0) + e - s - _overlap(s, e, mine)
+    parts[AFTER] = sum(after.values())
     parts["validation"] = sum(e - s for s, e in mine)
     steps = sum(len(f.ends) for f in fits)
-    return RunTime(name, shape, parts, b - a, steps, _steady_step(fits, mine))
+    return RunTime(name, kind, parts, after, b - a, steps, _steady_step(fits, mine))
 
 
 @dataclass
@@ -186,29 +227,66 @@ class StudyTime:
         return sum(r.step_s * r.steps for r in self.runs) / self.wall
 
     def repeats(self) -> tuple[list[RunTime], str]:
-        """The runs after the first of their model shape; where there are none, the runs after the first."""
+        """The runs after the first of their kind; where there are none, the runs after the first."""
         seen: set[str] = set()
         again = []
         for r in self.runs:
-            if r.shape in seen:
+            if r.kind in seen:
                 again.append(r)
-            seen.add(r.shape)
+            seen.add(r.kind)
         if again:
-            return again, "the runs after the first of their model shape"
-        return self.runs[1:], "no two runs share a model shape: the runs after the study's first"
+            return again, "the runs after the first of their kind (regime, task, model shape)"
+        return self.runs[1:], "no two runs are of one kind: the runs after the study's first"
 
     @property
     def repeat_cost(self) -> float:
         runs, _ = self.repeats()
         return statistics.mean(r.fixed for r in runs) if runs else float("nan")
 
+    def after_parts(self) -> list[str]:
+        """The parts after the steps that occurred, each run's in its order (end of fit first, closing last)."""
+        order: list[str] = []
+        for r in self.runs:
+            at = 0
+            for what in r.after:
+                if what in order:
+                    at = order.index(what) + 1
+                else:
+                    order.insert(at, what)
+                    at += 1
+        return order
+
+
+def _kind(params: dict[str, str]) -> str:
+    """A run's kind: its regime, its task (a fine-tuning run's) and every ``model.*`` param."""
+    keys = [k for k in params if k.startswith("model.") or k in ("regime", "finetune.task")]
+    return repr(sorted((k, params[k]) for k in keys))
+
+
+def runs_of(stamps: list[tuple[str, float, float]], clock: StudyClock, uri: str) -> list[RunTime]:
+    """Every run the clocks heard (``stamps``: what the ``timed`` hook heard, ``(what, start, end)``), in
+    the order they started, named and kinded from the MLflow run of its first fit (``run <i>`` without one)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = []
+    for i, (a, b) in enumerate(sorted((s, e) for what, s, e in stamps if what == "run")):
+        measured = [(s, e) for what, s, e in stamps if what == "measure" and a <= s <= b]
+        ended = sorted((s, e, what) for what, s, e in stamps if what.startswith(FINISHER) and a <= s <= b)
+        finishers = [(what.removeprefix(FINISHER), s, e) for s, e, what in ended]
+        fits = [f for f in clock.fits if a <= f.start <= b]
+        name, kind = f"run {i + 1}", f"run {i + 1}"
+        if fits and fits[0].run_id:
+            got = client.get_run(fits[0].run_id)
+            name, kind = got.info.run_name or name, _kind(got.data.params)
+        runs.append(run_time((a, b), measured[0] if measured else None, fits, clock.validations, finishers, name, kind))
+    return runs
+
 
 def measure_study(
     spec: Any, base: dict[str, Any], where: str, smoke: bool, progress: Callable[[str], None] = lambda _: None
 ) -> StudyTime:
     """Run the study (its smoke form with ``smoke``) in a temporary store with the clocks in every run."""
-    from mlflow.tracking import MlflowClient
-
     from ablate.sweeps.engine.context import RunContext
     from ablate.sweeps.plan import Machine, check_study
     from ablate.sweeps.smoke import smoke_study
@@ -236,45 +314,64 @@ def measure_study(
                 storage=f"sqlite:///{root / 'optuna.db'}",
                 tracking_uri=uri,
                 where=where,
-                hooks=RunContext(callbacks=(clock,), timed=timed),
+                hooks=RunContext(clocks=(clock,), timed=timed),
             )
         wall = time.perf_counter() - begin
-        client = MlflowClient(uri)
-        runs = []
-        for i, (a, b) in enumerate(sorted((s, e) for what, s, e in stamps if what == "run")):
-            measured = [(s, e) for what, s, e in stamps if what == "measure" and a <= s <= b]
-            fits = [f for f in clock.fits if a <= f.start <= b]
-            name, shape = f"run {i + 1}", f"run {i + 1}"
-            if fits and fits[0].run_id:
-                got = client.get_run(fits[0].run_id)
-                name = got.info.run_name or name
-                shape = repr(sorted((k, v) for k, v in got.data.params.items() if k.startswith("model.")))
-            runs.append(run_time((a, b), measured[0] if measured else None, fits, clock.validations, name, shape))
+        runs = runs_of(stamps, clock, uri)
     return StudyTime(spec.name, runs, wall, "smoke form" if smoke else "as written", (load, os.getloadavg()[0]))
 
 
+def cell(text: str) -> str:
+    """``text`` as one markdown table cell: its ``|`` escaped (a chained stage's ``trial | task`` name)."""
+    return text.replace("|", "\\|")
+
+
+def _row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def after_table(t: StudyTime) -> list[str]:
+    """The part after the steps, by part: a row per run and their sum, adding up to its :data:`AFTER`."""
+    cols = t.after_parts()
+
+    def row(name: str, after: dict[str, float], total: float) -> str:
+        return _row([name, *(f"{after.get(c, 0.0):.2f}" for c in cols), f"{total:.2f}"])
+
+    summed = {c: sum(r.after.get(c, 0.0) for r in t.runs) for c in cols}
+    return [
+        "after the last step, by part (s): end of fit (its last validation left out), the phase's checkpoint and "
+        "what it hands on, each finisher, closing the run",
+        "",
+        _row(["run", *cols, AFTER]),
+        "|---|" + "---:|" * (len(cols) + 1),
+        *(row(cell(r.name), r.after, r.parts[AFTER]) for r in t.runs),
+        row("**all runs**", summed, sum(r.parts[AFTER] for r in t.runs)),
+    ]
+
+
 def report(t: StudyTime) -> list[str]:
-    """The table (a row per run, their sum) and the last line."""
+    """The table (a row per run, their sum), the part after the steps by part, and the last line."""
     head = ["run", *PARTS, "wall", "steps", "ms/step (steady)"]
 
     def row(name: str, parts: dict[str, float], wall: float, steps: int, step: str) -> str:
-        cells = [name, *(f"{parts[p]:.2f}" for p in PARTS), f"{wall:.2f}", str(steps), step]
-        return "| " + " | ".join(cells) + " |"
+        return _row([name, *(f"{parts[p]:.2f}" for p in PARTS), f"{wall:.2f}", str(steps), step])
 
     summed = {p: sum(r.parts[p] for r in t.runs) for p in PARTS}
     in_runs = sum(r.wall for r in t.runs)
     repeats, which = t.repeats()
     steady = sum(r.step_s * r.steps for r in t.runs)
+    blank = " | " * (len(PARTS) - 1)
     return [
         f"### study {t.study} ({t.what}): {len(t.runs)} runs, wall time by part (s)",
         "",
-        "| " + " | ".join(head) + " |",
+        _row(head),
         "|---|" + "---:|" * (len(head) - 1),
-        *(row(r.name, r.parts, r.wall, r.steps, f"{1e3 * r.step_s:.1f}") for r in t.runs),
+        *(row(cell(r.name), r.parts, r.wall, r.steps, f"{1e3 * r.step_s:.1f}") for r in t.runs),
         row("**all runs**", summed, in_runs, sum(r.steps for r in t.runs), ""),
-        f"| study outside its runs (preflight, stores, parent run) | {' | ' * (len(PARTS) - 1)} | "
-        f"{t.wall - in_runs:.2f} | | |",
-        f"| **study** | {' | ' * (len(PARTS) - 1)} | {t.wall:.2f} | | |",
+        f"| study outside its runs (preflight, stores, parent run) | {blank} | {t.wall - in_runs:.2f} | | |",
+        f"| **study** | {blank} | {t.wall:.2f} | | |",
+        "",
+        *after_table(t),
         "",
         f"- machine load (1-minute average) {t.load[0]:.2f} before, {t.load[1]:.2f} after",
         f"- steady-state step time: each run's median step after its first {WARMUP} (fewer in a short run); "
