@@ -39,6 +39,7 @@ from torchmetrics.classification import (
     MulticlassMatthewsCorrCoef,
 )
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
+from torchmetrics.utilities.data import dim_zero_cat
 
 from ablate.lightning_modules.config.distill import PD, Stage, schedule
 from ablate.lightning_modules.config.errors import ConfigError
@@ -58,15 +59,52 @@ from ablate.lightning_modules.model.heads import PretrainingModel
 SELF_DISTILLATION = "self-distillation"
 QUANTIZATION_AWARE = "quantization-aware"
 
+
+class MatthewsCorrCoef(MulticlassMatthewsCorrCoef):
+    """torchmetrics' confusion matrix, its coefficient computed as scikit-learn computes it (what GLUE's
+    scorer runs), in float64: 0 where the predictions or the labels hold a single class (torchmetrics
+    returns a small nonzero value there: a majority-class CoLA model would score above 0)."""
+
+    def compute(self) -> torch.Tensor:
+        c = self.confmat.double()  # (C, C): rows true, columns predicted
+        truth, predicted, n = c.sum(1), c.sum(0), c.sum()
+        covariance = c.trace() * n - truth @ predicted
+        spread = (n * n - truth @ truth) * (n * n - predicted @ predicted)
+        return torch.where(spread > 0, covariance / spread.clamp_min(1e-300).sqrt(), torch.zeros_like(spread))
+
+
+class SpearmanCorr(SpearmanCorrCoef):
+    """torchmetrics' kept outputs and targets, the coefficient computed as scipy computes it: Pearson's
+    over average ranks (ties share their mean rank), in float64, with no epsilon in the denominator
+    (torchmetrics adds 1e-6); 0 where either side is constant."""
+
+    def compute(self) -> torch.Tensor:
+        a = average_ranks(dim_zero_cat(self.preds).double())
+        b = average_ranks(dim_zero_cat(self.target).double())
+        a, b = a - a.mean(), b - b.mean()
+        spread = (a @ a) * (b @ b)
+        return torch.where(spread > 0, (a @ b) / spread.clamp_min(1e-300).sqrt(), torch.zeros_like(spread))
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """Each value's rank from 1, tied values sharing the mean of their ranks (scipy's ``rankdata``)."""
+    unique: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = torch.unique(x, return_inverse=True, return_counts=True)
+    _, inverse, counts = unique
+    last = counts.cumsum(0).to(torch.float64)  # the last rank of each distinct value, in sorted order
+    ranks: torch.Tensor = (last - (counts.to(torch.float64) - 1) / 2)[inverse]
+    return ranks
+
+
 METRICS: dict[str, Callable[[int], Metric]] = {
     "accuracy": lambda c: MulticlassAccuracy(num_classes=c, average="micro"),
     "f1": lambda c: BinaryF1Score() if c == 2 else MulticlassF1Score(num_classes=c, average="macro"),
-    "mcc": lambda c: MulticlassMatthewsCorrCoef(num_classes=c),
-    "pearson": lambda c: PearsonCorrCoef(),
-    "spearman": lambda c: SpearmanCorrCoef(),
+    "mcc": lambda c: MatthewsCorrCoef(num_classes=c),
+    "pearson": lambda c: PearsonCorrCoef().set_dtype(torch.float64),
+    "spearman": lambda c: SpearmanCorr().set_dtype(torch.float64),
 }
 """Each dev metric's torchmetrics metric for ``num_labels`` outputs; updated with (predictions, labels):
-classes (:func:`predictions`) for classification, the one output for regression."""
+classes (:func:`predictions`) for classification, the one output and the targets in float64 for
+regression (as scipy computes the correlations)."""
 
 
 def task_metrics(f: FinetuneConfig) -> dict[str, Metric]:
@@ -75,8 +113,8 @@ def task_metrics(f: FinetuneConfig) -> dict[str, Metric]:
 
 
 def predictions(logits: torch.Tensor, regression: bool) -> torch.Tensor:
-    """What the dev metrics score: the class with the largest logit, or the one output (float)."""
-    return logits.squeeze(-1).float() if regression else logits.argmax(dim=-1)
+    """What the dev metrics score: the class with the largest logit, or the one output (float64)."""
+    return logits.squeeze(-1).double() if regression else logits.argmax(dim=-1)
 
 
 def computed(metric: Metric) -> torch.Tensor:
@@ -208,13 +246,15 @@ class FinetuneModule(TrainModule):
             return
         # eager when compiled: dev batches are padded to their longest row, and a few of them would
         # each compile (and capture) a graph of their own
-        logits = self.model.forward(batch) if self.cfg.trainer.compile else self.model(batch)
+        with torch.compiler.set_stance("force_eager"):
+            logits = self.model(batch)
         labels = batch["labels"]
         metrics = self.dev_metrics(dataloader_idx)
         metrics.pop("loss").update(task_loss(logits, labels), weight=labels.shape[0])
         preds = predictions(logits, self.regression)
+        targets = labels.double() if self.regression else labels
         for metric in metrics.values():
-            metric.update(preds, labels)
+            metric.update(preds, targets)
 
     def on_validation_epoch_end(self) -> None:
         if not self.scoring():
