@@ -168,8 +168,8 @@ class FinetuneModule(TrainModule):
         self.best_state: dict[str, torch.Tensor] | None = None
         self.best_values: dict[str, float] = {}
         """Every dev metric (and the score) at the best validation: what the kept weights score."""
-        if cfg.trainer.compile:  # the classifier's forward, one graph per bucketed width (the loader's)
-            self.model.compile(mode=cfg.trainer.compile_mode, dynamic=False)
+        if cfg.trainer.compile:  # the layer block, one graph per layer shape and bucketed width (the loader's)
+            self.model.encoder.compile_layers(cfg.trainer.compile_mode, dynamic=False)
 
     def dev_metrics(self, dev: int = 0) -> dict[str, Metric]:
         """The metrics of dev set ``dev`` (0: the task's own) by name, its loss as ``loss``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
@@ -51,8 +52,8 @@ class PretrainModule(TrainModule):
         super().__init__(cfg, model, link, stages, OptimPlan.pretraining(cfg, steps))
         if link is not None:
             link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
-        if cfg.trainer.compile:  # forward and loss: one graph (tests/lightning_modules/methods/test_compile.py)
-            self.model.compile(mode=cfg.trainer.compile_mode)
+        if cfg.trainer.compile:  # the layer block, once per shape (tests/lightning_modules/methods/test_compile.py)
+            self.model.encoder.compile_layers(cfg.trainer.compile_mode)
         V = cfg.model.vocab_size
         self.val_loss = MeanMetric()
         self.val_mlm_loss = MeanMetric()
@@ -79,9 +80,10 @@ class PretrainModule(TrainModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self.new_step()
-        # eager: a compiled model would compile (and capture CUDA graphs) again for evaluation, seconds
+        # eager: compiled layers would compile (and capture CUDA graphs) again for evaluation, seconds
         # per run for a few validation batches that run in milliseconds eager
-        out = self.model.forward(batch) if self.cfg.trainer.compile else self.model(batch)
+        with torch.compiler.set_stance("force_eager"):
+            out = self.model(batch)
         self.val_loss.update(out.loss.detach(), weight=batch["input_ids"].shape[0])
         self.val_mlm_loss.update(out.mlm_loss.detach(), weight=out.mlm_valid.sum().float())
         self.val_mlm_acc.update(out.mlm_logits, out.mlm_targets)  # padding slots (-100) are ignored

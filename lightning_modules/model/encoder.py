@@ -7,6 +7,9 @@ Cross-layer sharing is resolved in one place, :func:`layer_plan`: the encoder ke
 the unique attention, feed-forward and bottleneck modules, and the plan says which of
 them layer i runs. Shared layers are therefore the same tensors, and their gradients
 accumulate.
+
+A layer runs through one stateless :class:`LayerBlock` handed its modules: compiled
+(:meth:`Encoder.compile_layers`), one graph serves every layer of one shape, of every encoder.
 """
 
 from __future__ import annotations
@@ -86,6 +89,49 @@ class Residual(nn.Module):
         return y
 
 
+LAYER_RECOMPILE_LIMIT = 64
+"""Graphs the compiled layer block may hold (torch.compile's default is 8 per function): one per layer
+shape, input width and variant (the last layer at the prediction rows, a layer whose attention a trace
+keeps), over every encoder a study's worker builds."""
+
+
+class LayerBlock(nn.Module):
+    """One layer, run on the modules it is handed (it holds none): what :meth:`Encoder.compile_layers`
+    compiles. torch.compile inlines the modules and reads their weights as graph inputs, so one graph
+    serves every layer of one shape, shared or not, of every encoder in the process: a later model that
+    differs only in a head, an objective or a hyperparameter compiles no layer again."""
+
+    def forward(
+        self,
+        attention: nn.Module,
+        ffn_stack: nn.ModuleList,
+        neck: Bottleneck | None,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        keep: list[torch.Tensor] | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, H) -> (B, T, H), or (R, H) at ``rows`` only; attention scores go to ``keep`` when given."""
+        if neck is None:
+            h: torch.Tensor = attention(x, x, mask, keep=keep)  # (B, T, H)
+        else:
+            h = neck.enter(x)  # (B, T, I)
+            qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
+            h = attention(h, qk, mask, v, keep=keep)  # residual at I
+        if rows is not None:  # what follows is per position
+            h, x = h.flatten(0, 1)[rows], x.flatten(0, 1)[rows]  # (R, I), (R, H)
+        for sublayer in ffn_stack:
+            h = sublayer(h)  # (B, T, I)
+        return h if neck is None else neck.leave(h, x)  # (B, T, H)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> LayerBlock:
+        """A new block, uncompiled: a copied compiled call would run this block (a copied model is
+        compiled, if at all, by whoever trains it)."""
+        copy = LayerBlock()
+        copy.train(self.training)
+        return copy
+
+
 class Encoder(nn.Module):
     """Embeddings, then L blocks run as the plan says.
 
@@ -108,6 +154,12 @@ class Encoder(nn.Module):
         super().__init__()
         self.embeddings, self.attentions, self.ffn_stacks = embeddings, attentions, ffn_stacks
         self.bottlenecks, self.plan = bottlenecks, plan
+        self.layer = LayerBlock()
+
+    def compile_layers(self, mode: str = "default", dynamic: bool | None = None) -> None:
+        """Compile the layer block (regional compilation): the stack's one graph per layer shape, reused
+        by every layer and every later encoder of that shape; embeddings and heads stay eager."""
+        self.layer.compile(mode=mode, dynamic=dynamic, recompile_limit=LAYER_RECOMPILE_LIMIT)
 
     def forward(
         self,
@@ -164,18 +216,10 @@ class Encoder(nn.Module):
     ) -> torch.Tensor:
         """One layer: x (B, T, H) -> (B, T, H), or (N, H) at ``rows`` only; attention scores go
         to ``keep`` when given."""
-        if not self.bottlenecks:
-            h: torch.Tensor = self.attentions[step.attention](x, x, mask, keep=keep)  # (B, T, H)
-        else:
-            neck = cast(Bottleneck, self.bottlenecks[step.bottleneck])
-            h = neck.enter(x)  # (B, T, I)
-            qk, v = neck.attention_inputs(x, h)  # (B, T, I or H), None or (B, T, H)
-            h = self.attentions[step.attention](h, qk, mask, v, keep=keep)  # residual at I
-        if rows is not None:  # what follows is per position
-            h, x = h.flatten(0, 1)[rows], x.flatten(0, 1)[rows]  # (R, I), (R, H)
-        for sublayer in cast(nn.ModuleList, self.ffn_stacks[step.ffn]):
-            h = sublayer(h)  # (B, T, I)
-        return h if not self.bottlenecks else neck.leave(h, x)  # (B, T, H)
+        ffn = cast(nn.ModuleList, self.ffn_stacks[step.ffn])
+        neck = cast(Bottleneck, self.bottlenecks[step.bottleneck]) if self.bottlenecks else None
+        out: torch.Tensor = self.layer(self.attentions[step.attention], ffn, neck, x, mask, keep, rows)
+        return out
 
 
 def init_weights(module: nn.Module, std: float) -> None:

@@ -1,7 +1,11 @@
-"""Every model family compiles its pre-training forward and backward as one graph: no graph
-breaks, and no recompiles across layers, batches or padding (dynamo's own explain and counters)."""
+"""Every model family's pre-training forward and backward traces as one graph (no graph breaks, no
+recompiles across batches or padding), and its layer block, what ``trainer.compile`` compiles, as one
+graph per layer shape that every layer and every later model of that shape reuses (dynamo's own
+explain and counters)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -9,7 +13,8 @@ from torch._dynamo.utils import counters
 
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.model import LayerSpec
-from ablate.lightning_modules.measure.measuring import random_batch
+from ablate.lightning_modules.measure.measuring import placed, random_batch
+from ablate.lightning_modules.model.encoder import LAYER_RECOMPILE_LIMIT, Trace
 from ablate.lightning_modules.model.heads import build_pretraining_model
 
 T, B = 32, 4
@@ -72,6 +77,89 @@ def test_pretraining_step_is_one_graph(family: str, padded: bool) -> None:
     assert sum(counters["graph_break"].values()) == 0
     model.eval()  # the same numbers as eager (dropout draws differ once compiled)
     torch.testing.assert_close(compiled(batches[-1]).loss, model(batches[-1]).loss, rtol=1e-5, atol=1e-5)
+
+
+def _model(family: str, sentence: str = "sop") -> tuple[object, torch.nn.Module]:
+    fields = FAMILIES[family]
+    if "layers" in fields:
+        fields = {**fields, "layers": [LayerSpec(**spec) for spec in fields["layers"]]}
+    cfg = build_config({"model": fields, "objective": {"sentence": sentence, "mask_prob": 0.15}})
+    torch.manual_seed(0)
+    return cfg, build_pretraining_model(cfg.model, cfg.objective).train()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_layer_block_is_one_graph_per_layer_shape(family: str) -> None:
+    """The block, compiled alone (fullgraph: a break would raise), builds one graph per distinct layer
+    shape and one for the last layer at the prediction rows, whatever the sharing: no recompile from
+    one layer to the next, none from batch to batch; the losses and a trace's attention scores are eager's."""
+    cfg, model = _model(family)
+    specs = cfg.model.layer_specs()
+    torch._dynamo.reset()
+    counters.clear()
+    layer = model.encoder.layer
+    layer.compile(backend="aot_eager", fullgraph=True, dynamic=False, recompile_limit=LAYER_RECOMPILE_LIMIT)
+    for batch in _batches(cfg.model.vocab_size, padded=True):
+        out = model(batch)
+        out.loss.backward()
+        assert torch.isfinite(out.loss)
+    assert counters["stats"]["unique_graphs"] == len(set(specs[:-1])) + 1
+    assert sum(counters["graph_break"].values()) == 0
+    model.eval()
+    with torch.compiler.set_stance("force_eager"):
+        eager = model(batch)
+        eager_trace = Trace()
+        model.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], eager_trace)
+    torch.testing.assert_close(model(batch).loss, eager.loss, rtol=1e-5, atol=1e-5)
+    trace = Trace()  # a distillation's trace: every layer's attention kept (a list the block appends to)
+    model.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], trace)
+    assert sorted(trace.scores) == list(range(len(specs)))
+    for i, scores in trace.scores.items():
+        torch.testing.assert_close(scores, eager_trace.scores[i], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_pretraining_reuses_its_layers_across_heads_objectives_and_rates() -> None:
+    """``trainer.compile`` with inductor, as a study's worker runs it: the first module compiles its
+    layer block (two graphs: every layer but the last, and the last at the prediction rows) and gives
+    eager's losses; a second module differing in its sentence objective (no sentence head) and its
+    learning rate compiles nothing; validation runs eager (nothing compiled); a copy of the model
+    and a measurement run uncompiled."""
+    from ablate.lightning_modules.methods.pretrain import PretrainModule
+
+    model = {"preset": "bert-tiny", "num_layers": 2, "hidden_dim": 32, "embed_dim": 32, "num_heads": 2}
+    model |= {"ffn_dim": 64, "vocab_size": 512, "max_position": 64}
+    torch._dynamo.reset()
+    counters.clear()
+    batch = random_batch(512, 2, 16, torch.device("cpu"), seed=0)
+    graphs = []
+    for sentence, lr in (("sop", 1e-4), ("none", 3e-4)):
+        cfg = build_config(
+            {
+                "model": model,
+                "objective": {"sentence": sentence, "mask_prob": 0.15},
+                "optim": {"lr": lr},
+                "trainer": {"max_steps": 10, "compile": True},
+            }
+        )
+        torch.manual_seed(0)
+        module = PretrainModule(cfg).eval()  # no dropout: the same numbers as eager
+        losses = module.losses(batch, module.stages[0])
+        sum(losses.values()).backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+        with torch.compiler.set_stance("force_eager"):
+            eager = module.losses(batch, module.stages[0])
+        for name, value in losses.items():
+            torch.testing.assert_close(value, eager[name], rtol=1e-5, atol=1e-5)
+    assert graphs == [2, 2], graphs  # the second module compiled no layer again
+    assert sum(counters["graph_break"].values()) == 0
+    module.validation_step(batch, 0)
+    assert counters["stats"]["unique_graphs"] == 2  # validation: eager
+    layer = module.model.encoder.layer
+    assert layer._compiled_call_impl is not None
+    assert copy.deepcopy(module.model).encoder.layer._compiled_call_impl is None
+    with placed(module.model, None, train=True):
+        assert layer._compiled_call_impl is None  # measured uncompiled
+    assert layer._compiled_call_impl is not None
 
 
 def _step_graphs(module, batch: dict[str, torch.Tensor]) -> None:
