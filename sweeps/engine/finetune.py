@@ -145,6 +145,12 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
             f"fine-tuning needs the tokenizer it was pre-trained with (name it: data.tokenizer)"
         )
     cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
+    positions = source.model_cfg.max_position
+    if source.model_cfg.position == "learned" and f.max_length > positions:
+        raise ConfigError(
+            f"finetune.max_length: {f.max_length} is more than the {positions} positions of finetune.source "
+            f"{f.source} (its model.max_position); at most {positions}"
+        )
     try:
         check_group_size(cfg.quant, source.model_cfg)
     except ValueError as exc:

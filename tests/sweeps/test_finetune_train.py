@@ -73,6 +73,7 @@ def test_finetune_errors_are_one_line_and_create_no_run(pretrained, tmp_path, ca
     cases = {
         "runs:/0123456789abcdef0123456789abcdef": ({}, "finetune.source: run 0123456789abcdef0123456789abcdef"),
         "column": ({"text_fields": ["text"]}, "text"),
+        "positions": ({"max_length": 4096}, "finetune.max_length: 4096 is more than the "),
     }
     for source_or_case, (task, message) in cases.items():
         src = source_or_case if source_or_case.startswith("runs:/") else f"runs:/{source.run_id}"
