@@ -127,7 +127,7 @@ class LayerBlock(nn.Module):
     def __deepcopy__(self, memo: dict[int, object]) -> LayerBlock:
         """A new block, uncompiled: a copied compiled call would run this block (a copied model is
         compiled, if at all, by whoever trains it)."""
-        copy = LayerBlock()
+        copy = memo[id(self)] = LayerBlock()
         copy.train(self.training)
         return copy
 
