@@ -12,8 +12,8 @@ steps shows it did the same work.
 What a step is, on each side:
 
 - ablate: ``PretrainModule.training_step`` (MLM + sentence loss, the NaN guard), backward,
-  the module's own optimizer (fused AdamW) and schedule; compiled, the whole forward and loss
-  are one graph.
+  the module's own optimizer (fused AdamW) and schedule; compiled, the encoder's layer block is
+  (one graph per layer shape), as ``trainer.compile`` does it.
 - transformers: ``model(**batch).loss`` of ``*ForPreTraining`` (MLM + SOP/NSP), backward,
   fused ``torch.optim.AdamW`` (what the transformers Trainer's default ``adamw_torch_fused``
   uses) with the same groups, learning rate and schedule.

@@ -39,7 +39,8 @@ class TrainerConfig:
         strategy: how a run uses several devices: ``ddp`` (the ranks are forked at ``fit``;
             spawned once CUDA is initialised), ``ddp_spawn`` or ``ddp_fork``; ``auto`` = ``ddp``
             when ``devices`` > 1.
-        compile: compile the model's forward and loss with ``torch.compile`` (one graph).
+        compile: compile the encoder's layer block with ``torch.compile`` (one graph per layer shape, reused by
+            every layer and every later model of that shape; embeddings, heads and losses eager).
         compile_mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs:
             the step replays as one launch; for small models on a GPU) or
             ``max-autotune-no-cudagraphs`` (searches matmul kernels; long compile).

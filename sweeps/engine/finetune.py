@@ -155,6 +155,8 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
         check_group_size(cfg.quant, source.model_cfg)
     except ValueError as exc:
         raise ConfigError(f"{exc} (the model of finetune.source)") from None
+    if cfg.trainer.compile:  # graphs kept under the tracking root, as pre-training keeps them
+        tracking.compile_cache(cfg.tracking.root)
     mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
     module: FinetuneModule
     data: ClassificationDataModule | SquadDataModule

@@ -95,7 +95,7 @@ def _prepared(module: PretrainModule, data: PretrainDataModule, ctx: RunContext,
     cfg = module.cfg  # a distillation's: distill.mix_prob and dual_weight resolved against its teacher
     check_quantizable(module.model, cfg.quant, "the model")
     inputs, measured_on = ctx.measure(cached_counts, module.model, cfg.model, cfg)
-    if cfg.trainer.compile:  # the only compiled runs: graphs kept under the tracking root
+    if cfg.trainer.compile:  # graphs kept under the tracking root (fine-tuning's too)
         tracking.compile_cache(cfg.tracking.root)
     materials = PretrainRun(module, data)
     return Prepared(
