@@ -12,8 +12,8 @@
   (:mod:`ablate.benchmarks.finetune_tasks`): SST-2 by default, a folder with its ``train.tsv`` and
   ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic sentences of SST-2's lengths;
   another GLUE task (``mrpc``, ``stsb`` ...) or SQuAD (``squad``, ``squad_v2``: the span task) read
-  through the data catalog by its hub name; batches of 32 examples (SQuAD: windows) padded to their
-  longest.
+  through the data catalog by its hub name; batches of ``--batch`` examples (32; SQuAD: windows) padded
+  to their longest, or to bucketed widths when compiled (``--compile``; always on CUDA).
 
 The teacher and the models to prune and to fine-tune are written at their initialisation (the
 speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
