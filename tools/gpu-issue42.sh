@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 42's GPU measurements in one run (device tool: GPU_DATA=squad ../shared/tools/gpu-prep.sh,
+# copy the study as it was before seeds into .gpu/, carry .gpu, run `bash tools/gpu-issue42.sh`).
+# Each step has its own time limit and appends to a file under $OUT as it goes (at most 8 files
+# come back), so a step that runs out of time still leaves the others' results. On a CPU
+# (SKIP_ENV=1, to try the script) it runs the same steps at CPU sizes.
+set -u
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+[ -n "${SKIP_ENV:-}" ] || . .gpu/env.sh
+grep -q rajpurkar "$ABLATE_DATA_CATALOG" 2>/dev/null || [ ! -f .gpu/data/squad/dev-v1.1.json ] \
+  || echo "  rajpurkar/squad: {validation: data/squad/dev-v1.1.json}" >> "$ABLATE_DATA_CATALOG"
+py=${PY:-python3}
+dev=cuda; "$py" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || dev=cpu
+step() {  # step FILE NAME SECONDS COMMAND...: its output appended to $OUT/FILE, time and status to steps.txt
+  local file=$1 name=$2 limit=$3; shift 3
+  local start=$(date +%s)
+  echo "### $name: $*" >> "$OUT/$file"
+  timeout "$limit" "$@" >> "$OUT/$file" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - start ))s" >> "$OUT/steps.txt"
+}
+{ "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null; nproc; } >> "$OUT/steps.txt" 2>&1
+study=${STUDY:-.gpu/albert_table5_gpu_1seed.yaml}
+if [ "$dev" = cuda ]; then
+  step study.txt study 230 ablate bench study "$study" --device cuda --out "$OUT/study.md"
+  step loops.txt finetune-sst2-b32 60 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32
+  step train.txt train-bert-base 90 ablate bench train --case bert-base --device cuda --compile
+  step loops.txt finetune-mrpc-b128 50 ablate bench loop --regime finetune --device cuda --task mrpc --batch 128
+  step loops.txt finetune-squad-b32 50 ablate bench loop --regime finetune --device cuda --task squad --batch 32
+  for s in overview albert_table5; do  # their largest shapes: fastbert_gpu has overview's, distilbert and tinybert albert_table5's
+    step estimates.txt "estimate-$s" 30 ablate sweep "sweeps/studies/${s}_gpu.yaml" --check
+  done
+else
+  step study.txt study 300 ablate bench study sweeps/studies/quickstart.yaml --smoke --out "$OUT/study.md"
+  step loops.txt finetune-sst2-b8 200 ablate bench loop --regime finetune --device cpu --task sst2 --batch 8 --steps 10 --compile
+  step estimates.txt estimate-overview 30 ablate sweep sweeps/studies/overview_gpu.yaml --check
+fi
