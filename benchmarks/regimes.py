@@ -36,6 +36,7 @@ import torch
 from ablate.benchmarks.cases import Case
 from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, SQUAD, glue_config, squad_config
 from ablate.benchmarks.train_speed import Batch, ablate_side, batches
+from ablate.datamodules.transfer import unpack
 from ablate.lightning_modules.config.distill import DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
@@ -325,7 +326,7 @@ def _finetune(case: Case, cfg: ExperimentConfig, device: torch.device, root: Pat
                 bucketed=cfg.trainer.compile,
             )
             dm.setup("fit")
-        data = [{k: v.to(device) for k, v in b.items()} for b in islice(iter(dm.train_dataloader()), n)]
+        data = [{k: v.to(device) for k, v in unpack(b).items()} for b in islice(iter(dm.train_dataloader()), n)]
         return module_step(module, device, cfg.optim.grad_clip), data
 
     def compare() -> list[str]:

@@ -21,14 +21,11 @@ step() {  # step FILE NAME SECONDS COMMAND...: its output appended to $OUT/FILE,
 { "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null; nproc; } >> "$OUT/steps.txt" 2>&1
 study=${STUDY:-.gpu/albert_table5_gpu_1seed.yaml}
 if [ "$dev" = cuda ]; then
-  step study.txt study 230 ablate bench study "$study" --device cuda --out "$OUT/study.md"
-  step loops.txt finetune-sst2-b32 55 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32
-  step train.txt train-bert-base 110 ablate bench train --case bert-base --device cuda --compile
-  step loops.txt finetune-mrpc-b128 45 ablate bench loop --regime finetune --device cuda --task mrpc --batch 128
-  step loops.txt finetune-squad-b32 45 ablate bench loop --regime finetune --device cuda --task squad --batch 32
-  for s in overview albert_table5; do  # their largest shapes: fastbert_gpu has overview's, distilbert and tinybert albert_table5's
-    step estimates.txt "estimate-$s" 25 ablate sweep "sweeps/studies/${s}_gpu.yaml" --check
-  done
+  step study.txt study 200 ablate bench study "$study" --device cuda --out "$OUT/study.md"
+  step loops.txt finetune-sst2-b32 85 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32 --steps 200
+  step loops.txt finetune-mrpc-b128 70 ablate bench loop --regime finetune --device cuda --task mrpc --batch 128 --steps 150
+  step loops.txt finetune-squad-b32 70 ablate bench loop --regime finetune --device cuda --task squad --batch 32 --steps 150
+  step train.txt train-bert-base 90 ablate bench train --case bert-base --device cuda --compile
 else
   step study.txt study 300 ablate bench study sweeps/studies/quickstart.yaml --smoke --out "$OUT/study.md"
   step loops.txt finetune-sst2-b8 200 ablate bench loop --regime finetune --device cpu --task sst2 --batch 8 --steps 10 --compile

@@ -14,6 +14,7 @@ A layer runs through one stateless :class:`LayerBlock` handed its modules: compi
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
@@ -95,6 +96,16 @@ shape, input width and variant (the last layer at the prediction rows, a layer w
 keeps), over every encoder a study's worker builds."""
 
 
+def recompile_limit(limit: int) -> dict[str, int]:
+    """``torch.compile``'s ``recompile_limit`` argument where it has one (torch 2.13 has it, 2.11 not);
+    without it, dynamo's global limit raised to ``limit`` (never lowered), the only way those take it."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"recompile_limit": limit}
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    return {}
+
+
 class LayerBlock(nn.Module):
     """One layer, run on the modules it is handed (it holds none): what :meth:`Encoder.compile_layers`
     compiles. torch.compile inlines the modules and reads their weights as graph inputs, so one graph
@@ -159,7 +170,7 @@ class Encoder(nn.Module):
     def compile_layers(self, mode: str = "default", dynamic: bool | None = None) -> None:
         """Compile the layer block (regional compilation): the stack's one graph per layer shape, reused
         by every layer and every later encoder of that shape; embeddings and heads stay eager."""
-        self.layer.compile(mode=mode, dynamic=dynamic, recompile_limit=LAYER_RECOMPILE_LIMIT)
+        self.layer.compile(mode=mode, dynamic=dynamic, **recompile_limit(LAYER_RECOMPILE_LIMIT))
 
     def forward(
         self,

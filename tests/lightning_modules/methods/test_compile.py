@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.model import LayerSpec
 from ablate.lightning_modules.measure.measuring import placed, random_batch
-from ablate.lightning_modules.model.encoder import LAYER_RECOMPILE_LIMIT, Trace
+from ablate.lightning_modules.model.encoder import LAYER_RECOMPILE_LIMIT, Trace, recompile_limit
 from ablate.lightning_modules.model.heads import build_pretraining_model
 
 T, B = 32, 4
@@ -213,3 +213,22 @@ def test_every_fine_tuning_stage_is_one_graph():
     cfg = build_config({"model": {"preset": "bert-tiny"}, "finetune": ft, "distill": distill})
     teacher = build_classifier(pretrained, 2, 0.0, 0.02)
     _step_graphs(task_distill_module(cfg, pretrained, teacher, cfg.model).train(), batch)
+
+
+def test_recompile_limit_on_a_torch_without_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's torch.compile has no recompile_limit (a GPU image's torch): the limit goes to dynamo's
+    config instead, raised and never lowered."""
+    import torch._dynamo
+
+    assert recompile_limit(LAYER_RECOMPILE_LIMIT) == {"recompile_limit": LAYER_RECOMPILE_LIMIT}
+
+    def older_compile(model: object = None, *, mode: str | None = None, dynamic: bool | None = None) -> object:
+        return model
+
+    monkeypatch.setattr(torch, "compile", older_compile)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    assert recompile_limit(LAYER_RECOMPILE_LIMIT) == {}
+    assert torch._dynamo.config.recompile_limit == LAYER_RECOMPILE_LIMIT
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 100)
+    recompile_limit(LAYER_RECOMPILE_LIMIT)
+    assert torch._dynamo.config.recompile_limit == 100
