@@ -29,13 +29,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
 from rich.progress import Progress
 
 from ablate.lightning_modules.config.load import set_dotted
+
+if TYPE_CHECKING:
+    from ablate.sweeps.engine.interrupt import Interrupted
 
 WARMUP = 3
 """Steps of a run left out of its steady state (compilation, the loader's start), fewer in a short run."""
@@ -220,6 +223,7 @@ class StudyTime:
     wall: float
     what: str
     load: tuple[float, float]  # the 1-minute load average before and after
+    stopped: Interrupted | None = None  # the signal that ended the study early: the runs that ended before it
 
     @property
     def efficiency(self) -> float:
@@ -288,6 +292,7 @@ def measure_study(
 ) -> StudyTime:
     """Run the study (its smoke form with ``smoke``) in a temporary store with the clocks in every run."""
     from ablate.sweeps.engine.context import RunContext
+    from ablate.sweeps.engine.interrupt import Interrupted
     from ablate.sweeps.plan import Machine, check_study
     from ablate.sweeps.smoke import smoke_study
     from ablate.sweeps.study import run_study
@@ -307,18 +312,23 @@ def measure_study(
         uri = f"sqlite:///{root / 'mlflow.db'}"
         progress(f"{spec.name}: {spec.total_trials()} trials{' (smoke)' * smoke}")
         load, begin = os.getloadavg()[0], time.perf_counter()
+        stopped = None
         with contextlib.redirect_stdout(sys.stderr):  # the runs' own lines go with the bench's status
-            run_study(
-                spec,
-                base,
-                storage=f"sqlite:///{root / 'optuna.db'}",
-                tracking_uri=uri,
-                where=where,
-                hooks=RunContext(clocks=(clock,), timed=timed),
-            )
+            try:
+                run_study(
+                    spec,
+                    base,
+                    storage=f"sqlite:///{root / 'optuna.db'}",
+                    tracking_uri=uri,
+                    where=where,
+                    hooks=RunContext(clocks=(clock,), timed=timed),
+                )
+            except Interrupted as stop:  # a time limit's SIGTERM: still the table of the runs that ended
+                stopped = stop
         wall = time.perf_counter() - begin
         runs = runs_of(stamps, clock, uri)
-    return StudyTime(spec.name, runs, wall, "smoke form" if smoke else "as written", (load, os.getloadavg()[0]))
+    what = "smoke form" if smoke else "as written"
+    return StudyTime(spec.name, runs, wall, what, (load, os.getloadavg()[0]), stopped)
 
 
 def cell(text: str) -> str:
@@ -362,7 +372,8 @@ def report(t: StudyTime) -> list[str]:
     steady = sum(r.step_s * r.steps for r in t.runs)
     blank = " | " * (len(PARTS) - 1)
     return [
-        f"### study {t.study} ({t.what}): {len(t.runs)} runs, wall time by part (s)",
+        f"### study {t.study} ({t.what}): {len(t.runs)} runs, wall time by part (s)"
+        + (f"; interrupted by {t.stopped.name} after {t.wall:.1f} s: the runs that ended" if t.stopped else ""),
         "",
         _row(head),
         "|---|" + "---:|" * (len(head) - 1),
@@ -379,7 +390,9 @@ def report(t: StudyTime) -> list[str]:
         f"- fixed cost of a repeat run (wall less training and validation), {which}: "
         f"{', '.join(f'{r.fixed:.1f}' for r in repeats) or 'none'} s",
         "",
-        f"fixed cost of a repeat run: {t.repeat_cost:.1f} s; study efficiency: {t.efficiency:.2f}",
+        f"fixed cost of a repeat run: {t.repeat_cost:.1f} s; study efficiency: {t.efficiency:.2f}"
+        if t.runs
+        else "no run ended",
     ]
 
 
@@ -394,4 +407,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     bar = progress.add_task(spec.name, total=None)
     result = measure_study(spec, base, where, args.smoke, lambda what: progress.update(bar, description=what))
     progress.remove_task(bar)
+    if result.stopped is not None:  # the table now, before the interruption's line and exit status
+        print("\n".join(report(result)), flush=True)
+        raise result.stopped
     return report(result), True

@@ -106,3 +106,20 @@ def test_a_chained_trials_stages_are_clocked_and_named_in_their_parts(tmp_path, 
         assert sum(float(c) for c in r[1:-1]) == pytest.approx(float(r[-1]), abs=0.01 * len(r))
         assert float(r[after_head.index("weights")]) > 0
     assert LAST.fullmatch(out[-1]) is not None, out[-1]
+
+
+def test_a_study_stopped_by_a_signal_still_reports_what_ended() -> None:
+    """A time limit's SIGTERM ends the study: the table of the runs that ended comes first, then the
+    interruption (its exit status and line, from the command)."""
+    import signal
+
+    from ablate.benchmarks.study_bench import StudyTime, report
+    from ablate.sweeps.engine.interrupt import Interrupted
+
+    stopped = StudyTime("s", [], 12.5, "as written", (0.0, 0.0), Interrupted(signal.SIGTERM))
+    lines = report(stopped)
+    assert lines[0].startswith("### study s (as written): 0 runs, wall time by part (s); ")
+    assert lines[0].endswith("; interrupted by SIGTERM after 12.5 s: the runs that ended")
+    assert lines[-1] == "no run ended"
+    whole = report(StudyTime("s", [], 12.5, "as written", (0.0, 0.0)))
+    assert "interrupted" not in whole[0]
