@@ -68,7 +68,8 @@ def _mapped_splits(task: str) -> tuple[str, ...]:
     Raises:
         ConfigError: no catalog is set, or it does not map the hub name.
     """
-    from ablate.datamodules.catalog import ENV, active_catalog, parse_hub_name
+    from ablate.datamodules.catalog import ENV, active_catalog
+    from ablate.lightning_modules.config.tasks import parse_hub_name
 
     hub = hub_name(task)
     catalog = active_catalog()

@@ -39,6 +39,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, DataError, format_error
 from ablate.lightning_modules.config.load import read_yaml
 from ablate.lightning_modules.config.paths import kind_problem
+from ablate.lightning_modules.config.tasks import HubName, parse_hub_name
 
 ENV = "ABLATE_DATA_CATALOG"
 """The environment variable naming the catalog file."""
@@ -47,20 +48,6 @@ SPLIT = re.compile(r"^[\w.-]+$")
 """A split name (``train``, ``validation``, ``test``)."""
 _CONFIG = re.compile(r"^[\w.+-]+$")
 _LOCAL_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet", ".gz", ".tsv", ".csv", ".tar", ".zip")
-
-HubName = tuple[str, str | None]
-"""A hub dataset: its path (``owner/name`` or ``name``) and config (None: the dataset's default)."""
-
-
-def parse_hub_name(name: str) -> HubName:
-    """``path``, ``owner/path`` (no config: ``rajpurkar/squad``, as the hub names datasets now),
-    ``owner/path/config``, ``path:config`` or ``owner/path:config`` as (path, config)."""
-    path, sep, config = name.partition(":")
-    if not sep:
-        parts = name.split("/")
-        if len(parts) == 3:
-            path, config = "/".join(parts[:-1]), parts[-1]
-    return path, config or None
 
 
 def looks_local(name: str) -> bool:

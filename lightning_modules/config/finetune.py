@@ -6,27 +6,17 @@ is inert.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs
 
 from ablate.lightning_modules.config.errors import STRICT, FieldError
+from ablate.lightning_modules.config.task_kinds import KIND_METRICS, SPAN_METRICS, Kind, Metric
+from ablate.lightning_modules.config.tasks import GlueName, task_defaults
 
-Metric = Literal["accuracy", "f1", "mcc", "pearson", "spearman", "exact"]
-SPAN_METRICS = ("exact", "f1")
-"""A span task's metrics: SQuAD's exact match and token F1 (``f1`` scores classification too: macro F1)."""
-Kind = Literal["classification", "regression", "span"]
-"""What a task predicts: a class (cross-entropy), a number (one output, MSE; GLUE's STS-B) or an answer
-span in a context (SQuAD's start and end logits)."""
-KIND_METRICS: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy", "f1", "mcc"),
-    "regression": ("pearson", "spearman"),
-    "span": SPAN_METRICS,
-}
-"""The dev metrics of each kind: what ``finetune.metric`` and ``finetune.score_metrics`` may name.
-Classification: accuracy, F1 (of class 1 with two classes, as GLUE scores MRPC and QQP; macro F1 with
-more), Matthews correlation; regression: Pearson's and Spearman's correlation with the labels."""
+__all__ = ["KIND_METRICS", "SPAN_METRICS", "DevSet", "FinetuneConfig", "Kind", "Metric"]
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -54,7 +44,13 @@ class FinetuneConfig:
         source: the pre-trained model: ``runs:/RUN_ID`` (an ablate run of this MLflow store,
             whose tokenizer is used), an ``ablate export`` folder or a transformers checkpoint.
             None: no fine-tuning.
-        task: the task's name: metrics are logged as ``<task>/accuracy`` etc.
+        task: the task's name: metrics are logged as ``<task>/accuracy`` etc. A known task's name (a GLUE
+            task, ``squad``, ``squad_v2``; :data:`~ablate.lightning_modules.config.tasks.KNOWN_TASKS`) fills
+            in what the task is (data, columns, labels, kind, metrics, dev sets; SQuAD's windows) beneath
+            the fields given; so does a known ``train`` hub dataset (``nyu-mll/glue:mrpc``) for any name.
+        glue: a GLUE task (``mrpc``): the task as ``task`` fills it in, and the papers' settings from
+            the GLUE table (learning rate, batch size, steps, length; validated every tenth of the
+            steps, never stopped early), beneath the fields given. None: the task as given.
         kind: what the task predicts: ``classification`` (``num_labels`` classes), ``regression``
             (one output; ``num_labels`` 1) or ``span`` (SQuAD-style question answering).
         label_names: each label's name, in label order (``negative``, ``positive`` for SST-2); the
@@ -114,6 +110,7 @@ class FinetuneConfig:
 
     source: str | None = None
     task: str = Field(default="sst2", pattern=r"^[\w.-]+$")
+    glue: GlueName | None = None
     kind: Kind = "classification"
     label_names: tuple[str, ...] | None = Field(default=None, min_length=1)
     train: str | None = None
@@ -147,6 +144,16 @@ class FinetuneConfig:
     max_answer_length: Annotated[int, Field(ge=1)] = 30
     n_best: Annotated[int, Field(ge=1)] = 20
     no_answer: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data: Any) -> Any:
+        """What a known task's name fills in beneath the fields given (:func:`task_defaults`)."""
+        given = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if not isinstance(given, dict):
+            return data
+        fields = task_defaults(given)
+        return ArgsKwargs(data.args, fields) if isinstance(data, ArgsKwargs) else fields
 
     @model_validator(mode="after")
     def _check_kind(self) -> FinetuneConfig:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ablate.lightning_modules.config.finetune import Kind, Metric
+from ablate.lightning_modules.config.task_kinds import Kind, Metric
 
 HUB = "nyu-mll/glue"
 """The hub dataset holding GLUE, one config per task (``nyu-mll/glue:mrpc``)."""
@@ -86,12 +86,10 @@ class GlueTask:
         """Its dev sets: ``validation`` as the task, or those it names (MNLI's two)."""
         return self.dev or (DevSplit("validation", self.name),)
 
-    def finetune_fields(self) -> dict[str, Any]:
-        """The ``finetune`` fields of a run on this task: its data, columns, labels, metrics and
-        the papers' settings (validated every tenth of the schedule, never stopped early: the best
-        of the ten validations is kept)."""
+    def definition_fields(self) -> dict[str, Any]:
+        """The ``finetune`` fields that say what the task is: its data, dev sets, columns, labels and
+        metrics (what ``finetune.task: mrpc`` fills in)."""
         first, *more = self.dev_sets
-        r = self.recipe
         return {
             "task": self.name,
             "kind": self.kind,
@@ -105,6 +103,14 @@ class GlueTask:
             "num_labels": self.num_labels,
             "metric": self.metrics[0],
             "score_metrics": self.metrics,
+        }
+
+    def finetune_fields(self) -> dict[str, Any]:
+        """The task's fields and the papers' settings (what ``finetune.glue: mrpc`` fills in):
+        validated every tenth of the schedule, never stopped early (the best of the ten is kept)."""
+        r = self.recipe
+        return {
+            **self.definition_fields(),
             "lr": r.lr,
             "batch_size": r.batch_size,
             "max_steps": r.max_steps,
