@@ -83,4 +83,15 @@ def task_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
         return fields
     task = given.get("task")
     known = task if isinstance(task, str) and task in KNOWN_TASKS else task_of_hub(given.get("train"))
-    return {**KNOWN_TASKS[known], **given} if known is not None else dict(given)
+    if known is None:
+        return dict(given)
+    table = dict(KNOWN_TASKS[known])
+    if "kind" in given and given["kind"] != table["kind"]:  # the data as the table reads it, scored another way
+        table = {k: v for k, v in table.items() if k not in _KIND_FIELDS}
+    if "num_labels" in given and given["num_labels"] != table.get("num_labels"):
+        table.pop("label_names", None)
+    return {**table, **given}
+
+
+_KIND_FIELDS = ("kind", "label_names", "num_labels", "metric", "score_metrics", "no_answer", "max_length", "doc_stride")
+"""What a task's kind decides: left to the fields given when they name another kind."""

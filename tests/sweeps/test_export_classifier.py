@@ -129,10 +129,11 @@ def test_the_cli_exports_a_finetune_run_as_a_transformers_text_classifier(finetu
     } <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["AlbertForSequenceClassification"]
-    assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"} and config["label2id"] == {"LABEL_0": 0, "LABEL_1": 1}
+    names = {"0": "negative", "1": "positive"}  # task sst2: the GLUE table's label names
+    assert config["id2label"] == names and config["label2id"] == {"negative": 0, "positive": 1}
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card and f"`runs:/{run_id}`" in card
-    assert "(`id2label`: `LABEL_i`; `finetune.label_names` or `ablate export --labels` names them)" in card
+    assert "(`id2label`: 0 `negative`, 1 `positive`)" in card
     assert "sequence classifier fine-tuned with ablate on the task `sst2` (2 labels" in card
     assert (
         "Dev accuracy (`finetune.metric`): **" in card and "exits (`finetune.exits`), which are never exported" in card

@@ -61,6 +61,13 @@ def test_fields_given_win_and_an_unknown_task_is_as_given():
     assert own.text_fields == ("sentence",) and own.label_names is None
 
 
+def test_another_kind_or_label_count_keeps_only_the_tables_data():
+    three = finetune(task="sst2", num_labels=3)
+    assert three.num_labels == 3 and three.label_names is None and three.text_fields == ("sentence",)
+    binned = finetune(task="stsb", kind="classification", num_labels=6)
+    assert binned.metric == "accuracy" and binned.text_fields == ("sentence1", "sentence2")
+
+
 def test_glue_adds_the_papers_settings_in_a_train_config_as_in_a_study():
     cfg = finetune(glue="rte")
     recipe = GLUE["rte"].recipe
