@@ -9,6 +9,9 @@ config writes it, with its splits as local files::
       nyu-mll/glue:sst2:
         train: sst2/train.tsv
         validation: sst2/validation.tsv
+      rajpurkar/squad:                          # part of a file: rows or SQuAD articles A to B
+        train: {file: squad/dev-v1.1.json, articles: "8:"}
+        validation: {file: squad/dev-v1.1.json, articles: ":8"}
 
 A catalog may also map hub model names (checkpoints and tokenizers: ``finetune.source``,
 ``distill.teacher``, ``data.tokenizer`` ...) to local folders::
@@ -21,11 +24,12 @@ matched by what it names, the hub path and config, however it is spelled (``nyu-
 ``nyu-mll/glue/sst2``). A name in the catalog is read from its files (``data.corpus`` its ``train``
 split, a fine-tuning task its ``train`` and ``validation`` splits, or the ones it names); any other
 name is a hub name, loaded by ``datasets``. A catalog that is set but missing, unreadable or
-malformed is an error of every command that resolves data.
+malformed is an error of every command that resolves data. Slices: :mod:`ablate.datamodules.slices`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -33,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import Field, PlainValidator, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from ablate.datamodules.slices import Slice, SplitFiles, overlap, split_value
 from ablate.lightning_modules.config.errors import STRICT, ConfigError, DataError, format_error
 from ablate.lightning_modules.config.load import read_yaml
 from ablate.lightning_modules.config.paths import kind_problem
@@ -90,21 +95,12 @@ def _problem(file: Path, message: str) -> ConfigError:
     return ConfigError(f"{ENV}: {file}: {message}")
 
 
-def _paths(value: object) -> list[str]:
-    """A split's files: one path or glob, or a list of them."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    raise ValueError(f"{value!r}: give a file, glob or folder, or a list of them")
-
-
 @pydantic_dataclass(frozen=True, config=STRICT)
 class _CatalogFile:
-    """The catalog file as written: ``datasets``, hub name -> split -> path(s); ``models``, hub model
-    name -> folder."""
+    """The catalog file as written: ``datasets``, hub name -> split -> path(s) or a slice of a file;
+    ``models``, hub model name -> folder."""
 
-    datasets: dict[str, dict[str, Annotated[list[str], BeforeValidator(_paths)]]] = Field(default_factory=dict)
+    datasets: dict[str, dict[str, Annotated[SplitFiles, PlainValidator(split_value)]]] = Field(default_factory=dict)
     models: dict[str, str] = Field(default_factory=dict)
 
 
@@ -117,12 +113,18 @@ class Catalog:
         names: each dataset's name as the catalog writes it, by what it names.
         entries: each dataset's splits, as absolute paths or globs, by what it names.
         models: each hub model name's local folder (absolute), by the name as written.
+        slices: the splits read from part of their one file, by what the dataset names and the split.
     """
 
     file: Path
     names: Mapping[HubName, str]
     entries: Mapping[HubName, Mapping[str, tuple[str, ...]]]
     models: Mapping[str, Path] = field(default_factory=dict)
+    slices: Mapping[HubName, Mapping[str, Slice]] = field(default_factory=dict)
+
+    def slice_of(self, name: str, split: str) -> Slice | None:
+        """The part of its file that ``name``'s ``split`` reads, or None: all of its files."""
+        return self.slices.get(parse_hub_name(name), {}).get(split)
 
     def model(self, name: str) -> Path | None:
         """The local folder the catalog maps hub model ``name`` to, or None when it does not."""
@@ -175,26 +177,7 @@ def load_catalog(file: str | Path) -> Catalog:
         raise _problem(file, format_error(exc)) from None
     except TypeError as exc:
         raise _problem(file, str(exc)) from None
-    names: dict[HubName, str] = {}
-    entries: dict[HubName, dict[str, tuple[str, ...]]] = {}
-    for name, splits in parsed.datasets.items():
-        where = f"datasets.{name}"
-        problem = "a local path, not a hub name" if looks_local(name) else hub_form_problem(name)
-        if problem:
-            raise _problem(file, f"{where}: {problem}")
-        hub = parse_hub_name(name)
-        if hub in names:
-            raise _problem(file, f"{where}: the same dataset as {names[hub]}")
-        if not splits:
-            raise _problem(file, f"{where}: no split; give its splits' files (train: FILES, ...)")
-        entries[hub] = {}
-        for split, given in splits.items():
-            if not SPLIT.match(split):
-                raise _problem(file, f"{where}.{split}: not a split name (letters, digits, _ . -)")
-            if not given or any(not p.strip() for p in given):
-                raise _problem(file, f"{where}.{split}: empty; give a file, glob or folder")
-            entries[hub][split] = tuple(_absolute(file, p) for p in given)
-        names[hub] = name
+    names, entries, slices = _datasets(file, parsed.datasets)
     models: dict[str, Path] = {}
     for name, folder in parsed.models.items():
         where = f"models.{name}"
@@ -204,7 +187,52 @@ def load_catalog(file: str | Path) -> Catalog:
         if not folder.strip():
             raise _problem(file, f"{where}: empty; give the model's local folder")
         models[name.strip()] = Path(_absolute(file, folder))
-    return Catalog(file, names, entries, models)
+    return Catalog(file, names, entries, models, slices)
+
+
+_Datasets = tuple[dict[HubName, str], dict[HubName, dict[str, tuple[str, ...]]], dict[HubName, dict[str, Slice]]]
+
+
+def _datasets(file: Path, datasets: dict[str, dict[str, SplitFiles]]) -> _Datasets:
+    """The catalog's ``datasets`` checked: names, each one's splits' absolute paths, and its slices."""
+    names: dict[HubName, str] = {}
+    entries: dict[HubName, dict[str, tuple[str, ...]]] = {}
+    slices: dict[HubName, dict[str, Slice]] = {}
+    for name, splits in datasets.items():
+        where = f"datasets.{name}"
+        problem = "a local path, not a hub name" if looks_local(name) else hub_form_problem(name)
+        if problem:
+            raise _problem(file, f"{where}: {problem}")
+        hub = parse_hub_name(name)
+        if hub in names:
+            raise _problem(file, f"{where}: the same dataset as {names[hub]}")
+        if not splits:
+            raise _problem(file, f"{where}: no split; give its splits' files (train: FILES, ...)")
+        entries[hub], slices[hub] = {}, {}
+        for split, given in splits.items():
+            if not SPLIT.match(split):
+                raise _problem(file, f"{where}.{split}: not a split name (letters, digits, _ . -)")
+            if not given.paths or any(not p.strip() for p in given.paths):
+                raise _problem(file, f"{where}.{split}: empty; give a file, glob or folder")
+            entries[hub][split] = tuple(_absolute(file, p) for p in given.paths)
+            if given.slice is not None:
+                slices[hub][split] = given.slice
+        names[hub] = name
+        _note_overlaps(file, where, entries[hub], slices[hub])
+    return names, entries, slices
+
+
+def _note_overlaps(file: Path, where: str, paths: Mapping[str, tuple[str, ...]], slices: Mapping[str, Slice]) -> None:
+    """A warning where the ``train`` split and another of a dataset, one of them a slice, read the same
+    part of a file: allowed (a smoke run may train on its dev set), but seldom meant."""
+    for other in (s for s in paths if s != "train" and "train" in paths):
+        common = overlap(slices.get("train"), slices.get(other))
+        shared = sorted(set(paths["train"]) & set(paths[other]))
+        if common is not None and shared:
+            note = (
+                f"train and {other} both read {common} of {shared[0]} (a model would be scored on what it trained on)"
+            )
+            logging.getLogger(__name__).warning("%s: %s: %s: %s", ENV, file, where, note)
 
 
 _loaded: dict[tuple[str, int, int], Catalog] = {}

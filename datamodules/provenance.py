@@ -5,7 +5,8 @@ pruning or quantization run; a fine-tuning run's ``finetune.train`` and ``finetu
 without reading them: local files, and the data catalog's copies of hub names, must exist; other
 hub names are checked for their form only (no network), and so are the checkpoints and tokenizer it
 names (a folder, the catalog's ``models:`` entry, a hub model name). :func:`data_tags` says, as MLflow tags,
-what those names resolved to: the catalog in effect and, per name, its hub dataset or its files.
+what those names resolved to: the catalog in effect and, per name, its hub dataset or its files (and
+the slice of a file the catalog maps a split to).
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ def describe_model(name: str) -> str:
 
 
 def describe(data: CorpusSpec | TaskData) -> str:
-    """One line: ``hub DATASET[:CONFIG], split S``, or the files (through the catalog, if it mapped them)."""
+    """One line: ``hub DATASET[:CONFIG], split S``, or the files (through the catalog, if it mapped them;
+    ``, articles 0:8`` after the file where it maps the split to part of one)."""
     if isinstance(data, CorpusSpec):
-        hub, config, split, via = data.builder, data.config_name, "train", data.catalog
+        hub, config, split, via, part = data.builder, data.config_name, "train", data.catalog, ""
     else:
         hub, config, split, via = data.builder, data.config, data.split, data.catalog
+        part = f", {data.slice}" if data.slice is not None else ""
     if not data.files:
         return f"hub {hub}{f':{config}' if config else ''}, split {split} (datasets)"
     n = len(data.files)
@@ -100,7 +103,7 @@ def describe(data: CorpusSpec | TaskData) -> str:
             break
         shown.append(name)
     rest = n - len(shown)
-    return head + ", ".join(shown) + (f", ... ({rest} more)" if rest else "")
+    return head + ", ".join(shown) + (f", ... ({rest} more)" if rest else "") + part
 
 
 def data_tags(cfg: ExperimentConfig) -> dict[str, str]:

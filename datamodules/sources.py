@@ -12,7 +12,8 @@ A corpus is
   explicitly. Its ``train`` split is read.
 
 A task's data is a local ``.tsv``/``.csv``/``.json``/``.jsonl`` file (optionally ``.gz``) or a
-hub name, whose ``train`` (``validation``) split is read unless the task names another.
+hub name, whose ``train`` (``validation``) split is read unless the task names another. A catalog
+split may be part of one file (:mod:`ablate.datamodules.slices`): a task reads that part.
 
 A hub name that the data catalog (``ABLATE_DATA_CATALOG``, :mod:`ablate.datamodules.catalog`)
 maps is read from the catalog's local files instead; without the catalog a hub name is only
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local
+from ablate.datamodules.slices import Slice
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.tasks import parse_hub_name
 
@@ -88,6 +90,7 @@ class TaskData:
         files: resolved local files; empty for a hub dataset.
         config: hub config name, if any.
         catalog: the data catalog file that mapped the hub name ``name`` to ``files``, if one did.
+        slice: the part of its one file the catalog maps the split to (None: all of ``files``).
     """
 
     key: str
@@ -97,6 +100,11 @@ class TaskData:
     files: tuple[str, ...] = ()
     config: str | None = None
     catalog: str | None = None
+    slice: Slice | None = None
+
+    def slice_error(self, problem: str) -> DataError:
+        """The error of a slice the file cannot give, naming the setting, the catalog and the slice."""
+        return DataError(f"{self.key}: {self.name}: {ENV}: {self.catalog}: {self.split}: {self.slice}: {problem}")
 
     @property
     def is_file(self) -> bool:
@@ -140,8 +148,11 @@ def _catalog_files(
     if patterns is None:
         return None
     found: list[Path] = []
+    sliced = catalog.slice_of(name, split)
     for pattern in patterns:
         files, problem = _expand(pattern, builders, kinds)
+        if sliced is not None and Path(pattern).is_dir():
+            problem = f"a folder; {sliced} is of one file"
         if problem:
             raise DataError(f"{key}: {name}: {ENV}: {catalog.file}: {split}: {pattern}: {problem}")
         found += files
@@ -189,6 +200,10 @@ def resolve_corpus(corpus: str, text_field: str = "text") -> CorpusSpec:
             _hub_form("data.corpus", corpus)
             path_name, config = parse_hub_name(corpus)
             return CorpusSpec(corpus, path_name, config_name=config, text_field=text_field)
+        sliced = catalog.slice_of(corpus, "train")
+        if sliced is not None:
+            where = f"{ENV}: {catalog.file}: train: {sliced}"
+            raise error(corpus, f"{where}: a corpus reads whole files (slices are a task's)")
         return _local_corpus(corpus, mapped, text_field, str(catalog.file))
     files, problem = _expand(corpus, _BUILDERS, kinds)
     if problem:
@@ -257,5 +272,6 @@ def resolve_task(key: str, name: str, split: str | None = None, default_split: s
         _hub_form(key, name)
         hub, config = parse_hub_name(name)
         return TaskData(key, name, split, hub, config=config)
-    files = [str(f.resolve()) for f in mapped]
-    return TaskData(key, name, split, _task_builder(key, name, mapped), tuple(files), catalog=str(catalog.file))
+    files = tuple(str(f.resolve()) for f in mapped)
+    sliced = catalog.slice_of(name, split)
+    return TaskData(key, name, split, _task_builder(key, name, mapped), files, catalog=str(catalog.file), slice=sliced)

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ablate.datamodules.catalog import hub_hint
 from ablate.datamodules.rows import Rows, longest, padded
+from ablate.datamodules.slices import Slice, SliceError
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.span_dev import Reference, SpanDev, Windows
 from ablate.datamodules.tokenizer import special_ids
@@ -101,17 +102,22 @@ def _open(path: str) -> Any:
     return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")  # noqa: SIM115
 
 
-def _read_file(path: str) -> list[Question]:
-    """A local file: the official JSON, a JSON list of flat rows, or JSON lines of flat rows."""
+def _read_file(path: str, part: Slice | None = None) -> list[Question]:
+    """A local file: the official JSON, a JSON list of flat rows, or JSON lines of flat rows; ``part``
+    the data catalog's slice of it (articles of the official JSON, or rows: questions), else SliceError."""
     with _open(path) as fh:
         text = fh.read()
     try:
         tree = json.loads(text)
     except json.JSONDecodeError:
-        return _flat([json.loads(line) for line in text.splitlines() if line.strip()])
-    if isinstance(tree, dict) and "data" in tree:
-        return _official(tree)
-    return _flat(tree if isinstance(tree, list) else [tree])
+        tree = [json.loads(line) for line in text.splitlines() if line.strip()]
+    official = isinstance(tree, dict) and "data" in tree
+    if part is not None and part.unit == "articles" and not official:
+        raise SliceError("the file holds flat rows, not the official JSON's articles: slice it by rows")
+    if part is not None and part.unit == "articles":
+        return _official({"data": part.take(tree["data"])})
+    questions = _official(tree) if official else _flat(tree if isinstance(tree, list) else [tree])
+    return questions if part is None else part.take(questions)
 
 
 def read_questions(src: TaskData, limit: int | None, no_answer: bool) -> list[Question]:
@@ -119,10 +125,12 @@ def read_questions(src: TaskData, limit: int | None, no_answer: bool) -> list[Qu
     ``answer_start``; a question without answers only with ``no_answer``. DataError naming the file."""
     try:
         if src.files:
-            questions = [q for path in src.files for q in _read_file(path)]
+            questions = [q for path in src.files for q in _read_file(path, src.slice)]
         else:
             ds: Any = datasets.load_dataset(src.builder, src.config, split=src.split)
             questions = _flat(list(ds))
+    except SliceError as exc:
+        raise src.slice_error(str(exc)) from None
     except (KeyError, TypeError, ValueError, OSError) as exc:
         what = "cannot read" if src.files else f"cannot load the hub dataset's {src.split!r} split"
         hint = "" if src.files else hub_hint(src.name)

@@ -4,7 +4,8 @@ task's kind.
 
 TSV files are read as the project's GLUE copies are written: tab-separated, no
 quoting (a text may start with ``"``), ``\\`` escaping a backslash, and texts such as ``NA`` kept as
-they are. :func:`check_task_data` reads only the labels (and each file's header) of the splits held
+they are. A split the data catalog maps to part of a file reads those rows (:func:`local_rows`).
+:func:`check_task_data` reads only the labels (and each file's header) of the splits held
 locally, so a study is refused a missing column or a bad label before any of its runs exists.
 """
 
@@ -91,6 +92,37 @@ def _csv_options(src: TaskData) -> dict[str, Any]:
     return {"delimiter": ",", "quoting": 3, "na_filter": False}  # "NA", "null" are sentences too
 
 
+def _by_rows(src: TaskData) -> None:
+    """Refuse a catalog slice of ``src``'s file by articles (SQuAD's): a task of rows reads rows."""
+    if src.slice is not None and src.slice.unit != "rows":
+        raise src.slice_error("a task of rows reads rows: 'A:B' (articles are SQuAD's)")
+
+
+def local_rows(src: TaskData, **options: Any) -> Any:
+    """A streaming ``datasets`` dataset of the rows of ``src``'s local files, or of the catalog's slice
+    of its file; ``options`` go to the reader (``usecols``).
+
+    Raises:
+        DataError: the catalog slices the file by articles (SQuAD's), not rows.
+    """
+    _by_rows(src)
+    options |= _csv_options(src)
+    ds = datasets.load_dataset(src.builder, data_files=list(src.files), split="train", streaming=True, **options)
+    return ds if src.slice is None else src.slice.stream(ds)
+
+
+def check_read(src: TaskData, read: int, limit: int | None) -> None:
+    """Raise where ``src``'s slice reaches past its file's end: ``read`` rows came before the stream
+    ended (it ends early only at ``limit``).
+
+    Raises:
+        DataError: naming the setting, the catalog and the slice, and how many rows the file has.
+    """
+    problem = src.slice.short(read) if src.slice is not None and (limit is None or read < limit) else None
+    if problem:
+        raise src.slice_error(problem)
+
+
 def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: list[str]) -> dict[str, list[Any]]:
     """The ``columns`` of a split (its first ``limit`` rows), read through ``datasets``; ``fields``
     names each column's setting (``label_field``, ``text_fields``) for the error of a missing one.
@@ -103,13 +135,9 @@ def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: l
     columns = list(dict.fromkeys(columns))  # the label first, then the text fields
     found: list[str] | None = None
     out: dict[str, list[Any]] = {c: [] for c in columns}
+    _by_rows(src)  # its own error, not the reading's
     try:
-        if src.files:
-            ds: Any = datasets.load_dataset(
-                src.builder, data_files=list(src.files), split="train", streaming=True, **_csv_options(src)
-            )
-        else:
-            ds = datasets.load_dataset(src.builder, src.config, split=src.split)
+        ds: Any = local_rows(src) if src.files else datasets.load_dataset(src.builder, src.config, split=src.split)
         for batch in ds.iter(batch_size=READ_BATCH):
             found = found or list(batch)
             if any(c not in batch for c in columns):
@@ -127,6 +155,7 @@ def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: l
     for c, field in zip(columns, fields, strict=False):
         if found is not None and c not in found:
             raise _missing(src, field, c, found)
+    check_read(src, len(out[columns[0]]), limit)
     if not out[columns[0]]:
         raise DataError(f"{src.key}: {src.name}: no examples")
     return out
@@ -198,14 +227,7 @@ def _check_split(src: TaskData, stamp: tuple[tuple[int, int], ...], cfg: Schema,
         if header and c not in header:
             raise _missing(src, field, c, header)
     if src.builder == "csv":  # the labels alone: a study's check reads no text
-        ds: Any = datasets.load_dataset(
-            src.builder,
-            data_files=list(src.files),
-            split="train",
-            streaming=True,
-            usecols=[cfg.label_field],
-            **_csv_options(src),
-        )
+        ds: Any = local_rows(src, usecols=[cfg.label_field])
         labels: list[Any] = []
         try:
             for batch in ds.iter(batch_size=READ_BATCH):
@@ -215,6 +237,7 @@ def _check_split(src: TaskData, stamp: tuple[tuple[int, int], ...], cfg: Schema,
         except Exception as exc:  # noqa: BLE001 - any failure to read is the data's problem
             first = (str(exc).splitlines() or [""])[0]
             raise DataError(f"{src.key}: {src.name}: cannot read: {type(exc).__name__}: {first}") from None
+        check_read(src, len(labels), limit)
         if not labels:
             raise DataError(f"{src.key}: {src.name}: no examples")
         check_labels(src, labels[:limit], cfg)
