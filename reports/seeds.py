@@ -11,7 +11,7 @@ Seeds reach a table two ways, and both become samples of a cell:
   run that logged it is a sample instead of the trial. A trial's metrics that combine its tasks are
   recomputed per seed from the seeds every task ran, by the formula of :data:`ACROSS_TASKS`
   (``downstream/avg``: that seed's mean over the tasks of each task's best ``finetune.metric``;
-  ``glue/score``: of the GLUE tasks' ``best_score``) whose mean over the seeds gives back the
+  ``glue/score`` and ``glue/bert_avg``: the two GLUE conventions) whose mean over the seeds gives back the
   trial's logged figure; other trial metrics stay one sample per trial.
 
 With both (several trials per row, each fine-tuned with several seeds) a row's samples are all
@@ -25,13 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
+from ablate.lightning_modules.config.glue import BERT_AVERAGE, GLUE, LEADERBOARD, Convention
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG, NAMESPACES
 
 #: Columns of a samples frame.
 SAMPLE_COLUMNS = ["row", "run_id", "seed", "metric", "value"]
-#: The GLUE benchmark's tasks (``nyu-mll/glue`` configs) and the one its score leaves out by default.
-GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
-WNLI = "wnli"
 
 Formula = Callable[[pd.DataFrame], float | None]
 
@@ -57,15 +55,30 @@ def _mean_of(names: Callable[[str, str], str | None]) -> Formula:
     return formula
 
 
+def _glue(convention: Convention, wnli: bool) -> Formula:
+    """A formula: ``convention``'s GLUE average of one seed's stage runs (one per task, named as GLUE's)."""
+
+    def formula(stages: pd.DataFrame) -> float | None:
+        devs = {t: tuple(d.name for d in GLUE[t].dev_sets) for t in stages["task"] if t in GLUE}
+        best = {
+            column: float(stages[column].iloc[i])
+            for i, task in enumerate(stages["task"])
+            for dev in devs.get(task, ())
+            for column in stages.columns
+            if column.startswith(f"{dev}/") and not pd.isna(stages[column].iloc[i])
+        }
+        return convention.average(best, devs, wnli)
+
+    return formula
+
+
 #: A chained trial's metrics that combine its tasks, and the formulas that may have made one
 #: seed's value from that seed's stage runs (a frame, one row per task): the first whose mean over
 #: the seeds is the trial's logged figure is used (none: the trial's figure stands alone).
 ACROSS_TASKS: dict[str, tuple[Formula, ...]] = {
     DOWNSTREAM_AVG: (_mean_of(lambda task, metric: f"{task}/best_{metric}"),),
-    "glue/score": (  # the mean of the GLUE tasks' best scores, WNLI left out or in
-        _mean_of(lambda task, _: f"{task}/best_score" if task in GLUE_TASKS and task != WNLI else None),
-        _mean_of(lambda task, _: f"{task}/best_score" if task in GLUE_TASKS else None),
-    ),
+    LEADERBOARD.metric: (_glue(LEADERBOARD, wnli=False), _glue(LEADERBOARD, wnli=True)),  # WNLI out or in
+    BERT_AVERAGE.metric: (_glue(BERT_AVERAGE, wnli=False),),
 }
 
 

@@ -22,8 +22,8 @@ import statistics
 from mlflow.entities import Param
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.config.glue import counted, glue_score
-from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG, GLUE_SCORE, GLUE_TASKS, SCORE
+from ablate.lightning_modules.config.glue import CONVENTIONS, counted
+from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG, GLUE_SCORE, GLUE_TASKS
 from ablate.lightning_modules.methods.techniques import stages_of
 from ablate.sweeps.attempts import stopped_stage
 from ablate.sweeps.engine import tracking
@@ -61,7 +61,7 @@ def chained_trial(
         # everything the stage logged (params.*, flops_per_token, latency, probes), not only the trainer's
         metrics = {**pre.metrics, **trial.client.get_run(pre.run_id).data.metrics}
         best, configs = [], []
-        glue: dict[str, float] = {}  # GLUE task -> its score
+        glue: dict[str, tuple[str, ...]] = {}  # GLUE task -> its dev sets' names, as the runs logged them
         for i, task in enumerate(tasks):
             runs: list[dict[str, float]] = []
             for seed in task.seeds or [None]:
@@ -80,12 +80,14 @@ def chained_trial(
                 metrics[f"{key}_std"] = statistics.stdev(r[key] for r in runs)
             best.append(metrics[key])
             if task.glue is not None:
-                glue[task.glue] = metrics[f"{f.task}/best_{SCORE}"]
+                glue[task.glue] = (f.task, *(d.name for d in f.extra_validation))
         if best:
             metrics[DOWNSTREAM_AVG] = sum(best) / len(best)
-        score = glue_score(glue, wnli=wnli)
-        if score is not None:
-            metrics[GLUE_SCORE] = score
+        for convention in CONVENTIONS:  # the leaderboard's glue/score, BERT's glue/bert_avg
+            value = convention.average(metrics, glue, wnli)
+            if value is not None:
+                metrics[convention.metric] = value
+        if GLUE_SCORE in metrics:
             metrics[GLUE_TASKS] = float(len(counted(glue, wnli)))
         techniques = [Param(k, v) for k, v in stages_of(cfg, configs).items()]  # the overview's columns
         trial.client.log_batch(trial.run_id, params=techniques)

@@ -14,10 +14,11 @@ the compute for what GLUE's sentences need). ablate warms up over 10 % of the st
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from ablate.lightning_modules.config.metric_names import GLUE_BERT_AVG, GLUE_SCORE
 from ablate.lightning_modules.config.task_kinds import Kind, Metric
 
 HUB = "nyu-mll/glue"
@@ -58,6 +59,7 @@ class GlueTask:
             stopping watches.
         dev: its dev sets (the first is ``finetune.validation_split``, the others ``extra_validation``).
         recipe: the papers' fine-tuning settings.
+        bert_metric: the metric BERT's Table 1 reports where it is not the first of ``metrics``.
         train_size, dev_size: the hub's example counts (train; each dev set), for the docs and checks.
     """
 
@@ -70,6 +72,13 @@ class GlueTask:
     train_size: int
     dev_size: tuple[int, ...]
     dev: tuple[DevSplit, ...] = ()
+    bert_metric: Metric | None = None
+
+    @property
+    def paper_metric(self) -> Metric:
+        """The one metric BERT's Table 1 reports for the task (Devlin et al. 2019: F1 for MRPC and QQP,
+        Spearman for STS-B, MCC for CoLA, accuracy for the others)."""
+        return self.bert_metric or self.metrics[0]
 
     @property
     def hub(self) -> str:
@@ -133,7 +142,7 @@ GLUE: Mapping[str, GlueTask] = {
         GlueTask("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), "classification",
                  ("f1", "accuracy"), Recipe(5e-5, 128, 14000), 363846, (40430,)),
         GlueTask("stsb", ("sentence1", "sentence2"), None, "regression", ("pearson", "spearman"),
-                 Recipe(2e-5, 16, 3598), 5749, (1500,)),
+                 Recipe(2e-5, 16, 3598), 5749, (1500,), bert_metric="spearman"),
         GlueTask("mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "classification",
                  ("accuracy",), Recipe(3e-5, 128, 10000), 392702, (9815, 9832),
                  dev=(DevSplit("validation_matched", "mnli"), DevSplit("validation_mismatched", "mnli-mm"))),
@@ -157,13 +166,43 @@ def suite(wnli: bool = False) -> tuple[str, ...]:
     return tuple(name for name in GLUE if wnli or name != WNLI)
 
 
-def counted(scores: Mapping[str, float], wnli: bool = False) -> dict[str, float]:
-    """The GLUE tasks' scores (task name -> score) in ``scores`` that the GLUE score averages: every
-    GLUE task's, WNLI's only when ``wnli``."""
-    return {name: score for name, score in scores.items() if name in GLUE and (wnli or name != WNLI)}
+@dataclass(frozen=True)
+class Convention:
+    """One way papers make GLUE's single number from a model's dev results.
+
+    Attributes:
+        metric: the trial metric it is logged as.
+        columns: the ``<dev set>/best_<metric>`` metrics it averages for a task (its GLUE entry and
+            the names of its dev sets as the run logged them: ``("mnli", "mnli-mm")``).
+        wnli: whether WNLI counts; None: as the study says (``glue_wnli``).
+    """
+
+    metric: str
+    columns: Callable[[GlueTask, Sequence[str]], tuple[str, ...]]
+    wnli: bool | None
+
+    def average(self, best: Mapping[str, float], devs: Mapping[str, Sequence[str]], wnli: bool = False) -> float | None:
+        """The mean of its columns over the GLUE tasks in ``devs`` (GLUE name -> the run's dev set names)
+        found in ``best``; None when none counts or one is missing."""
+        counts = wnli if self.wnli is None else self.wnli
+        names = [c for task, d in devs.items() if task != WNLI or counts for c in self.columns(GLUE[task], d)]
+        if not names or any(n not in best for n in names):
+            return None
+        return statistics.fmean(best[n] for n in names)
 
 
-def glue_score(scores: Mapping[str, float], wnli: bool = False) -> float | None:
-    """The GLUE score: the mean of the :func:`counted` tasks' scores; None when none counts."""
-    kept = counted(scores, wnli)
-    return statistics.fmean(kept.values()) if kept else None
+LEADERBOARD = Convention(GLUE_SCORE, lambda task, devs: (f"{devs[0]}/best_score",), wnli=None)
+"""The GLUE leaderboard's score (Wang et al. 2019): the mean over the tasks of each task's score, the
+mean of its metrics (MNLI's over its matched and mismatched dev sets); the leaderboard counts WNLI,
+a study only with ``glue_wnli`` (BERT, DistilBERT and ALBERT leave it out of their dev averages)."""
+BERT_AVERAGE = Convention(
+    GLUE_BERT_AVG, lambda task, devs: tuple(f"{d}/best_{task.paper_metric}" for d in devs), wnli=False
+)
+"""BERT's Table 1 "Average" (Devlin et al. 2019): one metric per task (:attr:`GlueTask.paper_metric`),
+MNLI-m and MNLI-mm as two columns, WNLI left out."""
+CONVENTIONS = (LEADERBOARD, BERT_AVERAGE)
+
+
+def counted(tasks: Iterable[str], wnli: bool = False) -> list[str]:
+    """The GLUE tasks among ``tasks`` the leaderboard's score averages: WNLI only when ``wnli``."""
+    return [name for name in tasks if name in GLUE and (wnli or name != WNLI)]

@@ -24,7 +24,10 @@ DOWNSTREAM_AVG = "downstream/avg"
 SCORE = "score"
 """``<task>/score``: a task's score, the mean of its ``finetune.score_metrics`` over its dev sets (GLUE's)."""
 GLUE_SCORE = "glue/score"
-"""A chained trial's GLUE score: the mean over its GLUE tasks of ``<task>/best_score`` (WNLI as the study says)."""
+"""A chained trial's GLUE score as the leaderboard makes it: the mean over its GLUE tasks of ``<task>/best_score``
+(WNLI as the study says)."""
+GLUE_BERT_AVG = "glue/bert_avg"
+"""A chained trial's average as BERT's Table 1 makes it: one metric per GLUE task, MNLI-m and -mm apart, no WNLI."""
 GLUE_TASKS = "glue/tasks"
 """How many GLUE tasks ``glue/score`` averages (8 for the whole benchmark without WNLI)."""
 TASK_STAGES = ("", "best_", "final_")

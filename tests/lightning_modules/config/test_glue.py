@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from ablate.lightning_modules.config.finetune import KIND_METRICS, FinetuneConfig
-from ablate.lightning_modules.config.glue import GLUE, counted, glue_score, suite
+from ablate.lightning_modules.config.glue import BERT_AVERAGE, GLUE, LEADERBOARD, counted, suite
 from ablate.lightning_modules.config.load import build_config
 
 
@@ -54,13 +54,32 @@ def test_the_papers_settings_per_task():
     assert r["mrpc"] == (2e-5, 32, 800) and r["mnli"] == (3e-5, 128, 10000) and r["cola"] == (1e-5, 16, 5336)
 
 
-def test_the_glue_score_is_the_mean_of_task_scores_without_wnli_by_default():
-    scores = {"mrpc": 0.8, "stsb": 0.6, "wnli": 0.1, "mytask": 0.0}
-    assert counted(scores) == {"mrpc": 0.8, "stsb": 0.6}
-    assert glue_score(scores) == pytest.approx(0.7)
-    assert glue_score(scores, wnli=True) == pytest.approx(0.5)
-    assert glue_score({"mytask": 1.0}) is None
+def test_the_leaderboards_score_is_the_mean_of_task_scores_without_wnli_by_default():
+    best = {"mrpc/best_score": 0.8, "stsb/best_score": 0.6, "wnli/best_score": 0.1, "mytask/best_score": 0.0}
+    devs = {"mrpc": ("mrpc",), "stsb": ("stsb",), "wnli": ("wnli",)}
+    assert counted(["mrpc", "stsb", "wnli", "mytask"]) == ["mrpc", "stsb"]
+    assert LEADERBOARD.average(best, devs) == pytest.approx(0.7)
+    assert LEADERBOARD.average(best, devs, wnli=True) == pytest.approx(0.5)
+    assert LEADERBOARD.average(best, {}) is None
+    assert LEADERBOARD.average(best, {"rte": ("rte",)}) is None  # a task's figure missing: no score
     assert "wnli" not in suite() and len(suite()) == 8 and suite(wnli=True) == tuple(GLUE)
+
+
+# BERT-base's GLUE test figures, Table 1 of Devlin et al. (2019): the "Average" column is 79.6
+BERT_BASE = {
+    "mnli/best_accuracy": 84.6, "mnli-mm/best_accuracy": 83.4, "qqp/best_f1": 71.2, "qnli/best_accuracy": 90.5,
+    "sst2/best_accuracy": 93.5, "cola/best_mcc": 52.1, "stsb/best_spearman": 85.8, "mrpc/best_f1": 88.9,
+    "rte/best_accuracy": 66.4, "wnli/best_accuracy": 65.1,
+}  # fmt: skip
+
+
+def test_berts_average_is_its_table_1_column_average():
+    devs = {name: tuple(d.name for d in task.dev_sets) for name, task in GLUE.items()}
+    assert round(BERT_AVERAGE.average(BERT_BASE, devs, wnli=True), 1) == 79.6  # WNLI never counts
+    assert GLUE["stsb"].paper_metric == "spearman" and GLUE["mrpc"].paper_metric == "f1"
+    # the leaderboard's convention over the same tasks: MNLI's score is the mean of m and mm
+    scores = {f"{name}/best_score": v for name, v in [("mnli", 84.0), ("rte", 66.0)]}
+    assert LEADERBOARD.average(scores, {"mnli": ("mnli", "mnli-mm"), "rte": ("rte",)}) == pytest.approx(75.0)
 
 
 @pytest.mark.parametrize(
