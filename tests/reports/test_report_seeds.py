@@ -84,6 +84,7 @@ def uri(tmp_path_factory):
                     "downstream/avg": (sst2 + mnli) / 2,
                     # the mean of the tasks' scores (MNLI's over both dev sets); wide's made some other way
                     "glue/score": (sst2 + (mnli + mm) / 2) / 2 if variant == "base" else 0.5,
+                    "glue/bert_avg": (sst2 + mnli + mm) / 3,  # BERT's: MNLI-m and -mm two columns
                     "params.backbone": 4.0e6,
                 }
                 trial = _trial(client, exp, study, parent, i, {"variant": variant, "seed": 0}, carried)
@@ -195,6 +196,7 @@ def test_a_chained_trials_fine_tuning_seeds_come_from_its_stage_runs(uri):
                 {"name": "mnli-mm/best_accuracy", "label": "MNLI-mm", "format": "percent"},
                 {"name": "downstream/avg", "label": "Avg", "format": "percent"},
                 {"name": "glue/score", "label": "GLUE", "format": "percent"},
+                {"name": "glue/bert_avg", "label": "BERT avg", "format": "percent"},
                 {"name": "params.backbone", "label": "Params", "format": "millions"},
             ],
         }
@@ -218,6 +220,9 @@ def test_a_chained_trials_fine_tuning_seeds_come_from_its_stage_runs(uri):
         statistics.stdev(glue)
     )
     assert st.at["wide", "glue/score.n"] == 1 and st.at["wide", "glue/score.mean"] == 0.5  # no formula gives it
+    bert = [(s + m + x) / 3 for s, m, x in CHAINED["base"]]  # per seed, BERT's Table 1 average
+    assert st.at["base", "glue/bert_avg.n"] == 3
+    assert st.at["base", "glue/bert_avg.std"] == pytest.approx(statistics.stdev(bert))
     # a trial metric no stage carries stays one per trial (the stages' own params.backbone is not it)
     assert st.at["base", "params.backbone.n"] == 1 and st.at["base", "params.backbone.mean"] == 4.0e6
     wide = [s for s, _, _ in CHAINED["wide"]]

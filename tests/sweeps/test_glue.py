@@ -126,6 +126,7 @@ def test_a_chained_study_reports_the_glue_score(glue, tmp_path, wiki_validation,
     m = trial.data.metrics
     assert m["glue/tasks"] == 2
     assert m["glue/score"] == pytest.approx(statistics.fmean([m["mrpc/best_score"], m["stsb/best_score"]]))
+    assert m["glue/bert_avg"] == pytest.approx(statistics.fmean([m["mrpc/best_f1"], m["stsb/best_spearman"]]))
     assert m["mrpc/best_score"] == pytest.approx((m["mrpc/best_f1"] + m["mrpc/best_accuracy"]) / 2)
     best = [m["mrpc/best_f1"], m["stsb/best_pearson"], m["mine/best_accuracy"]]
     assert m["downstream/avg"] == pytest.approx(statistics.fmean(best))
