@@ -9,7 +9,8 @@
 - :func:`outputs`: run a graph with ONNX Runtime on ablate's batches, as the model's forward returns them.
 - :func:`export_onnx`: the export folder: ``model.onnx`` (fp32, or quantized by
   :mod:`~ablate.lightning_modules.interop.onnx_quant`), the run's tokenizer, ``ablate.yaml`` (the run's
-  config) and ``onnx.json`` (inputs, outputs, labels, what was quantized, the checks' figures), written
+  config), ``onnx.json`` (inputs, outputs, labels, what was quantized, the checks' figures) and ``README.md``
+  (:mod:`~ablate.lightning_modules.interop.onnx_card`: the same facts, and a snippet that runs it), written
   through :func:`~ablate.lightning_modules.interop.hub.staged`, so a failed check leaves nothing.
 
 onnx and onnxruntime come from the ``onnx`` extra (:func:`require_onnx`); this module imports without them.
@@ -30,7 +31,8 @@ from torch import nn
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
 from ablate.lightning_modules.interop.classifier import EXPORT_YAML, export_labels, label_names
-from ablate.lightning_modules.interop.hub import redact, save_tokenizer, staged
+from ablate.lightning_modules.interop.hub import CARD, redact, save_tokenizer, staged
+from ablate.lightning_modules.interop.onnx_card import onnx_card
 from ablate.lightning_modules.interop.onnx_check import (
     INPUTS,
     METRICS,
@@ -154,6 +156,13 @@ class OnnxExport:
         return "; ".join([*parts, *self.notes])
 
 
+def _shapes(model: Classifier | SpanModel) -> dict[str, list[str | int]]:
+    """Each output's shape: ``logits`` ``(batch, num_labels)``, or ``(batch, sequence)`` start and end logits."""
+    if isinstance(model, Classifier):
+        return {"logits": ["batch", model.num_labels]}
+    return {name: ["batch", "sequence"] for name in output_names(model)}
+
+
 def _meta(
     model: Classifier | SpanModel,
     cfg: ExperimentConfig,
@@ -162,9 +171,7 @@ def _meta(
     how: dict[str, object],
 ) -> dict[str, object]:
     axes = ["batch", "sequence"]
-    outs: dict[str, list[str | int]] = {name: ["batch", "sequence"] for name in output_names(model)}
-    if isinstance(model, Classifier):
-        outs = {"logits": ["batch", model.num_labels]}
+    outs = _shapes(model)
     return {
         "format": "onnx",
         "file": ONNX_FILE,
@@ -194,10 +201,12 @@ def export_onnx(
     tokenizer: Path | None = None,
     labels: Sequence[str] | None = None,
     own: tuple[nn.Module, str] | None = None,
+    source: str | None = None,
 ) -> OnnxExport:
     """Write ``model`` to the new folder ``out_dir`` as ONNX (fp32, or quantized as ``quantize`` says: one of
     :data:`~ablate.lightning_modules.interop.onnx_quant.QUANTIZERS`), checked on ``rows`` (a quantized graph
-    also against ``own``: a quantized run's model as it scored it, and what it is).
+    also against ``own``: a quantized run's model as it scored it, and what it is), with its card (``README.md``,
+    :mod:`~ablate.lightning_modules.interop.onnx_card`; ``source``: where the model comes from, ``runs:/RUN_ID``).
 
     Raises:
         ConfigError: onnx extra missing, a quantization ONNX Runtime cannot hold, a model the exporter cannot
@@ -218,9 +227,9 @@ def export_onnx(
         q_check: Check | None = None
         how: dict[str, object] = {}
         if quantize is not None:  # the quantized graph replaces the fp32 one
-            source = fp32.replace(tmp / f"{FP32_STEM}.onnx")
-            q_check, how = quantized(quantize, model, source, fp32, rows, want, own)
-            source.unlink()
+            unquantized = fp32.replace(tmp / f"{FP32_STEM}.onnx")
+            q_check, how = quantized(quantize, model, unquantized, fp32, rows, want, own)
+            unquantized.unlink()
         result = OnnxExport(quantize, check, q_check, notes, tokenizer is not None)
         if tokenizer is not None:
             length = min(cfg.finetune.max_length, cfg.model.max_position)
@@ -228,4 +237,16 @@ def export_onnx(
         (tmp / EXPORT_YAML).write_text(redact(to_yaml(cfg)), encoding="utf-8")
         meta = _meta(model, cfg, result, names, how)
         (tmp / ONNX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        checks = (check, q_check)
+        card = onnx_card(
+            cfg,
+            _shapes(model),
+            names,
+            checks,
+            quantize=quantize,
+            source=source,
+            tolerance=PARITY_TOL,
+            exits=bool(notes),
+        )
+        (tmp / CARD).write_text(card, encoding="utf-8")
     return result

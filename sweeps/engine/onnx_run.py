@@ -81,7 +81,17 @@ def export_run_onnx(
             raise ConfigError(f"--format onnx: run {run_id} logged no tokenizer, and the checks read its dev rows")
         static = quantize is not None and parse(quantize) is parse("static-int8")
         rows = task_rows(cfg.finetune, tok, train_rows=CALIBRATION_ROWS if static else 0)
-        return export_onnx(model, cfg, Path(out_dir), rows, quantize=quantize, tokenizer=tok, labels=labels, own=own)
+        return export_onnx(
+            model,
+            cfg,
+            Path(out_dir),
+            rows,
+            quantize=quantize,
+            tokenizer=tok,
+            labels=labels,
+            own=own,
+            source=f"{RUNS}{run_id}",
+        )
 
 
 def _quantized_form(uri: str, run_id: str, method: str, asked: str | None) -> tuple[str, tuple[nn.Module, str]]:
