@@ -1,13 +1,17 @@
 """``ablate report --experiment NAME [--tag KEY=VALUE ...]``: the ``ablate train`` runs of an MLflow
 experiment as a report, in the files a study's report has. One row per run, the earliest started
-first: its run id, its name and the config fields that differ between the runs, then every metric it
-logged at its last value (Lightning's ``epoch`` and ``lr-*`` left out). ``report.md`` adds the settings
-every run shares; ``runs.csv`` has each run's whole flattened config and every metric.
+first (runs that differ only in ``seed``: one row, with intervals over the seeds): its run id, its
+name and the config fields that differ between the runs, then every metric it logged at its last
+value (Lightning's ``epoch`` and ``lr-*`` left out). ``report.md`` adds the settings every run
+shares; ``runs.csv`` has each run's whole flattened config and every metric.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pandas as pd
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.build import ReportResult, build_report
@@ -26,21 +30,44 @@ def _format(name: str) -> Format:
     return next((fmt for start, fmt in FORMATS.items() if name.startswith(start)), "float")
 
 
-def experiment_spec(runs: ExperimentRuns, experiment: str, where: dict[str, str]) -> ReportSpec:
-    """The report spec of an experiment's runs: rows by run id in start order, the run name and the
-    varying config fields as details (headed by their dotted names), every metric a column."""
+SEED = "seed"
+SEEDS_ROW = "runs"
+"""The row key of runs that differ only in their seed: their run ids, shortened, in start order."""
+
+
+def seed_groups(runs: ExperimentRuns) -> ExperimentRuns | None:
+    """``runs`` with a :data:`SEEDS_ROW` column that puts the runs differing only in ``seed`` in one row
+    (one row per other setting; its samples: one per seed); None when no two runs differ only so."""
+    if SEED not in runs.varying:
+        return None
+    others = [p for p in runs.varying if p != SEED]
+    frame = runs.frame.copy()
+    keys = frame[others].astype(str).agg(" | ".join, axis=1) if others else pd.Series("", index=frame.index)
+    if keys.value_counts().max() < 2:
+        return None
+    labels = frame["run_id"].groupby(keys, sort=False).agg(lambda ids: ", ".join(i[:8] for i in ids))
+    frame[SEEDS_ROW] = keys.map(labels)
+    return dataclasses.replace(runs, frame=frame)
+
+
+def experiment_spec(runs: ExperimentRuns, experiment: str, where: dict[str, str], by_seed: bool) -> ReportSpec:
+    """The report spec of an experiment's runs: rows by run id in start order (``by_seed``: runs that differ
+    only in their seed in one row, with intervals over the seeds), the run name and the varying config
+    fields as details (headed by their dotted names), every metric a column."""
     metrics = [m for m in runs.metrics if not m.startswith(LEFT_OUT)]
     if not metrics:
         raise ConfigError(f"--experiment {experiment}: its runs logged no metrics yet")
     details = ("run_name", *runs.varying)
     chosen = "".join(f", {key}={value}" for key, value in where.items())
+    row = SEEDS_ROW if by_seed else "run_id"
+    order = tuple(runs.frame[row].drop_duplicates()) if by_seed else tuple(runs.started)
     return ReportSpec(
-        title=f"ablate train runs of experiment {experiment}{chosen}",
-        rows=("run_id",),
+        title=f"ablate train runs of experiment {experiment}{chosen}" + (", seeds in one row" if by_seed else ""),
+        rows=(row,),
         metrics=tuple(MetricSpec(name=m, format=_format(m)) for m in metrics),
-        row_labels={"run_id": "run", **{d: d for d in details}},
+        row_labels={row: "run ids" if by_seed else "run", **{d: d for d in details}},
         details=details,
-        order={"run_id": tuple(runs.started)},
+        order={row: order},
         reference="none",
     )
 
@@ -60,5 +87,6 @@ def build_experiment_report(experiment: str, where: dict[str, str], tracking_uri
         chosen = f" with {', '.join(f'{k}={v}' for k, v in where.items())}" if where else ""
         study = f"; it holds {runs.others} runs of a study: ablate report {experiment}" if runs.others else ""
         raise ConfigError(f"--experiment {experiment}: no ablate train runs{chosen} in {redact(tracking_uri)}{study}")
-    spec = experiment_spec(runs, experiment, where)
-    return build_report(spec, experiment, tracking_uri, out, log_to_parent=False, train_runs=runs)
+    grouped = seed_groups(runs)
+    spec = experiment_spec(grouped or runs, experiment, where, by_seed=grouped is not None)
+    return build_report(spec, experiment, tracking_uri, out, log_to_parent=False, train_runs=grouped or runs)

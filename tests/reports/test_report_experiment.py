@@ -16,7 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, wiki_validation):
-    """Two ``ablate train`` runs in experiment ``exp`` (sharing all, then none), one in ``other``."""
+    """Two ``ablate train`` runs in experiment ``exp`` (sharing all, then none), one in ``other``; in
+    ``seeds``, sharing all with seeds 0 and 1 and sharing none with seed 0."""
     root = tmp_path_factory.mktemp("train-runs")
     base = tiny_base(root, wiki_validation, max_steps=2, val_every=2, measure=False)
     base["tracking"]["experiment"] = "exp"
@@ -24,6 +25,10 @@ def trained(tmp_path_factory, wiki_validation):
     config.write_text(yaml.safe_dump(base))
     for args in (["model.sharing=all"], ["model.sharing=none"], ["tracking.experiment=other"]):
         assert main(["train", str(config), *args]) == 0
+    for sharing, seed in (("all", 0), ("all", 1), ("none", 0)):
+        assert (
+            main(["train", str(config), "tracking.experiment=seeds", f"model.sharing={sharing}", f"seed={seed}"]) == 0
+        )
     return root, f"sqlite:///{root / 'runs' / 'mlflow.db'}"
 
 
@@ -46,6 +51,22 @@ def test_an_experiments_train_runs_one_row_each(trained, tmp_path, capsys):
     assert "| trainer.max_steps | 2 |" in md  # the settings every run shares
     assert "Experiment: `exp`" in md and "Missing: none" in md
     assert "report written to" in capsys.readouterr().out
+
+
+def test_runs_that_differ_only_in_seed_are_one_row_with_an_interval(trained, tmp_path):
+    _, uri = trained
+    out = tmp_path / "report"
+    assert main(["report", "--experiment", "seeds", "--tracking-uri", uri, "--out", str(out)]) == 0
+    runs = pd.read_csv(out / "runs.csv")
+    table = pd.read_csv(out / "report.csv").set_index("model.sharing")
+    assert list(table.index) == ["all", "none"] and list(table["n"]) == [2, 1]
+    seeded = runs[runs["model.sharing"] == "all"]["val/loss"]
+    assert table.at["all", "val/loss.mean"] == pytest.approx(seeded.mean())
+    assert table.at["all", "val/loss.std"] == pytest.approx(seeded.std())  # two seeds: a spread and an interval
+    assert table.at["all", "seed"] == "0 / 1"
+    md = (out / "report.md").read_text()
+    assert md.startswith("# ablate train runs of experiment seeds, seeds in one row")
+    assert "| run ids | run_name | model.sharing | seed |" in md.splitlines()[2] and " ± " in md
 
 
 def test_tag_picks_runs_by_param(trained, tmp_path):
