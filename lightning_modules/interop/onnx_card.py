@@ -196,7 +196,7 @@ def _checked(cfg: ExperimentConfig, parity: Check, quantized: Check | None, quan
             f"{q.metric_onnx:.2f} on the same rows against fp32's {q.metric_torch:.2f} (the export fails more than "
             "1 point under)"
             + (f", {q.agreement:.1f}% of its predictions as fp32's" if q.agreement is not None else "")
-            + (f", {q.agreement_ablate:.1f}% as {q.ablate_quantized}'s" if q.agreement_ablate is not None else "")
+            + (f", {q.agreement_ablate:.1f}% as {q.ablate_quantized}" if q.agreement_ablate is not None else "")
             + "."
         )
     return text + " The figures are in `onnx.json` (`checks`)."
