@@ -21,11 +21,12 @@ from pydantic.dataclasses import dataclass
 from ablate.lightning_modules.config.distill import DistillConfig, schedule
 from ablate.lightning_modules.config.errors import STRICT, FieldError
 from ablate.lightning_modules.config.fields import NonNegFloat, NonNegInt, PosInt
-from ablate.lightning_modules.config.finetune import SPAN_METRICS, FinetuneConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.prune import PruneConfig
 from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
 from ablate.lightning_modules.config.run import OptimConfig, TrackingConfig, TrainerConfig
+from ablate.lightning_modules.config.task_kinds import SPAN_METRICS
 from ablate.lightning_modules.config.yamlio import dump_yaml
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]

@@ -13,10 +13,9 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
 from ablate.lightning_modules.config.errors import STRICT, FieldError
-from ablate.lightning_modules.config.task_kinds import KIND_METRICS, SPAN_METRICS, Kind, Metric
-from ablate.lightning_modules.config.tasks import GlueName, task_defaults
-
-__all__ = ["KIND_METRICS", "SPAN_METRICS", "DevSet", "FinetuneConfig", "Kind", "Metric"]
+from ablate.lightning_modules.config.glue import GlueName
+from ablate.lightning_modules.config.task_kinds import KIND_METRICS, Kind, Metric
+from ablate.lightning_modules.config.tasks import task_defaults
 
 
 @dataclass(frozen=True, config=STRICT)

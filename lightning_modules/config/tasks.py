@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ablate.lightning_modules.config.glue import GLUE, GlueName
+from ablate.lightning_modules.config.glue import GLUE
 
-__all__ = ["KNOWN_TASKS", "SQUAD", "GlueName", "HubName", "SquadTask", "parse_hub_name", "task_defaults", "task_of_hub"]
+__all__ = ["KNOWN_TASKS", "SQUAD", "HubName", "SquadTask", "parse_hub_name", "task_defaults", "task_of_hub"]
 
 HubName = tuple[str, str | None]
 """A hub dataset: its path (``owner/name`` or ``name``) and config (None: the dataset's default)."""

@@ -24,9 +24,10 @@ from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.config.finetune import FinetuneConfig, Kind
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.config.task_kinds import Kind
 from ablate.lightning_modules.interop.maps import (
     CLASSIFIER_CLASSES,
     albert_identity_in,

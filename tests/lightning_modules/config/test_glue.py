@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ablate.lightning_modules.config.finetune import KIND_METRICS, FinetuneConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.glue import BERT_AVERAGE, GLUE, LEADERBOARD, counted, suite
 from ablate.lightning_modules.config.load import build_config
+from ablate.lightning_modules.config.task_kinds import KIND_METRICS
 
 
 def test_the_nine_tasks_by_hub_name_with_glues_metrics():
