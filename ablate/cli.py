@@ -1,4 +1,4 @@
-"""The ``ablate`` command line: params, train, sweep, report, export, bench (what each does is in
+"""The ``ablate`` command line: params, train, sweep, report, export, predict, bench (what each does is in
 :mod:`ablate.commands`).
 
 Errors a user can cause end with one line ``error: ...`` and exit status 2; SIGINT and SIGTERM with
@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     from ablate.reports.catalog import names as report_names
 
     p = argparse.ArgumentParser(
-        prog="ablate", description="BERT compression ablations: params, train, sweep, report, export."
+        prog="ablate", description="BERT compression ablations: params, train, sweep, report, export, predict."
     )
     p.add_argument("--version", action="version", version=f"ablate {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -141,6 +141,25 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--push-to-hub", metavar="REPO", help="then upload the folder to this Hugging Face Hub repo")
     s.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     s.set_defaults(func=cmd_export)
+    s = sub.add_parser(
+        "predict",
+        help="a fine-tuning run's model predicts a file of its task: GLUE's submission TSV (index, prediction), "
+        "or SQuAD's predictions.json",
+    )
+    s.add_argument("run", help="MLflow run id or runs:/RUN_ID of a fine-tuning run (its model/ artifacts)")
+    s.add_argument(
+        "file",
+        help="a file of the run's task: .tsv/.csv/.json/.jsonl with its text columns (labels not needed), "
+        "or a SQuAD JSON",
+    )
+    s.add_argument(
+        "--out",
+        metavar="PATH",
+        help="the file to write (default: GLUE's submission name, SST-2.tsv, RTE.tsv, ...; <task>.tsv; "
+        "predictions.json for SQuAD)",
+    )
+    s.add_argument("--tracking-uri", help="MLflow tracking URI (default: ./ablate-runs/mlflow.db)")
+    s.set_defaults(func=cmd_predict)
     s = sub.add_parser("bench", help="benchmarks: ablate vs transformers, precision, data pipeline, pruning")
     from ablate.benchmarks.cli import add_arguments
 
@@ -159,6 +178,22 @@ def cmd_bench(args: argparse.Namespace) -> int | None:
 
         check_kind(args.study, "study")
     return run(args)
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    """``ablate predict``: a fine-tuning run's predictions for a file of its task
+    (:mod:`ablate.sweeps.engine.predict`)."""
+    from pathlib import Path
+
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.sweeps.engine import tracking
+    from ablate.sweeps.engine.predict import predict_run
+    from ablate.sweeps.engine.weights import RUNS
+
+    run_id = args.run.removeprefix(RUNS).strip("/")
+    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
+    done = predict_run(uri, run_id, args.file, Path(args.out) if args.out is not None else None)
+    print(f"{done.rows} predictions of run {run_id} ({done.task}) written to {done.path.resolve()}")
 
 
 def _version() -> str:

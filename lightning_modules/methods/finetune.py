@@ -20,7 +20,8 @@ classification, Pearson's and Spearman's correlation for regression, logged as `
 ``<task>/loss``, for every dev set under its name (MNLI's ``mnli-mm/accuracy``); the task's score
 ``<task>/score`` (the mean of ``finetune.score_metrics`` over its dev sets, GLUE's task score); the best
 value of ``finetune.metric`` so far as ``<task>/best_<metric>``. While an intermediate stage trains (the
-classifier is not yet trained) the dev set is not scored.
+classifier is not yet trained) the dev set is not scored. The best validation's predictions are kept with
+its weights (``best_predictions``, checkpointed too): the run logs them as its ``predictions/``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from torchmetrics.utilities.data import dim_zero_cat
 from ablate.lightning_modules.config.distill import PD, Stage, schedule
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.lightning_modules.config.finetune import KIND_METRICS, FinetuneConfig
+from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.metric_names import SCORE
 from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.config.task_kinds import KIND_METRICS
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.quantization.apply import Plan, prepare_weight_qat
 from ablate.lightning_modules.methods.terms import EXIT, Batch, Need, Provided, TaskModel, TaskOutput, require
@@ -168,6 +170,12 @@ class FinetuneModule(TrainModule):
         self.best_state: dict[str, torch.Tensor] | None = None
         self.best_values: dict[str, float] = {}
         """Every dev metric (and the score) at the best validation: what the kept weights score."""
+        self.dev_predictions: list[list[torch.Tensor]] = [[] for _ in self.dev_names]
+        """This validation's predictions per dev set, batch by batch (on the module's device)."""
+        self.best_predictions: dict[str, torch.Tensor] | None = None
+        """The best validation's predictions (CPU tensors, as a checkpoint holds them): per dev set name, each
+        row's (:func:`predictions`), in file order; a span task's, every dev window's start and end logits
+        (:func:`~ablate.lightning_modules.methods.span.window_logits` reads them): the run's ``predictions/``."""
         if cfg.trainer.compile:  # the layer block, one graph per layer shape and bucketed width (the loader's)
             self.model.encoder.compile_layers(cfg.trainer.compile_mode, dynamic=False)
 
@@ -184,12 +192,14 @@ class FinetuneModule(TrainModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The best validation so far and its weights go with the checkpoint: a resumed fit leaves the same model."""
         checkpoint["ablate_best"] = {"value": self.best, "state": self.best_state, "values": self.best_values}
+        checkpoint["ablate_best"]["predictions"] = self.best_predictions
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         best = checkpoint.get("ablate_best")
         if best is not None:
             self.best, self.best_state = best["value"], best["state"]
             self.best_values = best.get("values", {})
+            self.best_predictions = best.get("predictions")
 
     def restore_best(self) -> None:
         """Load the weights of the best validation so far (early stopping's choice) into the model."""
@@ -230,7 +240,7 @@ class FinetuneModule(TrainModule):
         self.restore_best()
         self.model.requires_grad_(True)  # the whole classifier trains, after a phase that froze it (FastBERT's exits)
         prepare_weight_qat(self.model, plan, q)
-        self.best, self.best_state, self.best_values = None, None, {}
+        self.best, self.best_state, self.best_values, self.best_predictions = None, None, {}, None
         stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, (PD,))
         self.set_stages([stage], OptimPlan.task(self.cfg, q.qat_steps))
 
@@ -252,12 +262,14 @@ class FinetuneModule(TrainModule):
         metrics = self.dev_metrics(dataloader_idx)
         metrics.pop("loss").update(task_loss(logits, labels), weight=labels.shape[0])
         preds = predictions(logits, self.regression)
+        self.dev_predictions[dataloader_idx].append(preds.detach())  # to the CPU at the end: no sync per batch
         targets = labels.double() if self.regression else labels
         for metric in metrics.values():
             metric.update(preds, targets)
 
     def on_validation_epoch_end(self) -> None:
         if not self.scoring():
+            self.dev_predictions = [[] for _ in self.dev_names]
             return
         task, f = self.cfg.finetune.task, self.cfg.finetune
         values: dict[str, torch.Tensor] = {}
@@ -271,6 +283,9 @@ class FinetuneModule(TrainModule):
             # the best validation's weights, which the run leaves (restore_best): kept on the CPU
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best_values = {name: float(value) for name, value in values.items()}
+            rows = (torch.cat(p).cpu() if p else torch.zeros(0) for p in self.dev_predictions)
+            self.best_predictions = dict(zip(self.dev_names, rows, strict=True))
+        self.dev_predictions = [[] for _ in self.dev_names]
         self.best = current if self.best is None else max(self.best, current)
         values[f"{task}/best_{f.metric}"] = torch.tensor(self.best)
         for name, value in values.items():

@@ -16,7 +16,9 @@ its context (:func:`~ablate.lightning_modules.methods.squad_metrics.best_answers
 scores (:func:`~ablate.lightning_modules.methods.squad_metrics.span_metrics`) as ``<task>/exact``,
 ``<task>/f1`` (SQuAD 2.0: the no-answer threshold chosen on the dev set, its other scores beside),
 ``<task>/loss``, ``<task>/score`` and ``<task>/best_<metric>``. The dev questions and windows are the
-data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`).
+data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`). The best validation's window logits
+are kept with its weights (``best_predictions``): the run's ``predictions/`` files are read from them
+(:mod:`~ablate.lightning_modules.methods.span_predictions`), with no second pass over the dev set.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class SpanModule(FinetuneModule):
         self.best_values: dict[str, float] = {}
         self.window_logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         """Each dev window's (T,) start and end logits of this validation, by the window's index."""
+        self.best_predictions: dict[str, torch.Tensor] | None = None
+        """Every dev window's start and end logits at the best validation, packed (the run's ``predictions/``)."""
 
     def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """The start and end logits as (2B, T) rows (what KD compares: distributions over positions) and the loss."""
@@ -127,10 +131,21 @@ class SpanModule(FinetuneModule):
         if fitting and not self.trainer.sanity_checking and (self.best is None or current > self.best):
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best_values = dict(values)
+            self.best_predictions = {
+                "start": torch.from_numpy(np.concatenate(starts)),
+                "end": torch.from_numpy(np.concatenate(ends)),
+                "length": torch.tensor([len(s) for s in starts]),
+            }
         self.best = current if self.best is None else max(self.best, current)
         values[f"{f.task}/best_{f.metric}"] = self.best
         for name, value in values.items():
             self.log(name, value, prog_bar=name == f"{f.task}/{f.metric}")
+
+
+def window_logits(kept: dict[str, torch.Tensor]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each dev window's (T,) start and end logits, from a span module's ``best_predictions``."""
+    cuts = np.cumsum(kept["length"].numpy())[:-1]
+    return np.split(kept["start"].numpy(), cuts), np.split(kept["end"].numpy(), cuts)
 
 
 def span_distill_module(

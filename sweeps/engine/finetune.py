@@ -9,7 +9,8 @@ the best value (``<task>/best_<metric>``) and the majority-class baseline
 validation's weights) as its ``model/`` artifacts: ``ablate export`` makes it a transformers
 sequence classifier, and another fine-tuning run can learn from it (``distill.teacher``). Every dev
 metric at that validation is logged as ``<dev set>/best_<metric>`` (``<task>/best_score``, MNLI's
-``mnli-mm/best_accuracy``).
+``mnli-mm/best_accuracy``), and its dev predictions there are its ``predictions/`` artifacts
+(:mod:`~ablate.sweeps.engine.predictions`).
 
 With ``distill.teacher`` (a fine-tuned classifier) the run is task distillation; with
 ``finetune.augment_copies`` its training set is enlarged by TinyBERT's augmentation; with
@@ -50,6 +51,7 @@ from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
 from ablate.sweeps.engine.inputs import task_workers
 from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.predictions import predictions_finisher
 from ablate.sweeps.engine.quant import QuantPlan, planned, quantize_and_score, validate
 from ablate.sweeps.engine.sources import Source, check_same_tokenizer, load_classifier_source, load_source
 from ablate.sweeps.engine.span import span_data, span_latency, span_module
@@ -393,4 +395,5 @@ def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> 
     if cfg.trainer.measure or f.exit_at is not None:
         finishers.append(Finisher("latency", "batch-1 latency on the CPU", _latency))
     finishers.append(Finisher("summary", "the kept model's dev metrics, logged at the last step", _summary))
+    finishers.append(predictions_finisher(f))
     return RunPlan(phases, [*finishers, weights_finisher()])
