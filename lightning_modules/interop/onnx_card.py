@@ -15,6 +15,7 @@ Torch-free, so that a test can read the examples and ask ablate's own model abou
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -77,12 +78,13 @@ def _sequences(pair: bool, regression: bool, labels: Sequence[str] | None, lengt
         f'tokenizer.enable_padding(pad_id=tokenizer.token_to_id("{PAD}"), pad_token="{PAD}")',
     ]
     if not regression:
-        lines.append(f"labels = {list(labels or [])!r}  # output i is labels[i]")
+        lines.append(f"labels = [{', '.join(map(_text, labels or []))}]  # output i is labels[i]")
     lines += _RUN
     if pair:
-        lines += ["inputs = [  # sentence pairs: (text, text_pair)", *(f"    {p!r}," for p in PAIRS), "]"]
+        pairs = (f"    ({_text(a)}, {_text(b)})," for a, b in PAIRS)
+        lines += ["inputs = [  # sentence pairs: (text, text_pair)", *pairs, "]"]
     else:
-        lines += ["inputs = [", *(f"    {t!r}," for t in SENTENCES), "]"]
+        lines += ["inputs = [", *(f"    {_text(t)}," for t in SENTENCES), "]"]
     shown = "*pair" if pair else "text"
     loop = "for pair, " if pair else "for text, "
     if regression:
@@ -102,12 +104,17 @@ def _sequences(pair: bool, regression: bool, labels: Sequence[str] | None, lengt
     return lines
 
 
+def _text(value: str) -> str:
+    """A Python string literal in double quotes, as ruff's formatter writes it (the guide's snippets are formatted)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _span(length: int, max_answer: int) -> list[str]:
     """A span model's snippet body: one question over one context, the answer's text printed."""
     return [
         f'tokenizer.enable_truncation(max_length={length}, strategy="only_second")  # the first window of the context',
         *_RUN,
-        f"question, context = {QUESTION!r}, {CONTEXT!r}",
+        f"question, context = {_text(QUESTION)}, {_text(CONTEXT)}",
         "enc = tokenizer.encode(question, context)  # [CLS] question [SEP] context [SEP]",
         "start, end = (logits[0] for logits in run([enc]))",
         "in_context = np.array([s == 1 for s in enc.sequence_ids])  # answers are context tokens",

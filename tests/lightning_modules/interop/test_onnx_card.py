@@ -196,7 +196,7 @@ def test_the_cards_snippet_runs_as_written_and_predicts_as_ablate(kind, tmp_path
         assert "`logits[:, 0]` is a score" in card and "| output | `logits` | float32 | `(batch, 1)` |" in card
     else:
         named = ", ".join(f"{i} `{n}`" for i, n in enumerate(meta["labels"]))
-        assert named in card and f"labels = {meta['labels']!r}" in card
+        assert named in card and "labels = " + json.dumps(meta["labels"]) in card
     code = re.search(r"## Use\n.*?```python\n(.*?)```", card, re.S)
     assert code is not None
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
