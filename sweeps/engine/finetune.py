@@ -39,6 +39,7 @@ from ablate.datamodules.tokenizer import given_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.measure.accounting import stored_bytes
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
@@ -113,12 +114,22 @@ def _augmenter(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -
     return mlm.model, mlm.run_id or mlm.source
 
 
+def check_positions(length: int, model: ModelConfig, field: str, name: str) -> None:
+    """``finetune.max_length`` fits the learned positions of the model ``field`` names (``name``)."""
+    if model.position == "learned" and length > model.max_position:
+        raise ConfigError(
+            f"finetune.max_length: {length} is more than the {model.max_position} positions of {field} "
+            f"{name} (its model.max_position); at most {model.max_position}"
+        )
+
+
 def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[FinetuneModule, dict[str, str]]:
     """The fine-tuning module (distilled from ``distill.teacher`` when set) and its extra tags."""
     if cfg.distill.teacher is None:
         module = FinetuneModule(cfg, source.model)
         return module, {}
     teacher = load_classifier_source(cfg.distill.teacher, uri, workdir / "teacher", field="distill.teacher")
+    check_positions(cfg.finetune.max_length, teacher.model_cfg, "distill.teacher", cfg.distill.teacher)
     if teacher.tokenizer is not None:
         check_same_tokenizer(teacher, source.tokenizer)  # type: ignore[arg-type]
     module = task_distill_module(cfg, source.model, teacher.model, teacher.model_cfg)
@@ -147,12 +158,7 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
             f"fine-tuning needs the tokenizer it was pre-trained with (name it: data.tokenizer)"
         )
     cfg = replace(cfg, model=source.model_cfg)  # the classifier's architecture is the source's
-    positions = source.model_cfg.max_position
-    if source.model_cfg.position == "learned" and f.max_length > positions:
-        raise ConfigError(
-            f"finetune.max_length: {f.max_length} is more than the {positions} positions of finetune.source "
-            f"{f.source} (its model.max_position); at most {positions}"
-        )
+    check_positions(f.max_length, source.model_cfg, "finetune.source", f.source)
     try:
         check_group_size(cfg.quant, source.model_cfg)
     except ValueError as exc:

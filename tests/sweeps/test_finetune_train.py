@@ -108,3 +108,18 @@ def test_a_compiled_fine_tuning_run_ends_where_an_eager_one_does(pretrained):
     eager, compiled_ = ends
     for name in ("sst2/accuracy", "sst2/loss", "train/loss"):
         assert compiled_[name] == pytest.approx(eager[name], rel=1e-3, abs=1e-4), name
+
+
+def test_a_task_teacher_with_fewer_positions_is_refused_before_the_run():
+    """Task distillation feeds the teacher the student's batches: finetune.max_length must fit its positions
+    too (else a tensor-size error mid-run), one line naming distill.teacher."""
+    from ablate.lightning_modules.config.errors import ConfigError
+    from ablate.lightning_modules.config.model import ModelConfig
+    from ablate.sweeps.engine.finetune import check_positions
+
+    short = ModelConfig(max_position=64)
+    check_positions(64, short, "distill.teacher", "runs:/t")
+    with pytest.raises(
+        ConfigError, match=r"^finetune.max_length: 128 is more than the 64 positions of distill.teacher"
+    ):
+        check_positions(128, short, "distill.teacher", "runs:/t")
