@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 42's GPU measurements in one run (device tool: GPU_DATA=squad ../shared/tools/gpu-prep.sh,
+# Issue 42's GPU measurements in one run (device tool: GPU_DATA=squad gpu-prep.sh from the shared tools,
 # copy the study as it was before seeds into .gpu/, carry .gpu, run `bash tools/gpu-issue42.sh`).
 # Each step has its own time limit and appends to a file under $OUT as it goes (at most 8 files
 # come back), so a step that runs out of time still leaves the others' results. On a CPU

@@ -226,9 +226,10 @@ def test_recompile_limit_on_a_torch_without_the_argument(monkeypatch: pytest.Mon
         return model
 
     monkeypatch.setattr(torch, "compile", older_compile)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    assert recompile_limit(LAYER_RECOMPILE_LIMIT) == {}
-    assert torch._dynamo.config.recompile_limit == LAYER_RECOMPILE_LIMIT
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 100)
-    recompile_limit(LAYER_RECOMPILE_LIMIT)
-    assert torch._dynamo.config.recompile_limit == 100
+    config = torch._dynamo.config  # its own patch(): monkeypatch's undo would delete a config entry
+    with config.patch(recompile_limit=8):
+        assert recompile_limit(LAYER_RECOMPILE_LIMIT) == {}
+        assert config.recompile_limit == LAYER_RECOMPILE_LIMIT
+    with config.patch(recompile_limit=100):
+        recompile_limit(LAYER_RECOMPILE_LIMIT)
+        assert config.recompile_limit == 100
