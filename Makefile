@@ -31,7 +31,7 @@ lint: install
 	PY=$(PY) tools/typecheck.sh
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
 
 # the documentation site (mkdocs.yml, docs/) into site/; the tools come with the test extras
 docs: install
