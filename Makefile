@@ -31,7 +31,7 @@ lint: install
 	PY=$(PY) tools/typecheck.sh
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 # the documentation site (mkdocs.yml, docs/) into site/; the tools come with the test extras
 docs: install
