@@ -115,7 +115,7 @@ class PhaseStore:
             return
         self.mark.ended = (step, dict(metrics))
         path = f"{self.plan.folder}/{ended_name(index)}"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # whole, as a resume reads it (and no note that it was unset)
         self.mark.ended = None
         if self.plan.mirror:
             self.run.client.log_artifact(self.run.run_id, path, checkpoints.ARTIFACTS)

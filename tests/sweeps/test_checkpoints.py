@@ -5,6 +5,7 @@ The GPU half (a resumed CUDA trial ends where an uninterrupted one does) is in t
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -148,3 +149,16 @@ def test_resuming_a_finished_training_still_logs_its_final_validation(tmp_path: 
     runs = client.search_runs([first.info.experiment_id], order_by=["attributes.start_time DESC"])
     again = runs[0].data.metrics
     assert again["val/loss"] == pytest.approx(first.data.metrics["val/loss"], rel=1e-6)
+
+
+def test_a_run_says_nothing_of_weights_only(tmp_path: Path, wiki_validation, capsys, caplog) -> None:
+    """The phase checkpoint is saved whole, said so: Lightning's "`weights_only` was not set" note (printed
+    for every run, fine-tune, trial and resume) no longer shows."""
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_base(tmp_path, wiki_validation, measure=False)))
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")  # the level the command's Lightning logs at
+    assert main(["train", str(path)]) == 0
+    assert "finished" in capsys.readouterr().out
+    assert "weights_only" not in caplog.text
