@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 42's GPU measurements in one run (device tool: GPU_DATA=squad gpu-prep.sh from the shared tools,
-# copy the study as it was before seeds into .gpu/, carry .gpu, run `bash tools/gpu-issue42.sh`).
+# carry .gpu, run `bash tools/gpu-issue42.sh`).
 # Each step has its own time limit and appends to a file under $OUT as it goes (at most 8 files
 # come back), so a step that runs out of time still leaves the others' results. On a CPU
 # (SKIP_ENV=1, to try the script) it runs the same steps at CPU sizes.
@@ -19,7 +19,7 @@ step() {  # step FILE NAME SECONDS COMMAND...: its output appended to $OUT/FILE,
   echo "$name rc=$? $(( $(date +%s) - start ))s" >> "$OUT/steps.txt"
 }
 { "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null; nproc; } >> "$OUT/steps.txt" 2>&1
-study=${STUDY:-.gpu/albert_table5_gpu_1seed.yaml}
+study=${STUDY:-sweeps/studies/albert_table5_gpu.yaml}  # STUDY=...: another (2026-11-27 ran the one-seed form)
 if [ "$dev" = cuda ]; then
   step study.txt study 200 ablate bench study "$study" --device cuda --out "$OUT/study.md"
   step loops.txt finetune-sst2-b32 85 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32 --steps 200
