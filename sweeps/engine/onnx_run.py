@@ -13,7 +13,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
 from torch import nn
 
 from ablate.lightning_modules.config.errors import ConfigError
@@ -25,8 +24,8 @@ from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.span import SpanModel
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.weights import (
-    RUN_KINDS,
     RUNS,
+    finetune_run_params,
     load_quantized,
     load_run_classifier,
     load_run_span,
@@ -58,17 +57,10 @@ def export_run_onnx(
             ``quantize`` is not its form), logged no tokenizer, or a check fails.
         DataError: the run's task data cannot be read.
     """
+    params = finetune_run_params(
+        uri, run_id, "run ", ("--format onnx: ", "ONNX exports a fine-tuned classifier or span model")
+    )
     client = store(uri)
-    try:
-        params = client.get_run(run_id).data.params
-    except MlflowException:
-        raise ConfigError(f"run {run_id}: no such run in {uri}") from None
-    regime = params.get("regime", "finetune")
-    if regime != "finetune":
-        raise ConfigError(
-            f"--format onnx: {RUNS}{run_id} is {RUN_KINDS.get(regime, f'a {regime} run')}; "
-            "ONNX exports a fine-tuned classifier or span model"
-        )
     with tracking.quiet_downloads(), tempfile.TemporaryDirectory(prefix="ablate-onnx-") as tmp:
         model: Classifier | SpanModel
         span = params.get("finetune.kind") == "span"

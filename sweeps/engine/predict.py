@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from mlflow.exceptions import MlflowException
 from tokenizers import Tokenizer
 
 from ablate.datamodules import squad
@@ -47,7 +46,7 @@ from ablate.lightning_modules.methods.span_predictions import span_predictions
 from ablate.lightning_modules.model.span import span_logits
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.predictions import label_text
-from ablate.sweeps.engine.weights import RUN_KINDS, RUNS, load_run_classifier, load_run_span, run_tokenizer, store
+from ablate.sweeps.engine.weights import finetune_run_params, load_run_classifier, load_run_span, run_tokenizer, store
 
 BATCH = 64
 INDEX_COLUMNS = ("index", "idx", "id")
@@ -101,19 +100,6 @@ def default_output(f: FinetuneConfig, file: Path) -> Path:
         return Path(f"{f.task}.tsv")
     name = SUBMISSION[glue]
     return Path(f"{name}m.tsv" if glue == "mnli" and "mismatched" in file.name else f"{name}.tsv")
-
-
-def _check_run(uri: str, run_id: str) -> None:
-    """The run exists and is a fine-tuning run (ConfigError naming it otherwise)."""
-    client = store(uri)
-    try:
-        params = client.get_run(run_id).data.params
-    except MlflowException:
-        raise ConfigError(f"RUN: {run_id}: no such run in {uri}") from None
-    regime = params.get("regime", "finetune")
-    if regime != "finetune":
-        what = RUN_KINDS.get(regime, f"a {regime} run")
-        raise ConfigError(f"RUN: {RUNS}{run_id} is {what}; ablate predict reads a fine-tuning run's model")
 
 
 def _check_file(file: str) -> Path:
@@ -241,7 +227,7 @@ def _write(out: Path, text: str) -> None:
 
 def predict_run(uri: str, run_id: str, file: str, out: Path | None = None) -> Predicted:
     """Run ``run_id``'s fine-tuned model on ``file`` and write its predictions (see the module)."""
-    _check_run(uri, run_id)
+    finetune_run_params(uri, run_id, "RUN: ", ("RUN: ", "ablate predict reads a fine-tuning run's model"))
     path = _check_file(file)
     if out is not None:
         _check_out(out)

@@ -178,6 +178,24 @@ def store(uri: str) -> MlflowClient:
     return tracking.existing(uri)
 
 
+def finetune_run_params(uri: str, run_id: str, named: str, refused: tuple[str, str]) -> dict[str, str]:
+    """The params of ``run_id``, a fine-tuning run (``ablate predict``'s and ONNX export's check).
+
+    Raises:
+        ConfigError: no such run (``<named><run_id>: no such run``), or a run of another regime
+            (``<refused[0]>runs:/ID is <its kind>; <refused[1]>``).
+    """
+    try:
+        params: dict[str, str] = store(uri).get_run(run_id).data.params
+    except MlflowException:
+        raise ConfigError(f"{named}{run_id}: no such run in {uri}") from None
+    regime = params.get("regime", "finetune")
+    if regime != "finetune":
+        what = RUN_KINDS.get(regime, f"a {regime} run")
+        raise ConfigError(f"{refused[0]}{RUNS}{run_id} is {what}; {refused[1]}")
+    return params
+
+
 def _not_a_classifier(run_id: str, regime: str) -> ConfigError:
     return ConfigError(f"{RUNS}{run_id} is {RUN_KINDS.get(regime, f'a {regime} run')}, not a fine-tuned classifier")
 
