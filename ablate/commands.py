@@ -244,6 +244,7 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
         model = spec.study_model
         uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
         tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
+        tasks += f" from {spec.source} (no pre-training)" if spec.source is not None else ""
         optimize = f", {spec.optimize.direction.removesuffix('e')}ing {spec.optimize.metric}"
         title, n = report.title if report else "none", spec.total_trials()
         try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here

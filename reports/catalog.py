@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.paths import kind_problem
-from ablate.reports.spec import ReportSpec
+from ablate.reports.spec import MetricSpec, ReportSpec
 
 if TYPE_CHECKING:
     from ablate.sweeps.spec import StudySpec
@@ -79,3 +79,22 @@ def study_report(spec: StudySpec, path: str | Path) -> ReportSpec | None:
     if spec.report is None:
         return None
     return resolve(spec.report, f"{path}: report", Path(path).parent)
+
+
+def default_report(spec: StudySpec) -> ReportSpec:
+    """The table of a study that declares no ``report:``: a row per searched field (and variant; a
+    study that searches nothing: one row, its name), the metric it optimizes and each task's best
+    dev metric, with intervals over its seeds."""
+    rows = [*spec.search, *(["variant"] if spec.variants else [])] or ["name"]
+    better: Literal["higher", "lower"] = "higher" if spec.optimize.direction == "maximize" else "lower"
+    metrics = [spec.optimize.metric]
+    for task in spec.tasks:
+        best = f"{task.task}/best_{task.metric}"
+        if best not in metrics:
+            metrics.append(best)
+    return ReportSpec(
+        title=f"{spec.name}: the default table (the study declares no report:)",
+        rows=tuple(rows),
+        metrics=tuple(MetricSpec(name=m, digits=4, better=better) for m in metrics),
+        reference="none",
+    )

@@ -85,7 +85,8 @@ def build_experiment_report(experiment: str, where: dict[str, str], tracking_uri
     runs = load_experiment(tracking_uri, experiment, where)
     if runs.frame.empty:
         chosen = f" with {', '.join(f'{k}={v}' for k, v in where.items())}" if where else ""
-        study = f"; it holds {runs.others} runs of a study: ablate report {experiment}" if runs.others else ""
+        held = f"; it holds {runs.others} runs of study {experiment}: ablate report STUDY.yaml (its file)"
+        study = held if runs.others else ""
         raise ConfigError(f"--experiment {experiment}: no ablate train runs{chosen} in {redact(tracking_uri)}{study}")
     grouped = seed_groups(runs)
     spec = experiment_spec(grouped or runs, experiment, where, by_seed=grouped is not None)

@@ -100,9 +100,7 @@ def _from_study(path: Path, study: str | None) -> Target:
     from ablate.sweeps.spec import corner_configs, load_study
 
     spec, base = load_study(path)
-    report = catalog.study_report(spec, path)
-    if report is None:
-        raise ConfigError(f"{path}: report: the study declares no report")
+    report = catalog.study_report(spec, path) or catalog.default_report(spec)
     cfg = corner_configs(spec, base)[0]
     if study not in (None, spec.name):  # the same table for another study: its grid is not this one
         return Target(report, study, cfg.tracking.root, cfg.tracking.tracking_uri)

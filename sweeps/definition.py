@@ -54,6 +54,7 @@ def definition(spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
         "optimize": {k: v for k, v in dataclasses.asdict(spec.optimize).items() if k != "guard" or v is not None},
         "sampler": spec.sampler,
         "n_trials": spec.n_trials,
+        **({"source": spec.source} if spec.source is not None else {}),  # absent before studies had one
     }
     parsed: dict[str, Any] = json.loads(json.dumps(parts, default=str))  # tuples as lists, as they come back
     return parsed

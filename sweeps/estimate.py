@@ -98,7 +98,8 @@ def workload(spec: StudySpec, base: dict[str, Any]) -> Workload:
     shapes = [cfg for _, cfg in trials]
     steps, runs = 0, 0
     for params, cfg in trials:
-        steps, runs = steps + _steps(cfg), runs + 1
+        if spec.source is None:  # a study with source: pre-trains nothing
+            steps, runs = steps + _steps(cfg), runs + 1
         for task in spec.tasks:
             if task.runs_for(params.get("variant")):
                 seeds = len(task.seeds or [None])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.datamodules.catalog import active_catalog
+from ablate.datamodules.catalog import active_catalog, check_model
 from ablate.datamodules.provenance import check_data, task_data
 from ablate.datamodules.task_rows import check_task_data
 from ablate.lightning_modules.config.errors import ConfigError, DataError
@@ -210,6 +210,11 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
         if not 0 <= seed <= MAX_SEED:
             raise ConfigError(f"{where}: seeds: {seed}: must be between 0 and {MAX_SEED} (numpy's range)")
     trials = corner_trials(spec, base)
+    if spec.source is not None:  # the model a study that only fine-tunes starts each task from
+        try:
+            check_model(spec.source, "source")
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
     if spec.study_model is not None and spec.study_model.model is not None:
         try:
             check_run(study_model_config(base, spec), spec.checkpoints, machine)
@@ -224,11 +229,14 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
     for params, cfg in trials:
+        mine = [t for t in spec.tasks if t.runs_for(params.get("variant"))]
+        # a study with source: pre-trains nothing; its runs are the tasks' fine-tuning runs
+        runs = [cfg] if spec.source is None else [t.config(cfg, spec.source) for t in mine]
         try:
-            check_run(cfg, spec.checkpoints, machine)
+            for run in runs:
+                check_run(run, spec.checkpoints, machine)
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
-        mine = [t for t in spec.tasks if t.runs_for(params.get("variant"))]
         tasks = [(t.task, t.config(cfg, PLACEHOLDER_SOURCE, teacher=PLACEHOLDER_SOURCE).finetune.metric) for t in mine]
         tasks += [(d.name, t.metric) for t in mine for d in t.extra_validation]  # mnli-mm/... beside mnli/...
         try:

@@ -30,6 +30,8 @@ Example::
                                                             # a whole finetune section each, plus seeds: [0, 1, 2]
       - {glue: mrpc, max_steps: 300}                        # a GLUE task: the GLUE table's settings, overridable
     # tasks: glue                                           # or: the GLUE benchmark, every task but WNLI
+    # source: runs:/RUN_ID                                  # or: no pre-training; fine-tune this model on the
+                                                            # tasks, a trial per seed (no search, no variants)
     glue_wnli: false                                        # WNLI in tasks: glue and in glue/score (papers: out)
     heartbeat: 10                                           # s between a running trial's heartbeats; silent
                                                             # for 3x that = its worker died: retried
@@ -62,6 +64,7 @@ from ablate.lightning_modules.config.errors import (
 from ablate.lightning_modules.config.experiment import REGIME_SOURCE, ExperimentConfig, field_names, flatten
 from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
+from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
 from ablate.sweeps.guard import GuardSpec, check_reference
 from ablate.sweeps.reach import check_search_reaches
 from ablate.sweeps.space import culprits, points, range_values
@@ -202,6 +205,7 @@ class StudySpec:
     reference: ReferenceSpec | None = None
     glue_wnli: bool = False
     tasks: list[FinetuneTask] = Field(default_factory=list)
+    source: str | None = Field(default=None, min_length=1)
     heartbeat: int = Field(default=10, ge=1, le=3600)
     checkpoints: str | None = Field(default=None, min_length=1)
 
@@ -211,6 +215,31 @@ class StudySpec:
         if len(given) > 1:
             raise FieldError(f"{given[1]}", "a study has one trained model (teacher, prune_source or reference)")
         check_reference(self.optimize.guard, self.study_model)  # a guard's reference: given, or the study model's
+        return self
+
+    @model_validator(mode="after")
+    def _source_only_fine_tunes(self) -> StudySpec:
+        """A study with a ``source`` fine-tunes that one model on its tasks: nothing is pre-trained,
+        searched or compared, so each trial is one seed and it optimizes a task's metric."""
+        if self.source is None:
+            return self
+        for section in ("search", "variants", "teacher", "prune_source", "reference"):
+            if getattr(self, section):
+                raise FieldError(
+                    section,
+                    f"a study with source: fine-tunes that one model on its tasks (a trial per seed); "
+                    f"{section} needs trials that pre-train: leave out source:",
+                )
+        if not self.tasks:
+            raise FieldError("tasks", "a study with source: fine-tunes it on its tasks; give tasks")
+        metric, prefixes = self.optimize.metric, tuple(f"{t.task}/" for t in self.tasks)
+        devs = tuple(f"{d.name}/" for t in self.tasks for d in t.extra_validation)
+        if not metric.startswith((*prefixes, *devs, "glue/")) and metric != DOWNSTREAM_AVG:
+            raise FieldError(
+                "optimize",
+                f"metric: {metric!r}: a study with source: trains only its tasks; optimize a task's metric "
+                f"({prefixes[0]}best_{self.tasks[0].metric}) or {DOWNSTREAM_AVG}",
+            )
         return self
 
     @field_validator("tasks", mode="before")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from ablate.datamodules.catalog import active_catalog
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
-from ablate.sweeps import attempts, guard, study_model_runs, workers
+from ablate.lightning_modules.config.model import ModelConfig
+from ablate.sweeps import attempts, guard, study_model_runs, study_source, workers
 from ablate.sweeps.chain import chained_trial
 from ablate.sweeps.definition import check_unchanged
 from ablate.sweeps.engine import checkpoints, tracking
@@ -139,7 +140,7 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
                 f"{study_model.SECTION}.source: {source}: neither {RUNS}RUN_ID nor an existing folder (nor a "
                 "model of the data catalog)"
             )
-    configs = corner_configs(spec, base)
+    configs = corner_configs(spec, base) if spec.source is None else []  # source: nothing pre-trains
     if study_model is not None and study_model.model is not None:
         configs.append(study_model_config(base, spec))
     seen = set()
@@ -177,9 +178,11 @@ def run_study(
     on_stale = workers.retry_stale(lambda study, trial: killed[0](study, trial))
     # a given storage is checked first (an unreachable one writes nothing); the default SQLite
     # file is only created once the MLflow store and the study model's source are known to be good
+    study_source.check_store(spec, uri)  # a runs:/ID source in a store not made yet: refused before it is
     rdb = connect_storage(storage, spec.heartbeat, on_stale) if storage else None
     client = tracking.connect(uri)
     study_model_runs.check_source_run(client, spec, uri)
+    source_cfg = study_source.source_model(spec, client, uri)  # a study that only fine-tunes: its model
     url = storage or default_storage(root)
     tracking.sqlite_wal(url)
     rdb = rdb or connect_storage(url, spec.heartbeat, on_stale)
@@ -212,7 +215,7 @@ def run_study(
             place = study_model_runs.StudyPlace(spec, base, client, exp_id, uri, parent, rdb, poll_s, hooks)
             study_model = study_model_runs.ensure_study_model(place)
             task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
-            objective = trial_objective(place, study_model, task_teachers)
+            objective = trial_objective(place, study_model, task_teachers, source_cfg)
             callbacks = [workers.stop_when_drained(spec)]
             catch: tuple[type[Exception], ...] = (
                 (Exception,) if keep_going else (FloatingPointError, workers.DuplicateTrial)
@@ -252,12 +255,16 @@ def _trial_state(study: optuna.Study, run: Any) -> TrialState | None:
 
 
 def trial_objective(
-    place: study_model_runs.StudyPlace, study_model: str | None, task_teachers: dict[int, str] | None = None
+    place: study_model_runs.StudyPlace,
+    study_model: str | None,
+    task_teachers: dict[int, str] | None = None,
+    source_cfg: ModelConfig | None = None,
 ) -> Callable[[optuna.Trial], float]:
     """The Optuna objective: train the sampled config as an MLflow run nested under the study's parent
     (from ``study_model``, the study's model, when given: distilled from it, pruning it or quantizing
     it; each fine-tuning task distilled from its ``task_teachers`` entry) and return the metric the
-    study optimizes. Each trial says its number, configuration and, when it ends, its time; a retry of
+    study optimizes (a study with ``source:``: its trials fine-tune that model, whose architecture is
+    ``source_cfg``, on the tasks). Each trial says its number, configuration and, when it ends, its time; a retry of
     a stopped attempt that left a checkpoint goes on in that attempt's run."""
     spec, client, exp_id, uri = place.spec, place.client, place.exp_id, place.uri
     guarded = guard.start_guard(spec, client, place.parent, study_model, task_teachers or {})
@@ -277,6 +284,8 @@ def trial_objective(
                 guarded.record(trial, client, run_id, client.get_run(run_id).data.metrics)
             return kept
         cfg = trial_config(place.base, spec, params, study_model)
+        if source_cfg is not None:  # the trial's params say the model its tasks fine-tune
+            cfg = replace(cfg, model=source_cfg)
         tags = {
             tracking.ROLE: "trial",
             tracking.STUDY: spec.name,
@@ -313,7 +322,13 @@ def trial_objective(
             if spec.tasks:
                 tasks = [spec.tasks[i] for i in mine]
                 result = chained_trial(
-                    cfg, tasks, ctx, task_teachers=teachers_of, study_model=study_model, wnli=spec.glue_wnli
+                    cfg,
+                    tasks,
+                    ctx,
+                    task_teachers=teachers_of,
+                    study_model=study_model,
+                    wnli=spec.glue_wnli,
+                    source=spec.source,
                 )
             else:
                 result = train(cfg, ctx)

@@ -101,4 +101,4 @@ def test_bad_experiment_reports_write_nothing(trained, tmp_path, capsys, argv, n
 
 def test_a_studys_experiment_points_at_the_study_report(store, tmp_path, capsys):
     assert main(["report", "--experiment", STUDY, "--tracking-uri", store.uri, "--out", str(tmp_path / "r")]) == 2
-    assert f"runs of a study: ablate report {STUDY}" in capsys.readouterr().err
+    assert f"runs of study {STUDY}: ablate report STUDY.yaml (its file)" in capsys.readouterr().err
