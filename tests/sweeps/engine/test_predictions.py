@@ -25,7 +25,7 @@ from tests.sweeps.conftest import trained_run
 
 SQUAD = SHARED_DATA / "squad"
 RTE = SHARED_DATA / "glue" / "rte" / "validation.tsv"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _squad_parts(tmp, name: str, questions: int) -> tuple[str, str]:

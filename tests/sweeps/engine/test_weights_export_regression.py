@@ -26,7 +26,7 @@ from tests.conftest import SHARED_DATA  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 STSB = SHARED_DATA / "glue" / "stsb"
-T = 63  # odd: an even budget for the two texts, split alike by ablate and transformers (see test_export_pairs.py)
+T = 63  # odd: an even budget for the two texts, split alike by ablate and transformers (test_weights_export_pairs.py)
 DEV = 300  # the small dev set the run scores (finetune.validation_examples) and the pipeline scores
 
 

@@ -24,7 +24,7 @@ from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.sources import load_source
 from tests.sweeps.conftest import tiny_base, write_study
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DDP = {"devices": 2, "accelerator": "cpu", "strategy": "ddp", "measure": False}
 
 

@@ -225,7 +225,7 @@ def test_a_quantization_that_leaves_layers_float_is_an_error(monkeypatch):
 )
 def test_a_quantized_run_is_no_source(source, quantized, field, section):
     """Pruned or quantized again, a quantized run's rounded weights are refused; the message names its
-    source (a teacher learns from its dequantized model: tests/sweeps/test_quant_stored.py)."""
+    source (a teacher learns from its dequantized model: tests/sweeps/engine/test_quant_stored.py)."""
     _, base, src = source
     key = field.split(".")[1]
     extra = {"method": "dynamic-int8"} if section == "quant" else {}

@@ -21,7 +21,7 @@ from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.tracking import RESUMED
 from tests.sweeps.conftest import trained_run
 
-SST2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "sst2"
+SST2 = Path(__file__).resolve().parents[4] / "shared" / "data" / "sst2"
 TIMED = ("latency", "_ms", "throughput", "memory", "seconds")
 """Metrics that time the machine, not the run: left out of the comparison."""
 

@@ -1,6 +1,6 @@
 """``ablate predict``'s output as each benchmark takes it: GLUE's submission labels (names for MNLI, QNLI,
 RTE; numbers for CoLA, SST-2, MRPC, QQP, WNLI; STS-B's score) and file names; another task's labels by
-``finetune.label_names``. The command on real runs: :mod:`tests.sweeps.test_predictions`."""
+``finetune.label_names``. The command on real runs: :mod:`tests.sweeps.engine.test_predictions`."""
 
 from __future__ import annotations
 
