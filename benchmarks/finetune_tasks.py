@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -115,7 +115,7 @@ def check_task(task: str) -> None:
 def glue_config(task: str, source: str, max_length: int, batch: int, steps: int) -> tuple[FinetuneConfig, str]:
     """The ``finetune`` section of a GLUE task's bench run (its data through the catalog, scored once
     at the end) and where its data comes from, for the heading."""
-    fields = {
+    fields: dict[str, Any] = {  # validated by FinetuneConfig
         **GLUE[task].finetune_fields(),
         "source": source,
         "max_length": max_length,

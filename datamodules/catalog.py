@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -169,7 +169,8 @@ def load_catalog(file: str | Path) -> Catalog:
     if file.exists() and not os.access(file, os.R_OK):
         raise _problem(file, "cannot be read")
     try:
-        raw = read_yaml(file, what="a catalog: datasets: {HUB_NAME: {SPLIT: FILES}}, models: {HUB_NAME: FOLDER}")
+        what = "a catalog: datasets: {HUB_NAME: {SPLIT: FILES}}, models: {HUB_NAME: FOLDER}"
+        raw: dict[str, Any] = read_yaml(file, what=what)  # validated by _CatalogFile
         parsed = _CatalogFile(**raw)
     except ConfigError as exc:
         raise ConfigError(f"{ENV}: {exc}") from None

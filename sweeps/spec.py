@@ -294,7 +294,7 @@ RENAMED = {
 def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     """Read and validate a study YAML; return the spec and the resolved base config tree."""
     path = Path(path)
-    raw = read_yaml(path)
+    raw: dict[str, Any] = read_yaml(path)  # validated by StudySpec
     for old, new in RENAMED.items():
         if old in raw:
             raise ConfigError(f"{path}: {old}: renamed {new}")
@@ -359,13 +359,15 @@ def _validate_study_model(
         if key in ("regime", *REGIME_SOURCE.values()):
             raise ConfigError(f"{where}: {section}.overrides.{key}: the study's {section} is pre-trained from scratch")
     try:
-        model = flatten(study_model_config(base, spec))
+        model_cfg = study_model_config(base, spec)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {section}.{exc}") from None
-    for student in map(flatten, students):
+    model = flatten(model_cfg)
+    for cfg in students:
+        student = flatten(cfg)
         # a distilled student with a smaller vocabulary trains its own tokenizer on the same corpus and
         # learns through it (Zhao et al.'s dual training); every other trial shares the model's tokenizer
-        own = student["regime"] == "distill" and student["model.vocab_size"] < model["model.vocab_size"]
+        own = cfg.regime == "distill" and cfg.model.vocab_size < model_cfg.model.vocab_size
         for key in TOKENIZER_FIELDS:
             if key == "model.vocab_size" and own:
                 continue

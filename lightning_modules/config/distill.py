@@ -1,13 +1,8 @@
-"""The ``distill`` section of the config: learning from a frozen teacher.
-
-A run distils when ``distill.teacher`` names a teacher; otherwise the section is inert. The
-same section serves both stages of the field: a pre-training run (regime ``distill``: MobileBERT,
-DistilBERT, TinyBERT's general distillation) and a fine-tuning run (``finetune.source`` and
-``distill.teacher`` both set: task distillation from a fine-tuned teacher, TinyBERT's
-task-specific stage). The losses are loss terms (each with its own weight, 0 = off) of the one
-training step, declared in its registry (``ablate.lightning_modules.methods.terms``); the strategies
-are schedules of stages.
-"""
+"""The ``distill`` section of the config: learning from a frozen teacher (inert unless
+``distill.teacher`` names one), in pre-training (regime ``distill``) and in fine-tuning (task
+distillation). Its losses are loss terms of the one training step
+(``ablate.lightning_modules.methods.terms``); its strategies are schedules of stages
+(docs/guides/distillation.md)."""
 
 from __future__ import annotations
 

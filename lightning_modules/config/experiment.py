@@ -1,19 +1,14 @@
-"""One frozen, validated config for a run.
-
-Every field is addressed by its dotted name (``model.embed_dim``); the same names are
-the ``key=value`` overrides on the command line, the Optuna parameter names of a sweep,
-the MLflow params of a run and the columns of a report.
-
-Validation happens once, when the config is built: unknown keys, wrong types and
-impossible shapes raise :class:`ConfigError` naming the dotted key.
-"""
+"""One frozen, validated config for a run, every field addressed by its dotted name
+(``model.embed_dim``); validated once, when built, a :class:`ConfigError` naming the key
+(docs/configuration.md, "Dotted names" and "Errors")."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import os
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -28,6 +23,9 @@ from ablate.lightning_modules.config.quant import QuantConfig, check_group_size
 from ablate.lightning_modules.config.run import OptimConfig, TrackingConfig, TrainerConfig
 from ablate.lightning_modules.config.task_kinds import SPAN_METRICS
 from ablate.lightning_modules.config.yamlio import dump_yaml
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
 Sentence = Literal["sop", "nsp", "none"]  # objective.sentence
@@ -349,14 +347,14 @@ class ExperimentConfig:
         return self
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: DataclassInstance) -> dict[str, object]:
     """Nested plain-Python dict of a config dataclass."""
     return dataclasses.asdict(cfg)
 
 
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(cfg: DataclassInstance | Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Dotted-name -> value for every leaf field: the MLflow params and report columns."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in (to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg).items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -377,7 +375,7 @@ def config_digest(cfg: ExperimentConfig) -> str:
     return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()
 
 
-def run_params(cfg: ExperimentConfig) -> dict[str, Any]:
+def run_params(cfg: ExperimentConfig) -> dict[str, object]:
     """The fields the run uses, dotted: :func:`flatten` without the sections of the other regimes
     (a pre-training run logs no ``distill.*``, ``prune.*`` or ``finetune.*``), and of ``quant`` the
     fields its method reads (``quant.method`` always: a report's column for every run)."""

@@ -6,7 +6,7 @@ is inert.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -146,7 +146,7 @@ class FinetuneConfig:
 
     @model_validator(mode="before")
     @classmethod
-    def _task_defaults(cls, data: Any) -> Any:
+    def _task_defaults(cls, data: object) -> object:
         """What a known task's name fills in beneath the fields given (:func:`task_defaults`)."""
         given = data.kwargs if isinstance(data, ArgsKwargs) else data
         if not isinstance(given, dict):

@@ -1,22 +1,13 @@
 """The GLUE benchmark as the papers evaluate it: its nine tasks by hub name, what each reads and
-predicts, the metrics GLUE reports for it, its dev sets, and the papers' fine-tuning settings.
-
-A task's score is the mean of its metrics (over its dev sets: MNLI's matched and mismatched
-accuracy); the GLUE score is the mean of the tasks' scores, WNLI left out unless asked for (as BERT
-and DistilBERT report it: WNLI's dev set is adversarial to every model, the majority class wins).
-
-The fine-tuning settings are ALBERT's per-task ones (Lan et al. 2020, appendix A.4: learning rate,
-batch size, training steps), at BERT's sequence length for GLUE (128; ALBERT's 512 costs four times
-the compute for what GLUE's sentences need). ablate warms up over 10 % of the steps (ALBERT: 6 to
-25 %). A study overrides any of them per task (``- {glue: mrpc, lr: 1.0e-4}``).
-"""
+predicts, the metrics GLUE reports for it, its dev sets, and ALBERT's per-task fine-tuning settings
+at BERT's sequence length; a task's score and the GLUE score as docs/guides/glue.md defines them."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from ablate.lightning_modules.config.metric_names import GLUE_BERT_AVG, GLUE_SCORE
 from ablate.lightning_modules.config.task_kinds import Kind, Metric
@@ -95,7 +86,7 @@ class GlueTask:
         """Its dev sets: ``validation`` as the task, or those it names (MNLI's two)."""
         return self.dev or (DevSplit("validation", self.name),)
 
-    def definition_fields(self) -> dict[str, Any]:
+    def definition_fields(self) -> dict[str, object]:
         """The ``finetune`` fields that say what the task is: its data, dev sets, columns, labels and
         metrics (what ``finetune.task: mrpc`` fills in)."""
         first, *more = self.dev_sets
@@ -114,7 +105,7 @@ class GlueTask:
             "score_metrics": self.metrics,
         }
 
-    def finetune_fields(self) -> dict[str, Any]:
+    def finetune_fields(self) -> dict[str, object]:
         """The task's fields and the papers' settings (what ``finetune.glue: mrpc`` fills in):
         validated every tenth of the schedule, never stopped early (the best of the ten is kept)."""
         r = self.recipe

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,10 @@ from ablate.lightning_modules.config.errors import ConfigError, did_you_mean, fo
 from ablate.lightning_modules.config.experiment import ExperimentConfig, field_names, to_dict
 from ablate.lightning_modules.config.paths import kind_problem
 from ablate.lightning_modules.config.presets import preset_fields
-from ablate.lightning_modules.config.yamlio import AliasBombError, load_yaml
+from ablate.lightning_modules.config.yamlio import AliasBombError, Json, load_yaml
 
 
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], key: str, value: object) -> None:
     parts = key.split(".")
     node = tree
     for i, part in enumerate(parts[:-1]):
@@ -29,14 +30,14 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, Json]:
     """Parse ``key=value``; the value is read as YAML (``64``, ``true``, ``null``, ``all``)."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
         raise ConfigError(f"override {text!r}: expected key=value, e.g. model.embed_dim=64")
     try:
-        value = load_yaml(raw) if raw.strip() else ""
+        value: Json = load_yaml(raw) if raw.strip() else ""
     except (yaml.constructor.ConstructorError, AliasBombError) as exc:  # a duplicate key in a flow mapping
         raise ConfigError(f"override {text!r}: {exc.problem}") from None
     except yaml.YAMLError:
@@ -44,7 +45,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> dict[str, Json]:
     """Read a YAML mapping (config, study or report spec), raising ConfigError naming the file on any problem."""
     path = Path(path)
     problem = kind_problem(path, "file")
@@ -84,13 +85,13 @@ def _depth(value: object, limit: int = MAX_DEPTH + 1) -> int:
     return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
-def build_config(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+def build_config(raw: Mapping[str, object], overrides: Mapping[str, object] | None = None) -> ExperimentConfig:
     """Validate a raw config tree (plus dotted overrides) into an ExperimentConfig.
 
     ``model.preset`` names a preset from :mod:`ablate.lightning_modules.config.presets`; the other
     ``model`` keys override it.
     """
-    tree = copy.deepcopy(raw)
+    tree: dict[str, Any] = copy.deepcopy(dict(raw))  # validated below, into ExperimentConfig's fields
     for key, value in (overrides or {}).items():
         set_dotted(tree, key, value)
     not_names = ["null" if k is None else str(k) for k in tree if not isinstance(k, str)]
@@ -124,7 +125,7 @@ said of the field the config set (an override before the file, the file before a
 by num_heads 2``, not the preset's valid ``num_heads``."""
 
 
-def _blamed(message: str, raw: dict[str, Any], overrides: dict[str, Any]) -> str:
+def _blamed(message: str, raw: Mapping[str, object], overrides: Mapping[str, object]) -> str:
     """``message`` (``KEY: rule``) said of the key the config set, where :data:`PARTNERS` has a choice."""
     key, sep, rest = message.partition(": ")
     if not sep or key not in PARTNERS or ";" in rest:
@@ -138,7 +139,7 @@ def _blamed(message: str, raw: dict[str, Any], overrides: dict[str, Any]) -> str
     return message
 
 
-def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+def _dotted_keys(tree: Mapping[str, object], prefix: str = "") -> set[str]:
     keys = set()
     for k, v in tree.items():
         keys |= _dotted_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
@@ -157,6 +158,6 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return build_config(raw, dict(parse_override(o) for o in overrides or []))
 
 
-def replace(cfg: ExperimentConfig, updates: dict[str, Any]) -> ExperimentConfig:
+def replace(cfg: ExperimentConfig, updates: Mapping[str, object]) -> ExperimentConfig:
     """A copy of ``cfg`` with dotted-key updates applied and validated."""
     return build_config(to_dict(cfg), updates)

@@ -1,14 +1,7 @@
 """The names of the metrics runs log, written once: the modules log them under these names, a
 study's objective is checked against them before it runs, and every metric logged outside
 Lightning's loop (``ablate.sweeps.engine.context.ActiveRun.log``) is checked by :func:`check_name`.
-
-A pre-training, distillation, pruning or quantization run validates its MLM (and its sentence
-task when it has one); a fine-tuning task ``T`` logs ``T/<metric>`` and its score ``T/score`` per
-validation (each further dev set ``D`` of it ``D/<metric>``: MNLI's ``mnli-mm/accuracy``), and
-``T/best_<metric>`` (every dev metric at the best validation, ``T/best_score`` too),
-``T/final_<metric>`` at the end; a chained trial adds ``downstream/avg`` and, fine-tuned on GLUE
-tasks, ``glue/score`` and ``glue/tasks``.
-"""
+Which run logs which: docs/configuration.md (studies) and docs/guides/finetuning.md."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import to_dict
@@ -272,6 +271,6 @@ def get_preset(name: str) -> ModelConfig:
         raise ConfigError(f"model.preset: unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
 
 
-def preset_fields(name: Any) -> dict[str, Any]:
+def preset_fields(name: object) -> dict[str, object]:
     """The preset's fields as a plain dict, for merging with YAML keys."""
     return to_dict(get_preset(str(name)))

@@ -1,10 +1,7 @@
-"""The ``quant`` section of the config: quantization, the fifth compression family.
-
-``quant.method`` says how the run's model is quantized; ``quant.source`` makes quantizing a
-trained model a run of its own (the ``quant`` regime). Without a source, the method applies to
-the model the run trains: post-training methods quantize it when training ends (a distilled or
-pruned model, quantized), ``qat-int8`` trains it with fake quantization and converts it at the end.
-"""
+"""The ``quant`` section of the config: quantization, the fifth compression family. ``quant.method``
+says how the run's model is quantized; ``quant.source`` makes quantizing a trained model a run of
+its own (the ``quant`` regime). Without a source, post-training methods quantize the trained model
+when training ends, and ``qat-int8`` trains it with fake quantization (docs/guides/quantization.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ablate.lightning_modules.config.glue import GLUE
 
@@ -35,7 +34,7 @@ class SquadTask:
     hub: str
     no_answer: bool
 
-    def definition_fields(self) -> dict[str, Any]:
+    def definition_fields(self) -> dict[str, object]:
         """The ``finetune`` fields that say what the task is."""
         return {
             "task": self.name,
@@ -55,13 +54,14 @@ SQUAD: Mapping[str, SquadTask] = {
 }
 """SQuAD v1.1 and v2.0 by task name."""
 
-KNOWN_TASKS: Mapping[str, Mapping[str, Any]] = {
+KNOWN_TASKS: Mapping[str, Mapping[str, object]] = {
     **{name: task.definition_fields() for name, task in GLUE.items()},
     **{name: task.definition_fields() for name, task in SQUAD.items()},
 }
 """Every known task's defining fields, by task name."""
 
-_BY_HUB = {parse_hub_name(fields["train"]): name for name, fields in KNOWN_TASKS.items()}
+_HUBS = {**{name: task.hub for name, task in GLUE.items()}, **{name: task.hub for name, task in SQUAD.items()}}
+_BY_HUB = {parse_hub_name(hub): name for name, hub in _HUBS.items()}
 
 
 def task_of_hub(name: object) -> str | None:
@@ -69,7 +69,7 @@ def task_of_hub(name: object) -> str | None:
     return _BY_HUB.get(parse_hub_name(name)) if isinstance(name, str) else None
 
 
-def task_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+def task_defaults(given: Mapping[str, object]) -> dict[str, object]:
     """The ``finetune`` fields ``given`` (a section as written) with what its names fill in beneath:
     ``glue`` the GLUE table's task and settings (validated every tenth of ``max_steps``, the table's or
     the one given); else a known ``task`` (or, for any task name, a known ``train`` hub dataset) what

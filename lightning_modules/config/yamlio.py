@@ -4,9 +4,13 @@ and what reads back the same. PyYAML's own loader and dumper are left as they ar
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, TypeAlias
 
 import yaml
+
+Json: TypeAlias = dict[str, "Json"] | list["Json"] | str | int | float | bool | None
+"""A parsed YAML (or JSON) value: a mapping, a list or a scalar."""
 
 
 class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
@@ -27,8 +31,8 @@ class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type
             check_expansion(node)
         return node
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, object]:
+        seen: dict[Hashable, int] = {}
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                 continue
@@ -41,7 +45,7 @@ class YamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line + 1
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        mapping: dict[Hashable, object] = super().construct_mapping(node, deep=deep)
         return mapping
 
 
@@ -138,12 +142,13 @@ class YamlDumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no type
 YamlDumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
-def dump_yaml(data: Any, **options: Any) -> str:
+def dump_yaml(data: object, **options: object) -> str:
     """``data`` as YAML text through :class:`YamlDumper` (``options``: PyYAML's, e.g. ``sort_keys``)."""
     text: str = yaml.dump(data, Dumper=YamlDumper, **options)
     return text
 
 
 def load_yaml(text: str) -> Any:
-    """Parse YAML text with :class:`YamlLoader` (raises ``yaml.YAMLError``)."""
+    """Parse YAML text with :class:`YamlLoader` (raises ``yaml.YAMLError``): a :data:`Json` value, typed
+    ``Any`` for the callers that hand it straight to a config's validation."""
     return yaml.load(text, Loader=YamlLoader)  # a SafeLoader subclass: plain data only
