@@ -1,17 +1,8 @@
-"""TinyBERT's data augmentation for fine-tuning (Jiao et al. 2020, Algorithm 1).
-
-Each training sentence is split into words (whitespace and punctuation, as BERT's BasicTokenizer).
-For each augmented copy, each word is replaced with probability ``prob``: a word that is one
-WordPiece token is replaced by a candidate drawn uniformly from the masked LM's ``top_k``
-predictions at its position when the word alone is replaced by [MASK] in the original sentence
-(special tokens, ``##`` continuation pieces and the word itself are never candidates). TinyBERT
-replaces a word of several pieces by one of its GloVe neighbours; we have no word vectors, so such
-words (and words that tokenize to [UNK]) are left unchanged.
-
-Cost: every copy's random draws are made first, then the masked LM runs once per (sentence, word)
-that at least one copy replaces, many masked sequences per forward, sentences in order of length.
-The result depends only on the inputs and the seed. :func:`cached_augmentation` keeps it on disk.
-"""
+"""TinyBERT's data augmentation for fine-tuning (Jiao et al. 2020, Algorithm 1; docs/guides/finetuning.md):
+each word of one WordPiece token is replaced with probability ``prob`` by one of the masked LM's
+``top_k`` predictions at its masked position; words of several pieces stay. Every copy's draws come
+first, then the masked LM runs once per (sentence, word) some copy replaces, sentences by length:
+the result depends only on the inputs and the seed. :func:`cached_augmentation` keeps it on disk."""
 
 from __future__ import annotations
 

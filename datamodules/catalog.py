@@ -1,31 +1,7 @@
-"""The data catalog: ``datasets`` hub names mapped to local copies, for machines without the hub.
-
-``ABLATE_DATA_CATALOG=/path/catalog.yaml`` names a YAML file of datasets, each a hub name as a
-config writes it, with its splits as local files::
-
-    datasets:
-      wikimedia/wikipedia:20231101.en:
-        train: wiki-en/train-*.jsonl.gz        # a file, a glob, a folder, or a list of them
-      nyu-mll/glue:sst2:
-        train: sst2/train.tsv
-        validation: sst2/validation.tsv
-      rajpurkar/squad:                          # part of a file: rows or SQuAD articles A to B
-        train: {file: squad/dev-v1.1.json, articles: "8:"}
-        validation: {file: squad/dev-v1.1.json, articles: ":8"}
-
-A catalog may also map hub model names (checkpoints and tokenizers: ``finetune.source``,
-``distill.teacher``, ``data.tokenizer`` ...) to local folders::
-
-    models:
-      bert-base-uncased: models/bert-base-uncased   # config.json, model.safetensors, vocab.txt ...
-
-Relative paths are resolved against the catalog file's folder (``~`` is expanded). A name is
-matched by what it names, the hub path and config, however it is spelled (``nyu-mll/glue:sst2``,
-``nyu-mll/glue/sst2``). A name in the catalog is read from its files (``data.corpus`` its ``train``
-split, a fine-tuning task its ``train`` and ``validation`` splits, or the ones it names); any other
-name is a hub name, loaded by ``datasets``. A catalog that is set but missing, unreadable or
-malformed is an error of every command that resolves data. Slices: :mod:`ablate.datamodules.slices`.
-"""
+"""The data catalog (``ABLATE_DATA_CATALOG``): ``datasets`` hub names mapped to local copies, and hub
+model names to local folders, for machines without the hub; read and checked here, a name matched by
+the hub path and config it names however it is spelled (docs/data.md, "The data catalog").
+Slices: :mod:`ablate.datamodules.slices`."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""The fine-tuning LightningDataModule: GLUE-style single-sentence or sentence-pair classification
-and regression (STS-B).
-
-``finetune.train``/``finetune.validation`` are local ``.tsv``/``.csv``/``.json``/``.jsonl`` files
-(optionally ``.gz``), streamed through ``datasets`` (nothing cached), or ``datasets`` hub names
-(``nyu-mll/glue:sst2``, ``owner/path``, ``owner/path/config``) whose ``train``/``validation`` splits (or
-``finetune.train_split``/``validation_split``) go to the ``datasets`` cache, or are read from the
-local copies the data catalog maps them to (:mod:`ablate.datamodules.sources`).
-A row is ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` (token type 1 from b on).
-Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
-``attention_mask`` (B, T) bool; ``labels`` (B,) long (classes) or float (regression targets). A task
-with further dev sets (``finetune.extra_validation``: MNLI's mismatched one) has a dev loader per set,
-its own first. With ``finetune.augment_copies``, the training split is enlarged by TinyBERT's data
-augmentation (:mod:`ablate.datamodules.augment`), cached on disk. Reading and checking the rows:
-:mod:`ablate.datamodules.task_rows`.
-"""
+"""The fine-tuning LightningDataModule of GLUE-style tasks: single-sentence or sentence-pair
+classification and regression (STS-B), read from local files, hub splits or the data catalog's copies
+(docs/data.md), each row ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``; a dev loader per dev set, and
+TinyBERT's augmentation of the training split (:mod:`ablate.datamodules.augment`). Reading and
+checking the rows: :mod:`ablate.datamodules.task_rows`."""
 
 from __future__ import annotations
 
@@ -24,7 +13,6 @@ import sys
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -179,6 +167,9 @@ def collate(
 
 class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
     """Reads, checks and tokenizes ``finetune.train``/``finetune.validation`` once, in ``setup``.
+
+    Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
+    ``attention_mask`` (B, T) bool; ``labels`` (B,) long (classes) or float (regression targets).
 
     Args:
         cfg: the ``finetune`` section (data, fields, ``num_labels``, ``max_length``, ``batch_size``).
@@ -375,7 +366,7 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         """Training batches, shuffled by a generator seeded with ``seed``."""
         return self._loader(self._ready()[0], shuffle=True, skip=self.take_skip())
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def on_after_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
         """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 

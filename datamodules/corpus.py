@@ -1,19 +1,7 @@
-"""Corpora as streams of documents, read through ``datasets`` in streaming mode.
-
-``data.corpus`` is resolved by :func:`ablate.datamodules.sources.resolve_corpus` (builtin
-``norvig-big``, local ``.txt``/``.json[l][.gz]``/``.parquet`` files, or a hub name, read from
-local copies when the data catalog ``ABLATE_DATA_CATALOG`` maps it).
-A ``.txt`` file holds documents of consecutive blank-line separated paragraphs (grouped
-to about ``data.text_doc_chars`` characters); a json record
-or parquet row holds one document in ``data.text_field``, paragraphs separated by
-newlines.
-
-Documents never leave the stream: nothing is materialised, so memory does not grow
-with the corpus. A document belongs to the validation split when a stable hash of its
-text falls below ``data.val_fraction`` (:func:`is_validation`), so the two splits never
-share a document. :func:`iter_documents` reads one reader's share, a reader being one
-DataLoader worker of one DDP rank.
-"""
+"""Corpora as streams of documents, read through ``datasets`` in streaming mode (``data.corpus``
+resolved by :func:`ablate.datamodules.sources.resolve_corpus`): :func:`iter_documents` reads one
+reader's share of a split, a document held out for validation by a hash of its text
+(:func:`is_validation`). What a document is in each format: docs/data.md, "The pre-training pipeline"."""
 
 from __future__ import annotations
 
@@ -23,7 +11,7 @@ import json
 import logging
 import zlib
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 import datasets
 from datasets.distributed import split_dataset_by_node
@@ -208,7 +196,7 @@ def partition(
     return split_dataset_by_node(ds, rank=index, world_size=readers)
 
 
-def _clean(text: Any, builder: str) -> str:
+def _clean(text: object, builder: str) -> str:
     if not isinstance(text, str):
         return ""
     if builder == "text":  # a paragraph of a text file: single newlines are line wrapping
@@ -216,7 +204,7 @@ def _clean(text: Any, builder: str) -> str:
     return text.strip()
 
 
-def _group(raws: list[Any], builder: str, pending: list[str], doc_chars: int) -> Iterator[str]:
+def _group(raws: list[object], builder: str, pending: list[str], doc_chars: int) -> Iterator[str]:
     """Clean documents; for text files, join consecutive paragraphs into documents of about
     ``doc_chars`` characters (one paragraph per line). ``pending`` carries a partial one."""
     for raw in raws:

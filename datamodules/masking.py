@@ -1,19 +1,7 @@
-"""Dynamic masking for masked-language modelling (pure, vectorised torch).
-
-Positions are selected with one of three strategies, then BERT's 80/10/10 rule is
-applied to each selected position: 80% become ``[MASK]``, 10% a random non-special
-token, 10% stay unchanged. Labels hold the original id at selected positions and -100
-elsewhere. Special positions (``special_mask``: ``[CLS]``, ``[SEP]``, ``[PAD]``) are
-never selected.
-
-* ``token``: each position independently with probability ``prob``.
-* ``whole_word``: each word independently with probability ``prob``; all its WordPiece
-  pieces together (a word starts at a token that is not a ``##`` continuation).
-* ``ngram`` (ALBERT): spans of n whole words, n in 1..max_ngram with p(n) ∝ 1/n. Span
-  starts are drawn per word with a rate solved so that the expected fraction of covered
-  words (overlaps included) is ``prob``; ALBERT's sequential "until ~prob is reached"
-  loop becomes this expectation, which vectorises.
-"""
+"""Dynamic masking for masked-language modelling (pure, vectorised torch): positions selected by
+``token``, ``whole_word`` or ALBERT's ``ngram`` strategy, then BERT's 80/10/10 rule; labels hold the
+original ids there and -100 elsewhere, and special positions are never selected (docs/data.md,
+"The pre-training pipeline")."""
 
 from __future__ import annotations
 

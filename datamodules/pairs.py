@@ -1,20 +1,7 @@
-"""Sentence splitting and BERT/ALBERT segment pairs (pure functions).
-
-A document arrives as a list of tokenized sentences (lists of token ids). As in BERT's
-``create_instances_from_document``, sentences are accumulated up to a target length
-(``max_length - 3``, or a random shorter one with probability ``short_seq_prob``), the
-chunk is split into segments A and B at a random sentence boundary, and:
-
-* ``sop`` (ALBERT): A and B are consecutive; swapped with probability 0.5 (label 1).
-* ``nsp`` (BERT): with probability 0.5, B is replaced by text from another document
-  (label 1) and the sentences left unused are put back for the next chunk.
-* ``none``: one segment of up to ``max_length - 2`` tokens, label -100.
-
-Pairs are then truncated to fit, from the front or the back of the longer segment at
-random. A chunk of a single sentence is split inside the sentence (BERT instead forces
-a random next sentence, which would skew the labels). All randomness comes from the
-``random.Random`` passed in.
-"""
+"""Sentence splitting and BERT/ALBERT segment pairs (pure functions, all randomness from the
+``random.Random`` passed in): sentences accumulated up to a target length as in BERT's
+``create_instances_from_document``, split into segments A and B for ``sop``, ``nsp`` or ``none``
+(docs/data.md, "The pre-training pipeline")."""
 
 from __future__ import annotations
 

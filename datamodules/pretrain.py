@@ -1,14 +1,5 @@
-"""The pre-training LightningDataModule: MLM + SOP/NSP batches from a streamed corpus.
-
-Usage::
-
-    dm = PretrainDataModule(cfg.data, cfg.objective, cfg.model.vocab_size, cfg.seed)
-    trainer.fit(module, datamodule=dm)   # or dm.prepare_data(); dm.setup("fit")
-    mlflow.log_artifact(str(dm.tokenizer_path))
-
-Batches are dicts of tensors (see :func:`ablate.datamodules.stream.collate`): ``input_ids``,
-``token_type_ids``, ``attention_mask`` (bool), ``mlm_labels``, ``sentence_label``.
-"""
+"""The pre-training LightningDataModule: MLM + SOP/NSP batches from a streamed corpus
+(docs/data.md, "The pre-training pipeline")."""
 
 from __future__ import annotations
 
@@ -38,6 +29,9 @@ from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConf
 
 class PretrainDataModule(TrainPosition, pl.LightningDataModule):
     """Streams pre-training batches; trains or loads the WordPiece tokenizer first.
+
+    Batches are dicts of tensors (:func:`ablate.datamodules.stream.collate`): ``input_ids``,
+    ``token_type_ids``, ``attention_mask`` (bool), ``mlm_labels``, ``sentence_label``.
 
     Args:
         data: corpus, tokenizer and batching settings.
@@ -146,7 +140,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
             except Exception:  # noqa: BLE001 - a store problem must not hide the error itself
                 pass
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def on_after_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
         """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)
 

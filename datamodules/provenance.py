@@ -1,13 +1,7 @@
-"""What data a run reads: resolved before anything is written, and logged with the run.
-
-:func:`check_data` resolves a config's data names (the corpus of a pre-training, distillation,
-pruning or quantization run; a fine-tuning run's ``finetune.train`` and ``finetune.validation``)
-without reading them: local files, and the data catalog's copies of hub names, must exist; other
-hub names are checked for their form only (no network), and so are the checkpoints and tokenizer it
-names (a folder, the catalog's ``models:`` entry, a hub model name). :func:`data_tags` says, as MLflow tags,
-what those names resolved to: the catalog in effect and, per name, its hub dataset or its files (and
-the slice of a file the catalog maps a split to).
-"""
+"""What data a run reads, resolved before anything is written and logged with the run:
+:func:`check_data` resolves a config's data names (and the checkpoints and tokenizer it names)
+without reading them, and :func:`data_tags` says, as MLflow tags, what they resolved to
+(docs/data.md, "Checks" and "What a run records")."""
 
 from __future__ import annotations
 

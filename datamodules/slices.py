@@ -1,29 +1,18 @@
-"""Slices of a file in the data catalog: a split read from part of one file.
-
-A catalog split may be a mapping instead of files: ``{file: PATH, rows: "A:B"}`` takes the rows
-``A`` (inclusive) to ``B`` (exclusive) of a ``.tsv``/``.csv`` (after the header), ``.jsonl`` or
-``.json`` file (a SQuAD file's rows are its questions, as the hub's rows are);
-``{file: PATH, articles: "A:B"}`` takes the articles (the items of ``data``) of an official SQuAD
-JSON. Ranges are Python's, half-open, with either end optional (``"40:"`` from 40 on, ``":8"`` the
-first 8), counted from 0; no step, no negative index. So ``train`` may be the first 40 articles of
-a dev file and ``validation`` the rest::
-
-    rajpurkar/squad:
-      train: {file: squad/dev-v1.1.json, articles: "8:"}
-      validation: {file: squad/dev-v1.1.json, articles: ":8"}
-
-The form is checked when the catalog is read (:func:`split_value`), what the file holds when it is
-read (:meth:`Slice.take`, :meth:`Slice.stream`, :meth:`Slice.short`): every reader applies a slice
-through these, so rows and articles are counted one way.
-"""
+"""Slices of a file in the data catalog: a split read from part of one file, ``{file: PATH, rows: "A:B"}``
+or ``{file: PATH, articles: "A:B"}`` (docs/data.md, "Slices"). The form is checked when the catalog
+is read (:func:`split_value`), what the file holds when it is read (:meth:`Slice.take`,
+:meth:`Slice.stream`, :meth:`Slice.short`), so every reader counts rows and articles one way."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+if TYPE_CHECKING:
+    import datasets
 
 T = TypeVar("T")
 Unit = Literal["rows", "articles"]
@@ -71,7 +60,7 @@ class Slice:
             raise SliceError(problem)
         return list(items[self.start : self.stop])
 
-    def stream(self, rows: Any) -> Any:
+    def stream(self, rows: datasets.IterableDataset) -> datasets.IterableDataset:
         """The slice of a ``datasets`` iterable dataset of a file's rows (skipped and taken lazily)."""
         if self.start:
             rows = rows.skip(self.start)
@@ -116,7 +105,7 @@ def _kind_of(path: str) -> str:
     return suffixes[0].lower() if suffixes else ""
 
 
-def _sliced(value: dict[Any, Any]) -> SplitFiles:
+def _sliced(value: Mapping[object, object]) -> SplitFiles:
     units = [u for u in ("rows", "articles") if u in value]
     unknown = [str(k) for k in value if k not in ("file", *_KINDS)]
     if unknown:
@@ -129,10 +118,11 @@ def _sliced(value: dict[Any, Any]) -> SplitFiles:
     if len(units) != 1:
         raise ValueError(f"give one of rows or articles ({_FORM})")
     unit: Unit = "rows" if units[0] == "rows" else "articles"
-    if not isinstance(value[unit], str):
-        raise ValueError(f"{unit}: {value[unit]!r}: give a range as a string, 'A:B' (quoted in YAML)")
+    given = value[unit]
+    if not isinstance(given, str):
+        raise ValueError(f"{unit}: {given!r}: give a range as a string, 'A:B' (quoted in YAML)")
     try:
-        start, stop = parse_range(value[unit])
+        start, stop = parse_range(given)
     except ValueError as exc:
         raise ValueError(f"{unit}: {exc}") from None
     if _kind_of(file) not in _KINDS[unit]:

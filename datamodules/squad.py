@@ -1,38 +1,17 @@
-"""The span task's LightningDataModule: SQuAD v1.1 and v2.0 question answering.
-
-``finetune.train``/``finetune.validation`` are local files or hub names (``rajpurkar/squad``,
-``rajpurkar/squad_v2``; the data catalog maps them to local copies) in either of two forms:
-
-- the official SQuAD JSON (``{"data": [{"title", "paragraphs": [{"context", "qas": [{"id",
-  "question", "answers": [{"text", "answer_start"}]}]}]}]}``, as ``dev-v1.1.json`` is released);
-- the hub's flat rows, one per question (``id``, ``title``, ``context``, ``question``,
-  ``answers: {text: [...], answer_start: [...]}``), as a ``.jsonl``/``.json`` file or a hub split.
-
-Every answer must be at its ``answer_start`` in its context (DataError naming the file otherwise); a
-question without answers needs ``finetune.no_answer`` (SQuAD 2.0).
-
-A question and its context are one input, ``[CLS] question [SEP] context [SEP]`` (token type 1 from
-the context on), the question cut to ``finetune.max_query_length`` tokens and the context read in
-windows of up to ``finetune.max_length`` tokens in all, ``finetune.doc_stride`` tokens apart (BERT's
-``doc_stride``). The tokenizer's offsets map each context token to its characters: a training
-window is labelled with the first answer's first and last tokens, or [CLS] (position 0) when the
-question has no answer or the answer is not wholly in the window; the dev windows keep their
-tokens' characters (:class:`~ablate.datamodules.span_dev.SpanDev`), from which
-the predicted spans are read back as text.
-
-Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
-``attention_mask`` (B, T) bool; ``start_positions``, ``end_positions`` and ``feature`` (the
-window's index in its split) (B,) long.
-"""
+"""The span task's LightningDataModule: SQuAD v1.1 and v2.0 question answering, from the official
+JSON or the hub's flat rows, each answer checked at its ``answer_start``; ``[CLS] question [SEP]
+context [SEP]`` read in windows ``finetune.doc_stride`` tokens apart, a training window labelled with
+the answer's tokens or [CLS] (docs/guides/squad.md, "Data" and "Windows and answers")."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import datasets
 import lightning.pytorch as pl
@@ -50,6 +29,7 @@ from ablate.datamodules.tokenizer import special_ids
 from ablate.datamodules.transfer import TrainPosition, task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.yamlio import Json
 
 _BATCH = 4096  # texts per encode_batch call
 
@@ -65,8 +45,9 @@ class Question:
     starts: tuple[int, ...]
 
 
-def _official(tree: dict[str, Any]) -> list[Question]:
+def _official(tree: Mapping[str, Json]) -> list[Question]:
     """The questions of the official SQuAD JSON, in file order."""
+    articles: Any = tree["data"]  # as parsed: a malformed file raises KeyError or TypeError (read_questions says so)
     return [
         Question(
             str(qa["id"]),
@@ -75,16 +56,17 @@ def _official(tree: dict[str, Any]) -> list[Question]:
             tuple(str(a["text"]) for a in qa["answers"]),
             tuple(int(a["answer_start"]) for a in qa["answers"]),
         )
-        for article in tree["data"]
+        for article in articles
         for p in article["paragraphs"]
         for qa in p["qas"]
     ]
 
 
-def _flat(rows: list[dict[str, Any]]) -> list[Question]:
+def _flat(rows: Sequence[Json]) -> list[Question]:
     """The questions of the hub's flat rows."""
     out = []
-    for r in rows:
+    for row in rows:
+        r: Any = row  # as parsed: a malformed row raises KeyError or TypeError (read_questions says so)
         answers = r["answers"]
         out.append(
             Question(
@@ -98,7 +80,7 @@ def _flat(rows: list[dict[str, Any]]) -> list[Question]:
     return out
 
 
-def _open(path: str) -> Any:
+def _open(path: str) -> TextIO:
     return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")  # noqa: SIM115
 
 
@@ -294,6 +276,10 @@ def collate(
 class SquadDataModule(TrainPosition, pl.LightningDataModule):
     """Reads, checks and tokenizes ``finetune.train``/``finetune.validation`` once, in ``setup``.
 
+    Batches: ``input_ids``, ``token_type_ids`` (B, T) long, padded with [PAD] to the longest row;
+    ``attention_mask`` (B, T) bool; ``start_positions``, ``end_positions`` and ``feature`` (the
+    window's index in its split) (B,) long.
+
     Args:
         cfg: the ``finetune`` section (data, ``max_length``, ``doc_stride``, ``max_query_length``,
             ``batch_size``, ``no_answer``).
@@ -401,6 +387,6 @@ class SquadDataModule(TrainPosition, pl.LightningDataModule):
         """Dev windows in file order."""
         return self._loader(self._ready()[1], shuffle=False)
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def on_after_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
         """Batches from workers arrive packed (:mod:`ablate.datamodules.transfer`): the dict, as views."""
         return unpack(batch)

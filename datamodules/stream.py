@@ -1,14 +1,7 @@
-"""Documents -> tokenized sentences -> segment pairs -> masked, padded batches.
-
-:class:`PretrainStream` is the ``torch.utils.data.IterableDataset`` behind the
-pre-training DataLoaders. Each reader (one DataLoader worker of one DDP rank) reads
-its own share of the corpus (:func:`ablate.datamodules.corpus.partition`), tokenizes chunks of
-documents with one ``encode_batch`` call of the Rust tokenizer, builds pairs
-(:mod:`ablate.datamodules.pairs`), shuffles them in a bounded buffer and yields whole batches,
-masked (:mod:`ablate.datamodules.masking`) in the worker. Everything is seeded from
-``(seed, split, epoch, rank, worker)``, so a run is reproducible for a given number of
-workers and ranks.
-"""
+"""Documents -> tokenized sentences -> segment pairs -> masked, padded batches: :class:`PretrainStream`,
+the ``IterableDataset`` behind the pre-training DataLoaders, one reader's share of the corpus per
+DataLoader worker and DDP rank, seeded from ``(seed, split, epoch, rank, worker)`` (docs/data.md,
+"The pre-training pipeline")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """A fine-tuning task's rows: its splits resolved (training, the dev set, further dev sets such as
-MNLI's mismatched one), their columns read through ``datasets``, and their labels checked for the
-task's kind.
-
-TSV files are read as the project's GLUE copies are written: tab-separated, no
-quoting (a text may start with ``"``), ``\\`` escaping a backslash, and texts such as ``NA`` kept as
-they are. A split the data catalog maps to part of a file reads those rows (:func:`local_rows`).
-:func:`check_task_data` reads only the labels (and each file's header) of the splits held
-locally, so a study is refused a missing column or a bad label before any of its runs exists.
-"""
+MNLI's mismatched one), their columns read through ``datasets`` (TSVs as GLUE's copies are written:
+docs/data.md), and their labels checked for the task's kind. :func:`check_task_data` reads only the
+labels and headers of the splits held locally, so a study is refused a missing column or a bad
+label before any of its runs exists."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import datasets
 
@@ -83,7 +78,7 @@ def _missing(src: TaskData, field: str, column: str, found: list[str]) -> DataEr
     )
 
 
-def _csv_options(src: TaskData) -> dict[str, Any]:
+def _csv_options(src: TaskData) -> dict[str, str | int | bool]:
     """``datasets``' csv reader options for ``src``'s local files (none for other builders)."""
     if src.builder != "csv":
         return {}
@@ -98,7 +93,7 @@ def _by_rows(src: TaskData) -> None:
         raise src.slice_error("a task of rows reads rows: 'A:B' (articles are SQuAD's)")
 
 
-def local_rows(src: TaskData, **options: Any) -> Any:
+def local_rows(src: TaskData, **options: object) -> datasets.IterableDataset:
     """A streaming ``datasets`` dataset of the rows of ``src``'s local files, or of the catalog's slice
     of its file; ``options`` go to the reader (``usecols``).
 
@@ -123,7 +118,7 @@ def check_read(src: TaskData, read: int, limit: int | None) -> None:
         raise src.slice_error(problem)
 
 
-def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: list[str]) -> dict[str, list[Any]]:
+def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: list[str]) -> dict[str, list[object]]:
     """The ``columns`` of a split (its first ``limit`` rows), read through ``datasets``; ``fields``
     names each column's setting (``label_field``, ``text_fields``) for the error of a missing one.
 
@@ -134,7 +129,7 @@ def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: l
         raise DataError(f"{src.key}: {src.name}: no examples")
     columns = list(dict.fromkeys(columns))  # the label first, then the text fields
     found: list[str] | None = None
-    out: dict[str, list[Any]] = {c: [] for c in columns}
+    out: dict[str, list[object]] = {c: [] for c in columns}
     _by_rows(src)  # its own error, not the reading's
     try:
         ds: Any = local_rows(src) if src.files else datasets.load_dataset(src.builder, src.config, split=src.split)
@@ -161,7 +156,7 @@ def read_columns(src: TaskData, columns: list[str], limit: int | None, fields: l
     return out
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     """A regression label as a finite float (a number, or a number's text: a column holding one bad
     label reads as text), or None."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -173,7 +168,7 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def check_labels(src: TaskData, labels: list[Any], cfg: Schema) -> Labels:
+def check_labels(src: TaskData, labels: list[object], cfg: Schema) -> Labels:
     """``labels`` checked for the task's kind: classes are integers in ``[0, num_labels)``, regression
     targets finite numbers (returned as floats).
 
@@ -195,7 +190,7 @@ def check_labels(src: TaskData, labels: list[Any], cfg: Schema) -> Labels:
             raise DataError(f"{where}.label_field: {src.name} has a non-integer label {v!r} (row {row})")
         if not 0 <= v < cfg.num_labels:
             raise DataError(f"{where}.num_labels: {src.name} has label {v} (row {row}) outside [0, {cfg.num_labels})")
-    return labels
+    return cast(list[int], labels)  # checked above: every one an int
 
 
 def read_split(src: TaskData, cfg: Schema, limit: int | None) -> tuple[list[list[str]], Labels]:

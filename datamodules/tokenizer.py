@@ -1,24 +1,7 @@
-"""WordPiece tokenizer trained on the corpus, cached by fingerprint.
-
-The tokenizer is BERT's: BERT normalizer (``data.lowercase`` lowercases and strips
-accents), BERT pre-tokenizer, WordPiece with ``##`` continuation pieces, and the
-special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]`` at ids 0..4. It is trained on the
-first ``data.tokenizer_docs`` training documents and saved as one JSON file under
-``<cache>/tokenizers/``, named by a fingerprint of everything that determines it, so a
-second run with the same corpus and settings loads it instead of retraining.
-
-With ``data.tokenizer`` the run takes an existing tokenizer instead (a public checkpoint's:
-:func:`given_tokenizer`), a transformers ``tokenizer.json`` or a ``vocab.txt`` read as BERT's
-WordPiece tokenizer (:func:`checkpoint_tokenizer`), copied into the same cache.
-
-The same documents give the same tokenizer in any process: the trainer of ``tokenizers`` collects
-the alphabet in a hash map seeded anew by each process, so the ids of its characters, and of merges
-whose counts tie, came out in another order each time it was trained (about 200 of 8192 ids for
-the quickstart's corpus), and a model's embedding rows with them: the same seed gave other numbers
-in a second process. The vocabulary it learns is the same set every time; after training, the ids
-are given in one order (the special tokens, then every other token sorted by its text), which
-WordPiece's longest-match tokenization does not depend on.
-"""
+"""The WordPiece tokenizer: BERT's, trained on the corpus and cached by a fingerprint of everything
+that determines it, its ids put in one order after training so that the same documents give the
+same tokenizer in any process; or a given one (``data.tokenizer``: :func:`given_tokenizer`,
+:func:`checkpoint_tokenizer`), copied into the same cache (docs/data.md, "The tokenizer")."""
 
 from __future__ import annotations
 

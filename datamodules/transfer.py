@@ -1,19 +1,7 @@
-"""Batches from DataLoader workers to the training process as one buffer.
-
-A DataLoader worker hands each tensor of a batch to the training process through shared
-memory: one file descriptor (or shared-memory file) per tensor, each opened, authenticated
-and mapped by the receiver, about a millisecond apiece. A pre-training batch has five
-tensors, so at a GPU's pace (a step every few milliseconds) the hand-over alone cost as much
-host time as the step (``ablate bench loop``). :class:`PackedBatch` sends a batch as one byte
-buffer through the worker's pipe instead, then the trainer pins it, copies it to the device
-in one transfer and :func:`unpack` views it as the original dict (no copy, no kernel).
-
-Usage (what the DataModules do)::
-
-    DataLoader(stream, batch_size=None, num_workers=4, collate_fn=packed(None, 4), pin_memory=True)
-    # LightningDataModule.on_after_batch_transfer:
-    batch = unpack(batch)
-"""
+"""Batches from DataLoader workers to the training process as one buffer: :class:`PackedBatch` through
+the worker's pipe instead of a shared-memory hand-over per tensor, viewed again as the original dict by
+:func:`unpack` (``on_after_batch_transfer``); also the resumable shuffled loader of the fine-tuning
+tasks (:func:`task_loader`). Why: docs/data.md, "The pre-training pipeline"."""
 
 from __future__ import annotations
 
@@ -21,13 +9,20 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
 Layout = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
 """Each field of the batch: name, dtype, shape; in buffer order."""
+Batch = Mapping[str, torch.Tensor]
+"""A collated batch: tensors by name."""
+T = TypeVar("T")  # what a collate function takes: the examples of a batch
+B = TypeVar("B")
 
 _ALIGN = 16  # every field starts at a multiple of this many bytes: a view of any dtype is allowed
 
@@ -73,7 +68,7 @@ class PackedBatch:
         """One copy to ``device`` (Lightning's batch transfer calls this)."""
         return PackedBatch(self.buffer.to(device, non_blocking=non_blocking), self.layout)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[[bytes, Layout], PackedBatch], tuple[bytes, Layout]]:
         # By value through the worker's pipe: shared memory would cost a descriptor per batch.
         return _from_bytes, (self.buffer.numpy().tobytes(), self.layout)
 
@@ -83,20 +78,20 @@ def _from_bytes(data: bytes, layout: Layout) -> PackedBatch:
 
 
 @dataclass(frozen=True)
-class _Packing:
-    collate: Callable[[Any], Mapping[str, torch.Tensor]] | None
+class _Packing(Generic[T]):
+    collate: Callable[[T], Batch] | None
 
-    def __call__(self, items: Any) -> PackedBatch:
-        return PackedBatch.pack(items if self.collate is None else self.collate(items))
+    def __call__(self, items: T) -> PackedBatch:
+        return PackedBatch.pack(cast(Batch, items) if self.collate is None else self.collate(items))
 
 
-def packed(collate: Callable[[Any], Mapping[str, torch.Tensor]] | None, workers: int) -> Callable[[Any], Any] | None:
+def packed(collate: Callable[[T], Batch] | None, workers: int) -> Callable[[T], Batch | PackedBatch] | None:
     """The DataLoader's ``collate_fn``: ``collate`` (None: the dataset yields whole batches),
     packing its batches when ``workers`` worker processes hand them over; as it is otherwise."""
     return _Packing(collate) if workers > 0 else collate
 
 
-def unpack(batch: Any) -> Any:
+def unpack(batch: PackedBatch | B) -> dict[str, torch.Tensor] | B:
     """``batch`` unpacked if it is a :class:`PackedBatch`, else unchanged."""
     return batch.unpack() if isinstance(batch, PackedBatch) else batch
 
@@ -108,7 +103,7 @@ class TrainPosition:
     phase starts its loader afresh, as it does in a run that was not interrupted)."""
 
     skip_train_batches = 0
-    trainer: Any
+    trainer: pl.Trainer | None
 
     def state_dict(self) -> dict[str, int]:
         """Saved in Lightning checkpoints: training batches consumed so far (``accumulate_grad_batches``
@@ -163,14 +158,14 @@ def _shuffled(
 
 
 def task_loader(
-    split: Dataset[Any],
+    split: Dataset[T],
     batch_size: int,
-    collate: Callable[[Any], Mapping[str, torch.Tensor]],
+    collate: Callable[[list[T]], Batch],
     seed: int,
     shuffle: bool,
     workers: int,
     skip_batches: int = 0,
-) -> DataLoader[Any]:
+) -> DataLoader[T]:
     """A fine-tuning task's loader: shuffled by a generator seeded with ``seed`` (the same seed gives the
     same batches; ``skip_batches``: started that many batches in, where a resumed fit goes on) or in
     order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
