@@ -1,24 +1,7 @@
-"""What joins a student to a frozen teacher: :class:`TeacherLink` (layer and head maps, learned
-projections) and the initialisations a student can take from its teacher (:func:`copy_embeddings`,
-:func:`copy_layers`: DistilBERT's every other layer).
-
-The intermediate terms the link serves (each weighted by ``distill.*_weight``, 0 = off; computed in
-the registry of terms, :mod:`ablate.lightning_modules.methods.terms`):
-
-- ``fmt``, feature-map transfer: MSE between student block i's output and teacher block
-  ``layer_map[i]``'s, through a learned linear projection when the widths differ (TinyBERT's W_h:
-  one per layer; ``distill.projection: shared``: one for every layer, Zhao et al.'s shared projection);
-- ``at``, attention transfer: KL between per-head attention distributions (MobileBERT) or MSE
-  between the raw scores (TinyBERT), teacher heads grouped or shared by
-  :func:`~ablate.lightning_modules.methods.losses.head_map`;
-- ``embed``: MSE between the embedding outputs;
-- ``cos``: DistilBERT's 1 - cos between the last student layer's hidden states and its teacher layer's.
-
-The prediction layer's ``kd`` and the data's own terms are the registry's too, the same in
-pre-training and fine-tuning. A student with
-its own, smaller vocabulary learns through a :class:`~ablate.lightning_modules.model.vocab_bridge.VocabBridge`
-(``vocab``: Zhao et al.'s dual training, the ``dual`` term).
-"""
+"""What joins a student to a frozen teacher: :class:`TeacherLink` (layer and head maps, learned projections)
+and the initialisations a student can take from its teacher (:func:`copy_embeddings`, :func:`copy_layers`:
+DistilBERT's every other layer). The terms the link serves (``fmt``, ``at``, ``embed``, ``cos``) are computed in
+the registry of terms (:mod:`ablate.lightning_modules.methods.terms`); docs/guides/distillation.md."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
-"""``FinetuneModule``: a classification or regression task (GLUE's) on a pre-trained encoder, trained
-by the one step of :class:`~ablate.lightning_modules.methods.train_module.TrainModule`.
-
-The same step serves every fine-tuning method:
-
-- plain fine-tuning: the ``label`` term (cross-entropy on the task's classes; for regression, the
-  mean squared error of the one output: GLUE's STS-B);
-- task distillation (TinyBERT's task-specific stage, DistilBERT's): a fine-tuned teacher joined
-  by a :class:`~ablate.lightning_modules.methods.distill.TeacherLink`, the prediction layer's ``kd`` on the task
-  logits beside ``label`` (``distill.label_weight``), and optionally the intermediate terms,
-  scheduled by ``distill.strategy`` (``joint``: intermediate layers first, then the prediction layer);
-- FastBERT: after fine-tuning, a second fit whose one stage trains only the exits, by
-  self-distillation from the final classifier (the ``exit`` term; :meth:`FinetuneModule.self_distillation`).
-
-The terms and their weights are the registry's (:mod:`ablate.lightning_modules.methods.terms`).
-
-Dev metrics (torchmetrics, :data:`~ablate.lightning_modules.config.finetune.KIND_METRICS`): accuracy, F1 (of
-class 1 with two classes, as GLUE scores MRPC and QQP; macro F1 with more) and Matthews correlation for
-classification, Pearson's and Spearman's correlation for regression, logged as ``<task>/<metric>`` with
-``<task>/loss``, for every dev set under its name (MNLI's ``mnli-mm/accuracy``); the task's score
-``<task>/score`` (the mean of ``finetune.score_metrics`` over its dev sets, GLUE's task score); the best
-value of ``finetune.metric`` so far as ``<task>/best_<metric>``. While an intermediate stage trains (the
-classifier is not yet trained) the dev set is not scored. The best validation's predictions are kept with
-its weights (``best_predictions``, checkpointed too): the run logs them as its ``predictions/``.
-"""
+"""``FinetuneModule``: a classification or regression task (GLUE's) on a pre-trained encoder, trained by the one
+step of :class:`~ablate.lightning_modules.methods.train_module.TrainModule`: plain fine-tuning (the ``label``
+term), task distillation from a fine-tuned teacher, FastBERT's self-distillation of the exits and Q-BERT's
+quantization-aware phase. Its dev metrics: docs/guides/finetuning.md and docs/guides/glue.md."""
 
 from __future__ import annotations
 

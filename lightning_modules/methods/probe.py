@@ -1,19 +1,6 @@
-"""Intrinsic evaluation (ALBERT Table 5): MLM accuracy and NSP/SOP accuracy of any model.
-
-Every model is scored on both sentence tasks, whatever its own pre-training objective,
-with a **linear probe on the frozen [CLS] vector**: a logistic regression trained on
-``train_batches`` training batches and tested on ``test_batches``
-validation batches of each task, the same budget for every model. The model's own
-sentence head (if any) is not used, so NSP-, SOP- and no-sentence-objective models are
-measured alike. MLM accuracy is counted at the masked positions of those validation
-batches of both tasks.
-
-Usage::
-
-    streams = probe_streams(cfg.data, cfg.model.vocab_size, seed=cfg.seed)  # ablate.datamodules.pretrain
-    scores = intrinsic_eval(module.model, streams, seed=cfg.seed)
-    mlflow.log_metrics(scores.as_metrics())
-"""
+"""Intrinsic evaluation (ALBERT Table 5): MLM accuracy and NSP/SOP accuracy of any model (:func:`intrinsic_eval`),
+the sentence tasks by a linear probe on the frozen [CLS] vector, with the same budget for every model whatever
+its own pre-training objective (docs/guides/finetuning.md, "Intrinsic probes")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""``PruneModule``: schuBERT's gate phase on a trained encoder.
-
-The encoder's weights are frozen; gates alpha (initialised to 1) multiply into them (see
-:mod:`ablate.lightning_modules.methods.pruning.gates`) and are trained with
-
-    loss = MLM + sentence loss + gamma * sum_dim beta_dim * ||alpha_dim||_1
-
-where beta_dim is proportional to the parameters one unit of that dimension removes
-(:func:`ablate.lightning_modules.methods.pruning.budget.beta`): the registry's ``sparsity`` term, weighted by
-``prune.gamma`` (:mod:`ablate.lightning_modules.methods.terms`). Removal and fine-tuning happen between gate
-phases (:mod:`ablate.lightning_modules.methods.pruning.schubert`).
-"""
+"""``PruneModule``: schuBERT's gate phase on a trained encoder: its weights frozen, gates alpha (initialised to 1)
+multiplied into them (:mod:`ablate.lightning_modules.methods.pruning.gates`) and trained with the pre-training
+loss plus the registry's ``sparsity`` term, ``prune.gamma`` x sum_dim beta_dim ||alpha_dim||_1
+(:func:`ablate.lightning_modules.methods.pruning.budget.beta`); docs/guides/pruning.md."""
 
 from __future__ import annotations
 

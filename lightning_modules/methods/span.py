@@ -1,25 +1,7 @@
 """``SpanModule``: the span task (SQuAD) on a pre-trained encoder, trained by the one step of
-:class:`~ablate.lightning_modules.methods.train_module.TrainModule` as the other fine-tuning tasks are.
-
-- the ``label`` term: the mean of the cross-entropies of the start and of the end position over each
-  window's tokens (BERT's SQuAD loss; [CLS] where the window holds no answer);
-- task distillation: a fine-tuned span teacher (:func:`span_distill_module`), whose start and end
-  distributions over the window's tokens the student's ``kd`` matches (padding at no probability),
-  with the intermediate terms as ``distill`` says;
-- Q-BERT's quantization-aware phase: as a classifier's (:meth:`FinetuneModule.quantization_aware`),
-  the plan ranked by :func:`span_loss`.
-
-FastBERT's exits classify [CLS] and are refused for a span task (``finetune.exits``, by the config).
-
-Validation collects every dev window's start and end logits, reads each question's answer back from
-its context (:func:`~ablate.lightning_modules.methods.squad_metrics.best_answers`) and logs the official
-scores (:func:`~ablate.lightning_modules.methods.squad_metrics.span_metrics`) as ``<task>/exact``,
-``<task>/f1`` (SQuAD 2.0: the no-answer threshold chosen on the dev set, its other scores beside),
-``<task>/loss``, ``<task>/score`` and ``<task>/best_<metric>``. The dev questions and windows are the
-data module's ``dev`` (:class:`~ablate.datamodules.span_dev.SpanDev`). The best validation's window logits
-are kept with its weights (``best_predictions``): the run's ``predictions/`` files are read from them
-(:mod:`~ablate.lightning_modules.methods.span_predictions`), with no second pass over the dev set.
-"""
+:class:`~ablate.lightning_modules.methods.train_module.TrainModule` as the other fine-tuning tasks are (BERT's
+start and end loss, task distillation from a span teacher, Q-BERT's phase); its validation logs the official EM
+and F1 and keeps the best validation's window logits for the ``predictions/`` files (docs/guides/squad.md)."""
 
 from __future__ import annotations
 

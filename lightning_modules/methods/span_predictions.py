@@ -1,17 +1,7 @@
-"""A span task's predictions in the official SQuAD files (what a run logs under ``predictions/`` and
-``ablate predict`` writes), read from each dev window's start and end logits.
-
-- ``predictions.json``: ``{question id: answer text}``, the answers
-  :func:`~ablate.lightning_modules.methods.squad_metrics.best_answers` chose (the ones scored: SQuAD 2.0's
-  ``""`` where the no-answer score wins at threshold 0), what ``evaluate-v1.1.py`` and ``evaluate-v2.0.py`` read;
-- ``nbest_predictions.json``: ``{question id: [{text, probability, start_logit, end_logit}, ...]}``, BERT's
-  ``n_best`` distinct answer texts of every window's candidates, best first, the probabilities a softmax over
-  their start + end logits; SQuAD 2.0 adds the no-answer ``""`` with the [CLS] logits of its window;
-- ``null_odds.json`` (SQuAD 2.0): ``{question id: no-answer score minus the best span's}``, what
-  ``evaluate-v2.0.py -n`` reads as ``na_prob`` (a question with no span at all: ``1e30``, as scored).
-
-Torch-free: logits arrive as numpy arrays.
-"""
+"""A span task's predictions in the official SQuAD files (``predictions.json``, ``nbest_predictions.json``,
+``null_odds.json``: what a run logs under ``predictions/`` and ``ablate predict`` writes), read from each dev
+window's start and end logits. The formats: docs/guides/squad.md ("Predictions"). Torch-free: logits arrive as
+numpy arrays."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""SQuAD's answers and scores: the best span of each question's windows mapped back to its context's
-characters (BERT's n-best post-processing), and the official EM and F1.
-
-- :func:`best_answers`: per question, the ``n_best`` start and end positions of each window, kept
-  where both are context tokens of the window, the start is a token the window sees with its most
-  context (BERT's ``_check_is_max_context``), ``start <= end`` and the span is at most
-  ``max_answer_length`` tokens; the best start + end logit wins and its text is the context's
-  characters from the first token's start to the last token's end. The no-answer score (SQuAD 2.0)
-  is the least [CLS] start + end logit over the windows; its difference from the best span is
-  what ``evaluate-v2.0.py`` calls the question's ``na_prob``.
-- :func:`evaluate_v1` and :func:`evaluate_v2`: ``evaluate-v1.1.py`` and ``evaluate-v2.0.py``, the
-  same normalization (lowercase, no punctuation, no articles, single spaces), the same sums in the
-  same order, in percent: a test holds them to the official scripts to the last digit.
-- :func:`span_metrics`: what a span task logs (fractions, as ablate's other task metrics):
-  :data:`V2_LOGGED` names SQuAD 2.0's.
-
-Torch-free: logits arrive as numpy arrays.
-"""
+"""SQuAD's answers and scores: :func:`best_answers` (the best span of each question's windows mapped back to its
+context's characters: BERT's n-best post-processing), :func:`evaluate_v1` and :func:`evaluate_v2` (the official
+EM and F1, to the last digit) and :func:`span_metrics` (what a span task logs; :data:`V2_LOGGED`). The rules:
+docs/guides/squad.md ("Windows and answers", "Metrics"). Torch-free: logits arrive as numpy arrays."""
 
 from __future__ import annotations
 

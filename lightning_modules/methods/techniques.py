@@ -1,13 +1,6 @@
-"""Which compression techniques a run applies, read from its config: the columns of the field's
-standard overview table (pruning, low-rank factorization, knowledge distillation, parameter
-sharing, quantization), each in pre-training, in fine-tuning, or both.
-
-A pre-training stage (regimes ``pretrain``, ``distill``, ``prune``, ``quant``) applies the model's
-own architecture (a factorized embedding or a bottleneck: low-rank; cross-layer sharing), its
-regime (``prune``: pruning; a teacher: distillation) and ``quant``. A fine-tuning stage applies
-what it adds to the model it starts from: a task teacher or FastBERT's self-distilled exits
-(distillation) and a quantized classifier; the architecture it inherits is the pre-training's.
-"""
+"""Which compression techniques a run applies, read from its config: the columns of the field's standard
+overview table (pruning, low-rank factorization, knowledge distillation, parameter sharing, quantization), each
+in pre-training, in fine-tuning, or both. The rules: docs/guides/finetuning.md ("Chained studies")."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""The registry of loss terms: every term the one training step
-(:class:`~ablate.lightning_modules.methods.train_module.TrainModule`) can sum, each declared once in
-:data:`TERMS`: its name (logged as ``train/<name>_loss``), its weight (the config's dotted field,
-the same name Optuna, MLflow and the reports use), what it needs of the run (:class:`Need`), which
-entry of a stage's losses turns it on, and how it is computed (a function of :class:`TermInputs`).
-
-Pre-training, distillation, pruning and fine-tuning read their terms from here: a module says what
-its run provides (:meth:`TrainModule.provides`), :func:`select` keeps the terms it can compute (and
-refuses, naming the weight field, a term weighted above 0 whose needs the run lacks), and the step
-runs what the stage's terms need (the teacher, traces of hidden states and attention, the task's
-forward) and sums each term times its weight, in :data:`TERMS`' order.
-
-Adding a term: its weight field in the config, one :class:`Term` here (a transfer term also gets
-its place in the progressive schedule, ``config.distill.TRANSFER``); ``tests/lightning_modules/
-methods/test_terms.py`` checks every term's needs.
-"""
+"""The registry of loss terms, :data:`TERMS`: every term the one training step
+(:class:`~ablate.lightning_modules.methods.train_module.TrainModule`) can sum, each declared once as a
+:class:`Term` (its name, weight field, what it needs of the run, how it is computed from :class:`TermInputs`);
+:func:`select` keeps the terms a module's run can compute. Adding a term: docs/development.md ("Layout")."""
 
 from __future__ import annotations
 

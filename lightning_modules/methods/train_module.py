@@ -1,27 +1,8 @@
-"""``TrainModule``: the one way ablate trains a model, whatever the method.
-
-A method is a configuration of this step, not a subclass of its own:
-
-- a **model** (a ``PretrainingModel`` or a ``Classifier``),
-- an optional frozen **teacher**, joined to the student by a
-  :class:`~ablate.lightning_modules.methods.distill.TeacherLink` (layer and head maps, learned projections),
-- **loss terms**, each weighted, read from the registry (:mod:`ablate.lightning_modules.methods.terms`):
-  the data's own (``mlm``, ``sentence``, ``label``), the prediction layer's KD (``kd``), the
-  intermediate ones (``fmt``, ``at``, ``embed``, ``cos``), the teacher's MLM over a student's own
-  vocabulary (``dual``: Zhao et al.'s dual training) and a method's own (``exit``: FastBERT's
-  self-distillation; ``sparsity``: schuBERT's gates),
-- a schedule of **stages** (:class:`~ablate.lightning_modules.config.distill.Stage`): which terms count and
-  what trains, step by step (MobileBERT's strategies, TinyBERT's intermediate-then-prediction).
-
-A subclass says only what its task is (:meth:`TrainModule.task_output`: the logits, the rows they
-are valid at, the data's own losses), what its run provides the terms (:meth:`TrainModule.provides`)
-and how it validates: pre-training
-(:class:`~ablate.lightning_modules.methods.pretrain.PretrainModule`) and classification
-(:class:`~ablate.lightning_modules.methods.finetune.FinetuneModule`). The step itself is written once, here.
-
-The step stays fast: without a teacher in the stage, the model runs its own fast forward (the
-last layer on the prediction rows only); nothing is read on the host except on log steps.
-"""
+"""``TrainModule``: the one way ablate trains a model, whatever the method: a model, an optional frozen teacher
+(:class:`~ablate.lightning_modules.methods.distill.TeacherLink`), weighted loss terms from the registry
+(:mod:`ablate.lightning_modules.methods.terms`) and a schedule of stages. A subclass says only what its task is
+(:meth:`TrainModule.task_output`), what its run provides (:meth:`TrainModule.provides`) and how it validates;
+docs/guides/distillation.md ("One training path")."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""Checkpoints inside a run, so that a killed trial (or ``ablate train``) resumes where it was.
-
-A run keeps two Lightning checkpoints, ``last.ckpt`` and ``best.ckpt`` (lowest ``val/loss``),
-written at every validation; nothing else, so the disk does not grow with the steps. A retry
-starts from ``last.ckpt``: weights, optimizer, schedule, step, the random generators and the
-data stream's position, so its curve continues and it ends where an uninterrupted run does.
-
-Where they go is a *location* (:func:`location`): a folder or fsspec URL that every worker
-sees (an NFS path, ``s3://bucket/ablate``), or ``mlflow``: Lightning writes to a local cache
-and ``last.ckpt`` is uploaded as the artifact ``checkpoints/last.ckpt`` of the run, where a
-retry on any machine of the same MLflow store finds it (the run is tagged with its config's
-sha256; an attempt at the same config has the same). By default the checkpoints follow the
-MLflow store: beside it under ``<tracking.root>/checkpoints/`` for the embedded SQLite store,
-``mlflow`` for any other store (a server, a shared database).
-
-A study trial's folder is ``<location>/<study>/<config sha256[:16]>/`` (every attempt at the
-same resolved config finds it); a single ``ablate train`` run's is ``<location>/runs/<run id>/``.
-"""
+"""Checkpoints inside a run, so that a killed trial (or ``ablate train``) resumes where it was: where they go
+(:func:`location`, :class:`Plan`: a folder, an fsspec URL or the run's MLflow artifacts), the callbacks that keep
+``last.ckpt`` and ``best.ckpt`` (:func:`callbacks`, :class:`RngState`) and what a retry or
+``ablate train --resume`` starts from (:func:`resume_path`, :func:`resume_run`). How resume works:
+docs/many-machines.md ("Workers that die") and docs/development.md ("How a run is executed")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """What a run is given, what it works in, and its life: one frozen value each, not a bundle of keywords.
 
-:class:`RunContext` is fixed by whoever starts a run (``ablate train``, a study trial, a chained
-trial's stages, a model a study trains once): where the run is recorded (store, experiment, parent, name,
-tags, extra params) and how it trains (Lightning callbacks, checkpoints, resume).
-
-:class:`ActiveRun` is the MLflow run a regime's work writes into once it exists: the one channel
-for metrics logged outside Lightning's loop (inside it, ``LightningModule.log``), each name checked
-against the registry of :mod:`ablate.lightning_modules.config.metric_names`.
-
-:func:`tracked_run` runs a regime's work inside a new MLflow run, which stays RUNNING until all of
-that work is done and then ends FINISHED, FAILED or KILLED (a signal: SIGINT or SIGTERM).
-"""
+:class:`RunContext` (where the run is recorded, how it trains), :class:`Prepared` (a regime's run made ready),
+:class:`ActiveRun` (the MLflow run once it exists: metrics outside Lightning's loop, its phase) and
+:func:`tracked_run` (its life: RUNNING until its work is done, then FINISHED, FAILED or KILLED)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""One fine-tuning run (``finetune.source`` set): a pre-trained model on a classification or
-regression task.
-
-The source's own tokenizer encodes the task's data; the dev set is scored every
-``finetune.val_every`` steps and training stops early after ``finetune.patience``
-validations without a better ``finetune.metric``. The run logs every dev metric's curve,
-the best value (``<task>/best_<metric>``) and the majority-class baseline
-(``<task>/majority_accuracy``) to compare against, and keeps its classifier (the best
-validation's weights) as its ``model/`` artifacts: ``ablate export`` makes it a transformers
-sequence classifier, and another fine-tuning run can learn from it (``distill.teacher``). Every dev
-metric at that validation is logged as ``<dev set>/best_<metric>`` (``<task>/best_score``, MNLI's
-``mnli-mm/best_accuracy``), and its dev predictions there are its ``predictions/`` artifacts
-(:mod:`~ablate.sweeps.engine.predictions`).
-
-With ``distill.teacher`` (a fine-tuned classifier) the run is task distillation; with
-``finetune.augment_copies`` its training set is enlarged by TinyBERT's augmentation; with
-``finetune.exits`` it ends with FastBERT's self-distillation and early-exit evaluation.
-"""
+"""One fine-tuning run (``finetune.source`` set): a pre-trained model on a classification, regression or span
+task. :func:`prepare_finetune` checks and loads the source, the teacher and the data; :func:`finetune_plan` is
+fine-tuning with early stopping, then FastBERT's exits and Q-BERT's QAT as the config says, and the finishers;
+:class:`Tuned` is what its phases hand on. What the run logs and keeps: docs/guides/finetuning.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Database connections and DDP's forked ranks.
-
-A trial on several devices forks its ranks at ``fit`` (:func:`ablate.sweeps.engine.trainer.lightning_strategy`).
-The ranks inherit the worker's SQLAlchemy pools (Optuna's storage, MLflow's SQL store) while the
-worker keeps using them (Optuna's heartbeat thread). A connection must never be shared by two
-processes, so a pooled connection made by another process is refused at checkout and the pool
-opens a fresh one; the inherited socket is left to its owner, not closed. This is SQLAlchemy's
-documented recipe ("Using Connection Pools with Multiprocessing or os.fork()"), applied to
-every pool. :func:`install` installs it, once: the ``ablate`` command at its start (before any pool
-exists), and a run that forks DDP ranks before forking.
-"""
+"""Database connections and DDP's forked ranks: :func:`install` makes every SQLAlchemy pool refuse a connection
+another process opened (SQLAlchemy's recipe for ``os.fork()``), so that forked ranks never share the worker's
+Optuna and MLflow connections. Why, and where it is installed: docs/development.md ("How a run is executed")."""
 
 from __future__ import annotations
 

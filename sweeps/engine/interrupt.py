@@ -1,15 +1,6 @@
-"""Stopping a run from outside: SIGINT (Ctrl-C) and SIGTERM (``kill``, a cluster's preemption) both
-end the run that is working KILLED, with the signal as its reason, and the command's exit status
-says which signal it was (128 + its number: 130 for SIGINT, 143 for SIGTERM).
-
-:func:`install` (called by :func:`ablate.process.prepare`, once, at the command's start) makes both
-signals raise :class:`Interrupted` (a KeyboardInterrupt) in the process that installed it, wherever it
-is: in a fit, Lightning's own handling of Ctrl-C runs (its callbacks, its teardown, then
-``sys.exit(1)``, which still carries the Interrupted); around the fit, the run's owner
-(:func:`ablate.sweeps.engine.context.tracked_run`) ends the run KILLED. A second
-signal while the first is being handled is ignored, so that the runs are ended before the process
-exits. Processes the command forks (data loader workers, DDP ranks) keep Python's defaults.
-"""
+"""Stopping a run from outside: :func:`install` makes SIGINT and SIGTERM raise :class:`Interrupted` (a
+KeyboardInterrupt that knows its signal) in the command's process; the run's owner ends the run KILLED and the
+command exits with 128 + the signal's number (130, 143). Details: docs/development.md ("How a run is executed")."""
 
 from __future__ import annotations
 

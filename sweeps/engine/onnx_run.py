@@ -1,11 +1,7 @@
 """``ablate export RUN OUT --format onnx``: a fine-tuning run's model as ONNX, checked on the run's own data.
 
-The run's ``model/`` artifacts give the model (:func:`~ablate.sweeps.engine.weights.load_run_classifier` or
-:func:`~ablate.sweeps.engine.weights.load_run_span`), its tokenizer artifact the tokenizer, and its config's
-``finetune`` section the data the checks read
-(:func:`~ablate.lightning_modules.interop.onnx_check.task_rows`); the folder is written by
-:func:`~ablate.lightning_modules.interop.onnx_export.export_onnx`.
-"""
+The run's ``model/`` artifacts give the model, its tokenizer artifact the tokenizer and its config's ``finetune``
+section the rows the checks read; :func:`~ablate.lightning_modules.interop.onnx_export.export_onnx` writes it."""
 
 from __future__ import annotations
 

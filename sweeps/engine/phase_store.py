@@ -1,10 +1,6 @@
-"""Where a run's phases keep their checkpoints, and what a retry finds there.
-
-In the run's checkpoint folder (:mod:`~ablate.sweeps.engine.checkpoints`: a folder, an fsspec URL, or
-MLflow artifacts), the phase in progress keeps ``last.ckpt`` (and ``best.ckpt``), tagged with its
-index; each ended phase leaves ``phase-<k>.ckpt``: its module's state, the random generators, the
-step it ended at and its fit's final metrics.
-"""
+"""Where a run's phases keep their checkpoints, and what a retry finds there (:class:`PhaseStore`): the phase in
+progress keeps ``last.ckpt`` (and ``best.ckpt``), tagged with its index; each ended phase leaves
+``phase-<k>.ckpt`` (its module's state, the random generators, the step it ended at, its fit's final metrics)."""
 
 from __future__ import annotations
 

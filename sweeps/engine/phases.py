@@ -1,23 +1,7 @@
-"""A run is a list of phases, then finishers: one runner executes every regime's.
-
-A :class:`Phase` is one Lightning fit: its steps, how its module is prepared (the same module with
-new stages, or a new one), its callbacks, validation and checkpoint monitor, and what it hands on
-when it ends. A :class:`Finisher` runs after the last phase (the probes, the exit curve, quantize and
-score, latency, the weights). :class:`RunPlan` is the list a regime makes from its config alone, so
-that ``ablate train --print-plan`` shows it without running anything; what it works on (the source,
-the teacher, the data, the module so far) is the regime's *materials*, given at execution.
-
-:func:`execute` runs a plan inside its MLflow run:
-
-- **one step counter**: phase *k*'s metrics are logged at the steps after those of the phases
-  before it (the logger's offset), and finishers log at the step the last phase ended;
-- **the run context in every phase**: the sweep's pruning callback, a benchmark's clocks, checkpoints, resume;
-- **resume in every phase**: each phase keeps ``last.ckpt`` (tagged with its index) while it
-  trains and leaves ``phase-<k>.ckpt`` when it ends (weights, the module's own state, the random
-  generators, the data stream's position, the fit's final metrics). A retry prepares each phase
-  again, loads the ended ones' checkpoints instead of training them and goes on with the phase in
-  progress from its ``last.ckpt``: it ends where an uninterrupted run ends, at the same steps.
-"""
+"""A run is a list of phases, then finishers, executed by one runner for every regime: :class:`Phase` (one
+Lightning fit), :class:`Finisher`, :class:`RunPlan` (what ``ablate train print-plan`` prints), :func:`execute`
+(the phases on one step counter, each resuming where an earlier attempt stopped, then the finishers) and
+:func:`weights_finisher`. How a run is executed: docs/development.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""``ablate predict RUN FILE``: a fine-tuning run's model (its ``model/`` artifacts: the best validation's
-float weights) and tokenizer predict every row of a file of its task, written as the task's benchmark takes it.
-
-- a classification or regression task: ``FILE`` a ``.tsv``/``.csv``/``.json``/``.jsonl`` file with the task's
-  text columns (``finetune.text_fields``; a label column is not needed: GLUE's test files have none). The
-  output is GLUE's submission format: a TSV with header ``index\\tprediction``, the row's ``index``
-  (``idx``, ``id``; else its number from 0) and the prediction as GLUE's server takes it: the label's name
-  for MNLI, QNLI, RTE (``entailment``/``not_entailment``) and AX, the label's number for CoLA, SST-2, MRPC,
-  QQP and WNLI, the score for STS-B; for another task, the name ``finetune.label_names`` gives, else the
-  number. Default output: GLUE's file name for the task (``SST-2.tsv``, ``MNLI-m.tsv``, ``MNLI-mm.tsv`` for a
-  file named ``*mismatched*``), else ``<task>.tsv``.
-- a span task (SQuAD): ``FILE`` a SQuAD JSON (the official form or the hub's flat rows; answers not needed).
-  The output is ``predictions.json`` (``{question id: answer}``), what the official scripts read.
-
-Everything is checked before anything is written (the run exists and is a fine-tuning run with weights and a
-tokenizer; ``FILE`` exists and has the task's columns; the output's folder exists); the output is written
-whole to a temporary file beside it and renamed.
-"""
+"""``ablate predict RUN FILE``: a fine-tuning run's model (its ``model/`` artifacts: the best validation's float
+weights) and tokenizer predict every row of a file of its task, written as the task's benchmark takes it: GLUE's
+submission TSV, or SQuAD's ``predictions.json``. Everything is checked before anything is written. The formats:
+docs/guides/glue.md ("Test-set predictions") and docs/guides/squad.md ("Predictions")."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""A fine-tuning run's dev predictions as its ``predictions/`` artifacts: those of the validation whose
-weights the run keeps (the best one), taken in that same pass (the module keeps them beside the
-weights; nothing is scored again).
-
-- a span task (SQuAD): ``predictions.json``, ``nbest_predictions.json`` and, for SQuAD 2.0,
-  ``null_odds.json``, in the official formats
-  (:mod:`~ablate.lightning_modules.methods.span_predictions`): ``evaluate-v1.1.py dev.json predictions.json``
-  and ``evaluate-v2.0.py dev.json predictions.json -n null_odds.json`` print the run's EM and F1;
-- a classification or regression task: ``<dev set>.tsv`` per dev set (MNLI's ``mnli.tsv`` and
-  ``mnli-mm.tsv``), header ``id\\tprediction\\tlabel``: the row's number in its dev file (from 0; GLUE's
-  ``idx``), the predicted label's name (``finetune.label_names``; else its number; a regression's
-  score), and the reference label, likewise.
-
-The files are written whole into a temporary folder first and logged from there in one call: a run that
-fails before leaves no ``predictions/``, and none is half-written.
-"""
+"""A fine-tuning run's dev predictions as its ``predictions/`` artifacts (:func:`predictions_finisher`): those of
+the validation whose weights the run keeps, taken in that same pass; a span task's in SQuAD's official files, a
+classification or regression task's as ``<dev set>.tsv``, written whole before they are logged. The formats:
+docs/guides/finetuning.md ("Its dev predictions") and docs/guides/squad.md ("Predictions")."""
 
 from __future__ import annotations
 

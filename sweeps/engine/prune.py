@@ -1,13 +1,6 @@
-"""A pruning run (``prune.source`` set) as a list of phases: schuBERT's rounds (each a phase that
-trains the gates, cut when it ends, and a phase that re-trains what is left), or a baseline's one cut
-and its re-training (:class:`~ablate.lightning_modules.methods.pruning.schubert.Pruning`: the steps
-between the phases).
-
-The run logs the parameter count at the start and after each cut (``prune/params``), latency and
-FLOPs before (``source/...``) and after, the per-layer dimension table (``dims.md``/``dims.csv``)
-and the pruned model as its ``model/`` artifacts, whose ``config.yaml`` (per-layer ``model.layers``)
-``ablate train`` can also train from scratch.
-"""
+"""A pruning run (``prune.source`` set) as a list of phases: :func:`prune_plan` (schuBERT's rounds, each a gate
+phase cut when it ends and a re-training phase, or a baseline's one cut and its re-training; then the pruned
+shape and the quantized model) and :func:`prepare_prune`. What the run logs: docs/guides/pruning.md."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
-"""Quantization in a run: the ``quant`` regime (``quant.source``: quantize a trained model) and the
-last step of any other run whose ``quant.method`` is set (its trained model, quantized).
-
-What a quantized run logs, beside what every run logs:
-
-- the quantized model's held-out MLM metrics (``val/mlm_acc``, ``val/mlm_loss``, ``val/loss``,
-  evaluated on the CPU on the run's validation batches) as the run's final values, and the same of
-  the float model it came from as ``quant/fp32_*``, with ``quant/mlm_acc_drop`` (float - quantized);
-- ``model_bytes`` and the CPU latency of the quantized model (``quant/fp32_model_bytes`` the float
-  one's), ``quant/avg_bits`` (bits per quantized weight);
-- ``quant/layers``: how many layers of the model evaluated hold quantized weights (the encoder's
-  Linears, and the embedding tables ``quant.embeddings`` quantizes); a model with none is an error
-  (:class:`~ablate.lightning_modules.methods.quantization.apply.QuantizationNotApplied`), never scored;
-- for ``weight-mixed``, the layers' sensitivities, ranks and bits as the artifact ``quant/plan.csv``.
-
-The ``quant`` regime with ``quant.method: none`` is a comparison's float arm: the source evaluated as
-the quantized arms are (held-out MLM metrics on the CPU in float32, ``model_bytes``, CPU latency),
-``quant/layers`` 0; the check that a quantized model holds integers applies wherever a method is set.
-
-The run's ``model/`` artifacts keep the float weights (after QAT, the trained ones) and the config,
-logged last as every run's (:func:`~ablate.sweeps.engine.phases.weights_finisher`), and the quantized
-model as it was scored, logged by :func:`quantize_and_score`: ``model/quantized.safetensors`` (integer
-weights and scales) and ``model/quantization.yaml`` (method, plan, bits and layout per layer;
-:mod:`ablate.lightning_modules.interop.quantized`). :func:`~ablate.sweeps.engine.weights.load_quantized`
-rebuilds it, to score again or export.
-"""
+"""Quantization in a run: the ``quant`` regime (``quant.source``: :func:`prepare_quant`, :func:`quant_plan`) and
+the last step of any other run whose ``quant.method`` is set. :func:`quantize_and_score` is every run's one
+quantize-and-score (it keeps the quantized model as ``model/quantized.safetensors``); :func:`quantize_and_log`
+scores a pre-training model's. What a quantized run logs: docs/guides/quantization.md ("What a run logs")."""
 
 from __future__ import annotations
 

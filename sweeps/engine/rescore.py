@@ -1,12 +1,6 @@
-"""A quantized run's model scored again, from its stored integers and scales.
-
-:func:`rescore_quantized` rebuilds the model a quantized run scored
-(:func:`~ablate.sweeps.engine.weights.load_quantized`) and scores it as the run did, on the CPU in
-float32: a fine-tuning run's classifier on its task's dev set (``<task>/final_<metric>``, the quantized
-score the run logged), a pre-training or ``quant`` run's model on its held-out MLM batches
-(``val/mlm_acc``, ``val/mlm_loss``, ``val/loss``). The same integers and kernels give the logged values
-again (to float rounding): what a report or an export checks a quantized model against.
-"""
+"""A quantized run's model scored again, from its stored integers and scales (:func:`rescore_quantized`): on the
+CPU in float32, as the run scored it (a fine-tuning run's dev set, else the held-out MLM batches), giving the
+logged values again; what a report or an export checks a quantized model against."""
 
 from __future__ import annotations
 

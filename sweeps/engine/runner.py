@@ -1,10 +1,7 @@
-"""One training run: data, model, its phases and finishers, one MLflow run. Used by ``ablate train``,
-by sweeps and by a study's trials.
-
-A regime is a row of :data:`REGIMES`: its preparation (everything checked and loaded before the run
-exists) and its plan (:class:`~ablate.sweeps.engine.phases.RunPlan`: the phases and finishers its
-config makes, which :func:`~ablate.sweeps.engine.phases.execute` runs inside the run).
-"""
+"""One training run: data, model, its phases and finishers, one MLflow run (``ablate train``, sweeps, a study's
+trials). A regime is a row of :data:`REGIMES`: its preparation (everything checked and loaded before the run
+exists) and its plan; :func:`plan` (the regime's phases and finishers, then the weights) is what
+``ablate train print-plan`` prints and what :func:`train` builds once and executes (docs/development.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """What a fine-tuning run (:mod:`~ablate.sweeps.engine.finetune`) does differently for a span task
 (``finetune.kind: span``, SQuAD): its data module, its module (distilled from a span teacher when
-``distill.teacher`` is set) and its latency. The run itself is the fine-tuning run's: early stopping on
-``<task>/f1`` or ``<task>/exact``, the best validation's weights kept as ``model/`` artifacts (``ablate
-export`` makes them a transformers ``*ForQuestionAnswering``), Q-BERT's quantization-aware phase and
-the quantized model scored again as ``quant`` says. FastBERT's exits are refused by the config.
-"""
+``distill.teacher`` is set) and its latency; the rest is the fine-tuning run's (docs/guides/squad.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""A run's trained weights as MLflow run artifacts: ``model/model.safetensors`` + ``model/config.yaml``
-+ the run's tokenizer as a transformers tokenizer (``model/tokenizer.json``, ``model/tokenizer_config.json``).
-
-The folder is an ablate checkpoint as :func:`ablate.lightning_modules.interop.pretrained.load_pretrained` reads
-it, so ``ablate export`` (:func:`export_run`) and ``init_from`` (on a downloaded copy) both start from it.
-A fine-tuning run (regime ``finetune``) keeps its :class:`Classifier` the same way, read by
-:func:`ablate.lightning_modules.interop.classifier.load_classifier`: :func:`load_run_classifier` and
-:func:`~ablate.sweeps.engine.sources.load_classifier_source` load it (a distillation teacher), ``ablate
-export`` makes it a transformers sequence classifier, and the readers of pre-trained models refuse it by name.
-"""
+"""A run's trained weights as MLflow run artifacts (``model/model.safetensors``, ``model/config.yaml``, the
+tokenizer as a transformers tokenizer): logged (:func:`log_weights`, :func:`log_quantized`), loaded
+(:func:`load_run_classifier`, :func:`load_quantized`) and exported (:func:`export_run`). The folder is an ablate
+checkpoint as :func:`ablate.lightning_modules.interop.pretrained.load_pretrained` reads it; a fine-tuning run
+keeps its classifier the same way (:func:`ablate.lightning_modules.interop.classifier.load_classifier`)."""
 
 from __future__ import annotations
 

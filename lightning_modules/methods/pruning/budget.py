@@ -1,12 +1,6 @@
-"""Parameter budgets of schuBERT pruning: exact counts, unit costs, the sparsity weights beta,
-the greedy choice of units to remove, and the baselines pruned to the same count.
-
-Scope: plain encoders (``sharing: none``, no ``intra_dim`` bottleneck, ``embedding: plain``),
-uniform or per-layer (``model.layers``), E == H or E != H. Counts follow
-:mod:`ablate.lightning_modules.measure.accounting`: the backbone is embeddings + encoder blocks, biases and
-norms included. Every count here is by formula on plain integers (no model is built), so the
-greedy loops can call it once per unit removed.
-"""
+"""Parameter budgets of schuBERT pruning: exact counts, unit costs, the sparsity weights beta, the greedy choice
+of units to remove, and the baselines pruned to the same count, all by formula on plain integers (no model is
+built). Scope and counting rules: docs/guides/pruning.md ("Gates, counts and surgery")."""
 
 from __future__ import annotations
 

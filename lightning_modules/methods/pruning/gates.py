@@ -1,54 +1,7 @@
-"""schuBERT's gates: learned multipliers alpha (initialised at 1) on a trained encoder's weights.
-
-A gate of zero must mean exactly "this unit is removed": :func:`attach` places the gates so
-that the gated model with some gates at zero computes what
-:func:`ablate.lightning_modules.methods.pruning.surgery.shrink` computes after deleting those units' rows
-and columns (and folding the surviving gate values into the copied weights).
-
-Which tensors carry which gate (layer i; ``j`` runs over the F feed-forward sub-layers):
-
-- ``qk`` (k_i, one vector of length k shared by the heads): the **Q rows** of every head in
-  ``attentions.i.inner.qkv`` (weight rows and bias). ``q_d = 0`` in every head is deleting
-  dim d from Q and K; the 1/sqrt(k) score scale is kept by :func:`shrink`, which folds
-  sqrt(k'/k) into the copied Q rows.
-- ``heads`` (a_i) and ``v`` (v_i, shared by the heads): the **V rows** of head h, dim d in
-  the same ``qkv`` are multiplied by ``a_h * v_d``. A zero head gate zeroes the head's
-  output, which is deleting its Q, K, V rows and its columns of the output projection P
-  (P's bias stays); a zero v gate deletes dim d of every head's V and P's matching columns.
-- ``ffn`` (f_i): the **up-projection** rows and bias of ``ffn_stacks.i.j.inner.up`` (every
-  sub-layer j of the layer shares the vector); ``activation(0) = 0`` for relu and gelu, so a
-  zero gate deletes the row and the down-projection's column.
-- ``h`` (g, one vector of length H for the whole model): every module that **writes** the
-  residual stream (or an H-wide vector read through tied weights) has its output dims
-  multiplied by g, so that the residual stream is zero at a removed dim and every Linear
-  reading it ignores its column:
-
-  * the post-norm of every attention and feed-forward sub-layer (weight and bias);
-  * the embedding output: with E != H the E -> H ``projection`` (rows and bias); with E = H
-    the embedding ``norm`` (weight and bias), or without an embedding norm the ``word``,
-    ``position`` and ``token_type`` columns (the MLM decoder is tied to the word embedding,
-    so it then reads ``g * W``, and :func:`shrink` folds g into the copied columns);
-  * with E = H, the MLM head's ``norm`` (its output is decoded by the word embedding, whose
-    columns are h dims);
-  * the sentence head's ``pooler`` (rows and bias; tanh(0) = 0 and the classifier's column
-    goes).
-
-  A sub-layer's output projection still writes all H dims before its norm, so every
-  LayerNorm over H (the sub-layer norms, and with E = H the embedding and MLM-head norms)
-  gets **masked statistics**: mean and variance over the dims whose gate is nonzero,
-  ``mean = sum(x m) / sum(m)``, ``var = sum(((x - mean) m)^2) / sum(m)`` with ``m = (g != 0)``.
-  This is what ``nn.LayerNorm`` over the kept dims computes. NoNorm needs nothing more
-  (element-wise). The masked statistics are a forward hook that replaces the norm's output;
-  every other gate is a ``torch.nn.utils.parametrize`` parametrization (the gate multiplies
-  into the weight), so the encoder's code paths are untouched and :func:`detach` restores
-  the original ``Parameter`` objects.
-
-Only exact zeros remove a unit (and switch a norm to the masked statistics): set the gates of
-the units to prune to exactly zero (:meth:`Gates.zero_except`) before
-:func:`~ablate.lightning_modules.methods.pruning.surgery.keep_from_gates`. The masked statistics make the
-gated model's output jump when an h gate becomes exactly zero (the dim leaves the norms'
-mean and variance); a gate that is merely small still counts in them.
-"""
+"""schuBERT's gates: learned multipliers alpha (initialised at 1) on a trained encoder's weights (:class:`Gates`,
+:func:`attach`, :func:`detach`), placed so that the gated model with some gates at exactly zero computes what
+:func:`ablate.lightning_modules.methods.pruning.surgery.shrink` computes after deleting those units. Which tensor
+carries which gate, and the masked LayerNorm statistics: docs/guides/pruning.md ("Gates, counts and surgery")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""schuBERT's pruning, a step at a time between the fits of the run's phases (:mod:`~ablate.sweeps.engine.prune`).
-
-schuBERT (``prune.method: schubert-*``), for T rounds: train gates for R steps on the frozen
-model (:class:`~ablate.lightning_modules.methods.prune.PruneModule`); zero the smallest gates until the
-round's share of the parameters to remove is gone; remove those rows and columns for real
-(:func:`~ablate.lightning_modules.methods.pruning.surgery.shrink`: the module and its config shrink);
-fine-tune all weights for F steps with the pre-training loss. The baselines reach the target
-at once (``uniform``: every dimension shrunk by one factor, largest-norm units kept;
-``fewer-layers``: the first L' layers) and fine-tune for T x F steps, the same budget.
-"""
+"""schuBERT's pruning, a step at a time between the fits of the run's phases (:mod:`~ablate.sweeps.engine.prune`):
+:class:`Pruning` trains gates, zeroes the smallest, shrinks the model for real and re-trains it, round by round,
+or cuts a baseline (``uniform``, ``fewer-layers``) to the target at once; docs/guides/pruning.md."""
 
 from __future__ import annotations
 

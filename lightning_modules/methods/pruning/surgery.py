@@ -1,16 +1,7 @@
-"""Surgery: remove the rows and columns of pruned units for real, giving a smaller model.
-
-:func:`shrink` builds a new model from ``keep.config(cfg)`` (per-layer ``model.layers``, the
-new H, and E when E = H) and copies the kept slices of every tensor. With the gates, their
-surviving values are folded into the copies, so the shrunk model computes what the gated
-model of :func:`ablate.lightning_modules.methods.pruning.gates.attach` computes with the other gates at zero.
-Without gates it computes what the model gated with ones on ``keep`` and zeros elsewhere
-computes.
-
-One correction beyond slicing: attention scores are scaled by 1/sqrt(k), so a layer whose
-query/key width drops from k to k' gets sqrt(k'/k) folded into its Q rows, keeping the
-scores of the gated model (which still divides by sqrt(k)).
-"""
+"""Surgery: remove the rows and columns of pruned units for real, giving a smaller model (:func:`shrink`): a new
+model from ``keep.config(cfg)`` with the kept slices of every tensor copied and the surviving gate values folded
+in (and sqrt(k'/k) into the Q rows of a layer whose query/key width drops), so that it computes what the gated
+model computes; docs/guides/pruning.md ("Gates, counts and surgery")."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Quantize a model's encoder as ``quant.method`` says, with the libraries made for it.
-
-- ``dynamic-int8``: ``torch.ao.quantization.quantize_dynamic`` (int8 weights per output channel,
-  activations quantized per batch; the fbgemm/x86 int8 GEMM on a CPU).
-- ``weight-intN`` and ``weight-mixed``: torchao ``IntxWeightOnlyConfig`` (group-wise, symmetric),
-  one bit width per layer (:data:`Plan`).
-- ``qat-int8``: torchao QAT: :func:`prepare_qat` swaps in fake-quantized Linears (int8 weights per
-  channel, int8 activations per token) for training, :func:`convert_qat` turns them into torchao's
-  int8 dynamic-activation layers.
-
-The encoder's ``nn.Linear`` layers are quantized (:func:`targets`: attention, feed-forward,
-bottleneck and the embedding's E -> H or trigram projection), and the embedding tables when
-``quant.embeddings`` says (:func:`quantize_embeddings`: int8 or int4, one scale per row); norms, the
-pooler and the heads stay in floating point. ``quant.qat_steps`` trains the weight-only methods
-fake-quantized first (:func:`prepare_weight_qat`, :func:`convert_weight_qat`: torchao's ``QATConfig``
-around the same ``IntxWeightOnlyConfig``). Quantized models run on the CPU.
-
-Each of these checks what it returns: every layer it was to quantize must hold integer weights
-(:func:`is_quantized`), else :class:`QuantizationNotApplied` names the layers left in floating
-point. A library that skips a layer without raising (torchao returns some weights unchanged when a
-kernel, dtype or shape does not fit, and logs it at a level :func:`_torchao` hides; torch.ao's
-``quantize_dynamic`` skips a name it does not find) would otherwise have the float model scored,
-sized and timed as the quantized one.
-"""
+"""Quantize a model's encoder as ``quant.method`` says, with the libraries made for it (torch.ao's
+``quantize_dynamic``, torchao's ``IntxWeightOnlyConfig`` and QAT): :func:`quantize`, :func:`prepare_qat` and
+:func:`convert_qat`, :func:`prepare_weight_qat` and :func:`convert_weight_qat`, :func:`quantize_embeddings`. Each
+checks that every layer it was to quantize holds integers (:func:`is_quantized`), else raises
+:class:`QuantizationNotApplied`; docs/guides/quantization.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Q-BERT's layer sensitivity: the top eigenvalue of the loss's Hessian with respect to each layer's weight.
-
-Q-BERT (Shen et al. 2020) gives more bits to the layers whose Hessian block has the largest top eigenvalue,
-found by power iteration on Hessian-vector products (double backprop) on several batches, and ranks them by
-the mean plus the standard deviation of that eigenvalue over the batches (:attr:`Eigen.score`).
-
-    model = ...                                      # any nn.Module
-    loss = lambda m, b: m(b).mlm_loss                # a scalar, differentiable
-    eig = top_eigenvalues(model, targets(model), loss, batches)
-    scores = {name: e.score for name, e in eig.items()}
-"""
+"""Q-BERT's layer sensitivity (Shen et al. 2020): the top eigenvalue of the loss's Hessian with respect to each
+layer's weight, by power iteration on Hessian-vector products (double backprop) on several batches
+(:func:`top_eigenvalues`), ranked by its mean plus standard deviation over the batches (:attr:`Eigen.score`);
+docs/guides/quantization.md ("Mixed precision by sensitivity")."""
 
 from __future__ import annotations
 

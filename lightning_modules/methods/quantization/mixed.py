@@ -1,12 +1,7 @@
-"""Q-BERT's question at small scale: which layers need more bits?
-
-Each quantized layer's sensitivity is measured on a few training batches, as ``quant.sensitivity``
-says: ``loss``, the loss increase when that layer alone is quantized to ``quant.low_bits`` (a cheap
-proxy), or ``hessian``, Q-BERT's own: the top eigenvalue of the loss's Hessian with respect to the
-layer's weights (:mod:`.hessian`), ranked by its mean + std over the batches. :func:`mixed_plan` then
-gives ``quant.high_bits`` to the most sensitive layers (``rank: reverse``: the least sensitive, the
-control) while they fit ``quant.high_fraction`` of the quantized weights, and ``low_bits`` to the rest.
-"""
+"""Q-BERT's question at small scale: which layers need more bits? Each quantized layer's sensitivity
+(``quant.sensitivity``: ``loss`` or ``hessian``) is measured on a few training batches; :func:`mixed_plan` gives
+``quant.high_bits`` to the most sensitive layers while they fit ``quant.high_fraction`` of the quantized weights,
+``quant.low_bits`` to the rest; docs/guides/quantization.md ("Mixed precision by sensitivity")."""
 
 from __future__ import annotations
 
