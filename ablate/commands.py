@@ -1,6 +1,6 @@
-"""What each ``ablate`` command does (:mod:`ablate.cli` reads the command line and calls one): params,
-train, sweep, report, export. Each imports what it runs when it runs, so that ``ablate --help`` and a
-config error answer before torch is loaded.
+"""What each ``ablate`` command and mode does (:mod:`ablate.parsers` reads the command line and calls one):
+params, train, sweep, bench; :mod:`ablate.results` the commands that read finished runs. Each imports what
+it runs when it runs, so that ``ablate --help`` and a config error answer before torch is loaded.
 """
 
 from __future__ import annotations
@@ -10,16 +10,18 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.sweeps.engine.interrupt import Interrupted
 
 if TYPE_CHECKING:  # annotations only
+    from optuna import Study
     from optuna.trial import FrozenTrial
 
     from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.measure.profiling import Measured
+    from ablate.reports.spec import ReportSpec
     from ablate.sweeps.overrides import Overridden
     from ablate.sweeps.spec import StudySpec
 
@@ -114,25 +116,27 @@ def _measure(cfg: ExperimentConfig) -> Measured:
     return measure(model, cfg.model.vocab_size, cfg.data.max_length, device)
 
 
+def cmd_train_print_config(args: argparse.Namespace) -> None:
+    """``ablate train print-config CONFIG``: the resolved config (loadable by load_config), before torch is
+    imported."""
+    from ablate.lightning_modules.config.experiment import to_yaml
+
+    print(to_yaml(_config(args.config, args.overrides)), end="")
+
+
+def cmd_train_print_plan(args: argparse.Namespace) -> None:
+    """``ablate train print-plan CONFIG``: the phases and finishers the config makes, nothing run."""
+    cfg = _config(args.config, args.overrides)
+    from ablate.sweeps.engine import runner
+
+    print(f"{cfg.name}: regime {cfg.regime}")
+    print(runner.plan(cfg).describe())
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     cfg = _config(args.config, args.overrides) if args.config else None  # config errors answer before torch
     if cfg is None and not args.resume:
         raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
-    if args.print_config:  # the resolved config (loadable by load_config), before torch is imported
-        from ablate.lightning_modules.config.experiment import to_yaml
-
-        if cfg is None:
-            raise ConfigError("--print-config: give CONFIG.yaml or a preset name")
-        print(to_yaml(cfg), end="")
-        return
-    if args.print_plan:  # the phases and finishers the config makes, nothing run
-        if cfg is None:
-            raise ConfigError("--print-plan: give CONFIG.yaml or a preset name")
-        from ablate.sweeps.engine import runner
-
-        print(f"{cfg.name}: regime {cfg.regime}")
-        print(runner.plan(cfg).describe())
-        return
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps.engine import checkpoints, tracking
     from ablate.sweeps.engine.context import RunContext
@@ -181,17 +185,37 @@ def _train_advice(uri: str, run_id: str | None) -> str:
     )
 
 
-def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> int:
-    """``ablate sweep --smoke``: the study's smoke run (:mod:`ablate.sweeps.smoke`), or, where this machine
+def _study(
+    args: argparse.Namespace, said: TextIO | None = None
+) -> tuple[StudySpec, dict[str, Any], Overridden | None, ReportSpec | None]:
+    """The study of ``ablate sweep [MODE] STUDY [key=value ...]``: its file (a config or report spec given
+    instead is named as such), its overrides applied (:mod:`ablate.sweeps.overrides`) and said (on ``said``,
+    default stdout), the whole validated, and its report read (a bad report fails now, not after the sweep),
+    before anything is written."""
+    from ablate.kinds import check_kind
+    from ablate.reports.catalog import study_report
+    from ablate.sweeps.spec import load_study, validate_study
+
+    check_kind(args.study, "study")
+    spec, base = load_study(args.study)
+    if not args.overrides:
+        return spec, base, None, study_report(spec, args.study)
+    from ablate.sweeps.overrides import override_study
+
+    changed = override_study(spec, base, args.overrides)
+    validate_study(changed.spec, changed.base, args.study)
+    print(f"study {changed.spec.name}: {changed.original} with {changed.shown}, a study of its own", file=said)
+    return changed.spec, changed.base, changed, study_report(changed.spec, args.study)
+
+
+def cmd_sweep_smoke(args: argparse.Namespace) -> int:
+    """``ablate sweep smoke STUDY``: the study's smoke run (:mod:`ablate.sweeps.smoke`), or, where this machine
     cannot run its trials, every arm built on the meta device; 1 when a run of the smoke failed."""
+    spec, base, _, _ = _study(args)  # a bad study answers before torch is imported
     from ablate.sweeps.arms import check_arms
     from ablate.sweeps.plan import Machine, check_study
     from ablate.sweeps.smoke import run_smoke
 
-    given = [name for name in ("storage", "tracking_uri", "n_trials", "check", "print_config") if getattr(args, name)]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(f"{flag}: not with --smoke (a smoke runs the whole study in a store of its own)")
     check_study(spec, base, args.study, None)
     n = check_arms(spec, base, args.study)
     try:
@@ -205,72 +229,57 @@ def _smoke(args: argparse.Namespace, spec: StudySpec, base: dict[str, Any]) -> i
     return run_smoke(spec, base, args.study)
 
 
-def _study(args: argparse.Namespace) -> tuple[StudySpec, dict[str, Any], Overridden | None]:
-    """The study of ``ablate sweep STUDY [key=value ...]``: its file (a config or report spec given
-    instead is named as such), its overrides applied (:mod:`ablate.sweeps.overrides`) and said, and the
-    whole validated, before anything is written."""
-    from ablate.kinds import check_kind
-    from ablate.sweeps.spec import load_study, validate_study
+def cmd_sweep_check(args: argparse.Namespace) -> None:
+    """``ablate sweep check STUDY``: the study validated (every trial's config, paths, names and arms) and its
+    wall time estimated; nothing run."""
+    spec, base, _, report = _study(args)  # a bad study answers before torch is imported
+    from ablate.sweeps.arms import check_arms
+    from ablate.sweeps.estimate import print_estimate
+    from ablate.sweeps.plan import Machine, check_study
 
-    check_kind(args.study, "study")
-    spec, base = load_study(args.study)
-    if not args.overrides:
-        return spec, base, None
-    from ablate.sweeps.overrides import override_study
+    check_study(spec, base, args.study, None)  # every trial's config, paths and names
+    check_arms(spec, base, args.study)  # every arm's models, built on the meta device
+    model = spec.study_model
+    uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
+    tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
+    tasks += f" from {spec.source} (no pre-training)" if spec.source is not None else ""
+    optimize = f", {spec.optimize.direction.removesuffix('e')}ing {spec.optimize.metric}"
+    title, n = report.title if report else "none", spec.total_trials()
+    try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here
+        check_study(spec, base, args.study, Machine.here())
+        here = ""
+    except ConfigError as exc:
+        here = f"; not runnable on this machine ({exc})"
+    print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
+    print_estimate(spec, base, args.study)  # a GPU study's wall time (sweeps/estimate.py)
 
-    changed = override_study(spec, base, args.overrides)
-    validate_study(changed.spec, changed.base, args.study)
-    said = sys.stderr if args.print_config else sys.stdout  # --print-config's stdout is the YAML alone
-    print(f"study {changed.spec.name}: {changed.original} with {changed.shown}, a study of its own", file=said)
-    return changed.spec, changed.base, changed
+
+def cmd_sweep_print_config(args: argparse.Namespace) -> None:
+    """``ablate sweep print-config STUDY``: the config of the study's first grid point (a placeholder for the
+    study model's run) as YAML, alone on stdout."""
+    spec, base, _, _ = _study(args, said=sys.stderr)
+    from ablate.lightning_modules.config.experiment import to_yaml
+    from ablate.sweeps.spec import corner_configs
+
+    print(to_yaml(corner_configs(spec, base)[0]), end="")
 
 
-def cmd_sweep(args: argparse.Namespace) -> int | None:
-    from ablate.reports.catalog import study_report
-    from ablate.sweeps import guard, workers
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """``ablate sweep STUDY``: the study checked against this machine, then run (or resumed) as an Optuna
+    sweep; what it did said after."""
+    spec, base, overridden, report = _study(args)  # a bad study answers before torch is imported
+    from ablate.sweeps.arms import check_arms
     from ablate.sweeps.engine import tracking
     from ablate.sweeps.estimate import print_estimate
+    from ablate.sweeps.overrides import TAG
     from ablate.sweeps.plan import Machine, check_sqlite, check_study
+    from ablate.sweeps.study import run_study
 
-    spec, base, overridden = _study(args)
-    report = study_report(spec, args.study)  # a bad report fails now, not after the sweep
-    if args.smoke:
-        return _smoke(args, spec, base)
-    if args.check:
-        check_study(spec, base, args.study, None)  # every trial's config, paths and names
-        from ablate.sweeps.arms import check_arms
-
-        check_arms(spec, base, args.study)  # every arm's models, built on the meta device
-        model = spec.study_model
-        uses = f", {model.SECTION}: {model.source or 'trained once'}" if model is not None else ""
-        tasks = f", fine-tuned on {', '.join(t.task for t in spec.tasks)}" if spec.tasks else ""
-        tasks += f" from {spec.source} (no pre-training)" if spec.source is not None else ""
-        optimize = f", {spec.optimize.direction.removesuffix('e')}ing {spec.optimize.metric}"
-        title, n = report.title if report else "none", spec.total_trials()
-        try:  # a study for another machine (a GPU profile) is valid; it says why it would not run here
-            check_study(spec, base, args.study, Machine.here())
-            here = ""
-        except ConfigError as exc:
-            here = f"; not runnable on this machine ({exc})"
-        print(f"study {spec.name}: valid; {n} trial{'s' * (n != 1)}{uses}{tasks}{optimize}; report: {title}{here}")
-        print_estimate(spec, base, args.study)  # a GPU study's wall time (sweeps/estimate.py)
-        return None
-    if args.print_config:  # the config of the first grid point (a placeholder for the study model's run)
-        from ablate.lightning_modules.config.experiment import to_yaml
-        from ablate.sweeps.spec import corner_configs
-
-        print(to_yaml(corner_configs(spec, base)[0]), end="")
-        return None
     check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine
-    from ablate.sweeps.arms import check_arms
-
     check_arms(spec, base, args.study)  # every arm's models, built on the meta device
     check_sqlite(args.storage, "--storage")
     check_sqlite(args.tracking_uri, "--tracking-uri")
     print_estimate(spec, base, args.study)  # a GPU study's wall time, before it starts (sweeps/estimate.py)
-    from ablate.sweeps.overrides import TAG
-    from ablate.sweeps.study import INTERRUPTED, run_study
-
     try:
         result = run_study(
             spec,
@@ -290,14 +299,25 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
             "a trial that validated goes on from its checkpoint in the same run"
         )
         raise
-    study = result.study
     _after_bars(True)  # the runs' bars, on stderr
+    _said_after(result.study, spec, result.storage)
+    if overridden is not None and report is not None:
+        print(f"its report: ablate report {args.study} --study {spec.name}")
+    _print_ui_hint(result.tracking_uri, study=spec.name)
+
+
+def _said_after(study: Study, spec: StudySpec, storage: str) -> None:
+    """What a sweep did: its trials' states, failures no later trial made good, the best trial and the one an
+    accuracy guard chose."""
+    from ablate.sweeps import guard, workers
+    from ablate.sweeps.engine import tracking
+    from ablate.sweeps.study import INTERRUPTED
 
     def state(t: FrozenTrial) -> str:
         return "INTERRUPTED" if INTERRUPTED in t.user_attrs else t.state.name
 
     counts = dict(Counter(state(t) for t in study.trials))
-    print(f"study {spec.name}: {counts} (storage {tracking.redact(result.storage)})")
+    print(f"study {spec.name}: {counts} (storage {tracking.redact(storage)})")
     done = {workers.key(t.params) for t in study.trials if t.state in workers.DONE}
     for t in study.trials:  # failures not made good by a later trial of the same configuration
         reason = t.user_attrs.get(tracking.FAIL_REASON)
@@ -311,103 +331,18 @@ def cmd_sweep(args: argparse.Namespace) -> int | None:
     chosen = guard.chosen_line(study, spec.optimize.metric, spec.optimize.direction) if spec.optimize.guard else None
     if chosen is not None:  # the best within the accuracy bound, or the closest to it when none is
         print(chosen)
-    if overridden is not None and report is not None:
-        print(f"its report: ablate report {args.study} --study {spec.name}")
-    _print_ui_hint(result.tracking_uri, study=spec.name)
-    return None
 
 
-def cmd_report(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.config.paths import output_folder
-    from ablate.reports.build import build_report, latency_columns, render_console
-    from ablate.reports.target import resolve_target
-    from ablate.sweeps.engine import tracking
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``ablate bench BENCH``: a study given to ``bench study`` is checked to be one first (a config or a
+    report spec is named as such), then the bench runs (:mod:`ablate.benchmarks.cli`)."""
+    from ablate.benchmarks.cli import run
 
-    if args.experiment is not None or args.tag:
-        _experiment_report(args)
-        return
-    if args.spec is None:
-        raise ConfigError("TARGET: give a study, a report spec or a shipped name (or --experiment NAME: train runs)")
-    if Path(args.spec).is_file():  # a run config is named as such
+    if args.suite == "study":
         from ablate.kinds import check_kind
 
-        check_kind(args.spec, "report", also=("study",), hint="; its runs' report: ablate report --experiment NAME")
-    target = resolve_target(args.spec, args.study)  # a study, report file, shipped report or shipped study
-    uri = tracking.resolve_tracking_uri(args.tracking_uri or target.tracking_uri, target.root)  # read, not created
-    out = Path(args.out) if args.out else Path(target.root) / "reports" / target.study
-    output_folder(out, "--out")  # before the store is read
-    remeasure = args.remeasure if args.remeasure is not None else bool(latency_columns(target.report))
-    result = build_report(
-        target.report, target.study, uri, out, remeasure=remeasure, expected=target.expected, sweep=target.sweep
-    )
-    render_console(result)
-    extra = ", remeasured.csv" if result.remeasured is not None else ""
-    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
-    _print_ui_hint(uri, study=target.study)
-
-
-def _experiment_report(args: argparse.Namespace) -> None:
-    """``ablate report --experiment NAME [--tag KEY=VALUE ...]``: the experiment's ``ablate train`` runs."""
-    from ablate.lightning_modules.config.paths import output_folder
-    from ablate.lightning_modules.config.run import DEFAULT_ROOT
-    from ablate.reports.build import render_console
-    from ablate.reports.experiment import build_experiment_report
-    from ablate.sweeps.engine import tracking
-
-    if args.experiment is None:
-        raise ConfigError("--tag: only with --experiment NAME")
-    options = (("TARGET", args.spec), ("--study", args.study), ("--remeasure", args.remeasure))
-    if given := [flag for flag, value in options if value]:
-        raise ConfigError(f"{given[0]}: not with --experiment (a report of a study's trials: ablate report STUDY)")
-    where = {}
-    for text in args.tag:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--tag {text!r}: expected KEY=VALUE (a run's tag or param), e.g. model.sharing=all")
-        where[key.strip()] = value
-    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)  # read, not created
-    out = Path(args.out) if args.out else Path(DEFAULT_ROOT) / "reports" / f"experiment-{args.experiment}"
-    output_folder(out, "--out")  # before the store is read
-    result = build_experiment_report(args.experiment, where, uri, out)
-    render_console(result)
-    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv, runs.csv)")
-    _print_ui_hint(uri)
-
-
-def cmd_export(args: argparse.Namespace) -> None:
-    from ablate.lightning_modules.config.paths import output_folder
-    from ablate.lightning_modules.config.run import DEFAULT_ROOT
-    from ablate.sweeps.engine import tracking
-    from ablate.sweeps.engine.onnx_run import check_onnx_request
-    from ablate.sweeps.engine.weights import RUNS, export_run
-
-    check_onnx_request(args.format, args.quantize)  # the onnx extra, --quantize: before anything
-    out = output_folder(args.out_dir, "out_dir", empty=True)  # before downloading anything
-    if args.private and not args.push_to_hub:
-        raise ConfigError("--private: only with --push-to-hub REPO")
-    api = None
-    if args.push_to_hub:
-        from ablate.lightning_modules.interop.hub import hub_api
-
-        api = hub_api(args.push_to_hub)  # no package, bad repo id or no token: before exporting
-    run_id = args.run.removeprefix(RUNS).strip("/")
-    uri = tracking.resolve_tracking_uri(args.tracking_uri, DEFAULT_ROOT)
-    labels = [name.strip() for name in args.labels.split(",")] if args.labels is not None else None
-    if args.format == "onnx":
-        from ablate.sweeps.engine.onnx_run import export_run_onnx
-
-        onnx = export_run_onnx(uri, run_id, out, quantize=args.quantize, labels=labels)
-        what = f"onnx format, {onnx.quantize or 'fp32'}"  # a quantized run's own form when none was asked
-        print(f"run {run_id} exported to {out.resolve()}/ ({what}; {onnx.summary()})")
-    else:
-        written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
-        extra = "; a fine-tuned sequence classifier" if written.classifier else ""
-        extra += "" if written.tokenizer else "; no tokenizer: the run logged none"
-        print(f"run {run_id} exported to {out.resolve()}/ ({written.format} format{extra})")
-    if api is not None:
-        from ablate.lightning_modules.interop.hub import push_to_hub
-
-        print(f"pushed to {push_to_hub(api, out, args.push_to_hub, private=args.private)}")
+        check_kind(args.study, "study")
+    return run(args)
 
 
 def _after_bars(shown: bool) -> None:

@@ -1,14 +1,17 @@
-"""``ablate bench [train|precision|data|pruning|loop|study STUDY.yaml]``: run a benchmark, print its table, and
-optionally write it as markdown (``--out``). While it runs it says what it is doing on stderr
-(:mod:`ablate.benchmarks.status`: live on a terminal, plain lines otherwise)."""
+"""``ablate bench BENCH``: run one benchmark (:data:`BENCHES`: each with its own options and ``--help``),
+print its table, and optionally write it as markdown (``--out``). While it runs it says what it is doing on
+stderr (:mod:`ablate.benchmarks.status`: live on a terminal, plain lines otherwise)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import re
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +25,8 @@ from ablate.lightning_modules.config.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported by the benchmarks themselves: `ablate --help` answers without it
     import torch
+    from rich.progress import Progress
 
-SUITES = ("train", "precision", "data", "pruning", "loop", "study", "deploy")
 REGIMES = ("pretrain", "distill", "prune", "finetune")
 SST2_ENV = "ABLATE_SST2"  # a GLUE SST-2 folder (train.tsv, validation.tsv) for `ablate bench loop --regime finetune`
 console = Console(highlight=False, soft_wrap=True)  # the tables: stdout
@@ -81,71 +84,213 @@ def sst2_folder(text: str) -> Path:
     return folder
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "suite",
-        nargs="?",
-        choices=SUITES,
-        default="train",
-        help="train: ablate vs transformers (default); precision: fp32 vs bf16 (and compile) over "
-        "300 steps; data: the pipeline's tokens/s and streaming memory; pruning: a 12-trial "
-        "study with and without pruning; loop: a real `ablate train` against its isolated step; study: "
-        "where a study's time goes, run by run (STUDY.yaml after it); deploy: a bert-base-sized classifier as "
-        "PyTorch fp32 and ONNX Runtime fp32, int8 and 4-bit, batch 1 and 32 (the onnx extra)",
-    )
-    parser.add_argument("study", nargs="?", default=None, help="study only: the study file (STUDY.yaml)")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="study: run the study's smoke form (as `ablate sweep --smoke` makes it) instead of the study; "
-        "deploy: a tiny model, two rounds",
-    )
-    parser.add_argument(
-        "--case",
-        action="append",
-        choices=list(CASES),
-        help="configuration(s) for train/precision/loop (default: for train, the CPU-sized cases "
-        "on a CPU and the GPU-sized ones on CUDA; for loop, the regime's own: albert-tiny, distill-mini, "
-        "bert-tiny, bert-tiny; one small case for precision)",
-    )
-    parser.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
-    parser.add_argument("--steps", type=positive_int, default=None, help="timed steps (train: 20; precision: 300)")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="train, precision: also time ablate with torch.compile; loop --regime finetune: also the compiled run "
-        "(both always on CUDA)",
-    )
-    parser.add_argument("--device", type=device_name, default="auto", help="cpu, cuda or auto (default)")
-    parser.add_argument("--out", type=output_file, default=None, help="also write the tables as markdown here")
-    parser.add_argument(
+Option = Callable[[argparse.ArgumentParser], object]
+"""One option of a bench: added to the parser of each bench that lists it."""
+Main = Callable[["argparse.Namespace", "torch.device", "Progress"], tuple[list[str], bool]]
+
+
+def _cases(default: str, many: bool = True) -> Option:
+    what = "configuration(s) timed; repeatable" if many else "the configuration timed"
+    return lambda p: p.add_argument("--case", action="append", choices=list(CASES), help=f"{what} (default: {default})")
+
+
+def _steps(what: str) -> Option:
+    return lambda p: p.add_argument("--steps", type=positive_int, default=None, metavar="N", help=what)
+
+
+def _compile(what: str) -> Option:
+    return lambda p: p.add_argument("--compile", action="store_true", help=what)
+
+
+def _smoke(what: str) -> Option:
+    return lambda p: p.add_argument("--smoke", action="store_true", help=what)
+
+
+def _device(what: str) -> Option:
+    return lambda p: p.add_argument("--device", type=device_name, default="auto", metavar="DEVICE", help=what)
+
+
+def _corpus(p: argparse.ArgumentParser) -> object:
+    return p.add_argument("--corpus", default="norvig-big", help="corpus the batches come from (default: norvig-big)")
+
+
+def _study(p: argparse.ArgumentParser) -> object:
+    return p.add_argument("study", metavar="STUDY", help="the study file (STUDY.yaml)")
+
+
+def _loop_only(p: argparse.ArgumentParser) -> object:
+    """``bench loop``'s own options: the regime timed, and a fine-tuning regime's task, batch and data."""
+    p.add_argument(
         "--regime",
         choices=REGIMES,
         default=None,
-        help="loop only: the training run timed (default pretrain; distill: a teacher and its student; prune: "
-        "schuBERT's gates; finetune: a GLUE task or SQuAD, --task)",
+        help="the training run timed (default pretrain; distill: a teacher and its student; prune: schuBERT's "
+        "gates; finetune: a GLUE task or SQuAD, --task)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--task",
         choices=TASKS,
         default=None,
-        help=f"loop --regime finetune: the task fine-tuned (default {DEFAULT_TASK}; the others are read by their "
+        help=f"with --regime finetune: the task fine-tuned (default {DEFAULT_TASK}; the others are read by their "
         "hub names through the data catalog, $ABLATE_DATA_CATALOG; squad and squad_v2 train on the first "
         "questions of the dev file where the catalog maps only that)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--batch",
         type=positive_int,
         default=None,
-        help="loop --regime finetune: examples (SQuAD: windows) per step (default 32; a GPU study's SST-2 stage: 128)",
+        metavar="N",
+        help="with --regime finetune: examples (SQuAD: windows) per step (default 32; a GPU study's SST-2 stage: 128)",
     )
-    parser.add_argument(
+    return p.add_argument(
         "--sst2",
         type=sst2_folder,
         default=None,
-        help=f"loop --regime finetune: a folder with SST-2's train.tsv and validation.tsv (default: ${SST2_ENV}, "
+        metavar="DIR",
+        help=f"with --regime finetune: a folder with SST-2's train.tsv and validation.tsv (default: ${SST2_ENV}, "
         "else synthetic sentences)",
     )
+
+
+def _nothing(args: argparse.Namespace) -> None:
+    """A bench whose options need no check beyond their types."""
+
+
+def _loop_check(args: argparse.Namespace) -> None:
+    """``bench loop``: the options that only a fine-tuning regime reads, and its data folder (given, or
+    ``$ABLATE_SST2``)."""
+    if len(args.case or []) > 1:
+        raise ConfigError("--case: `ablate bench loop` times one case")
+    if args.compile and args.regime != "finetune":
+        raise ConfigError(
+            "--compile: for `ablate bench loop` only with --regime finetune (pre-training compiles on CUDA)"
+        )
+    for name, value in (("--task", args.task), ("--sst2", args.sst2), ("--batch", args.batch)):
+        if value is not None and args.regime != "finetune":
+            raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")
+    if args.sst2 is not None and args.task not in (None, DEFAULT_TASK):
+        raise ConfigError(f"--sst2: only for --task {DEFAULT_TASK} (--task {args.task} reads the data catalog)")
+    if args.sst2 is None and args.task in (None, DEFAULT_TASK) and os.environ.get(SST2_ENV):
+        try:
+            args.sst2 = sst2_folder(os.environ[SST2_ENV])
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"${SST2_ENV}: {exc}") from None
+
+
+def _onnx(args: argparse.Namespace) -> None:
+    from ablate.lightning_modules.interop.onnx_check import require_onnx
+
+    require_onnx()  # the onnx extra: one line before anything runs
+
+
+def _loop_case(args: argparse.Namespace, device: torch.device) -> None:
+    from ablate.benchmarks.loop import chosen
+
+    chosen(args, device)  # a case the regime cannot run, a task that cannot be read: one line, before anything runs
+
+
+def _anywhere(args: argparse.Namespace, device: torch.device) -> None:
+    """A bench that runs whatever the device."""
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One ``ablate bench`` command: what it times, the module whose ``main`` runs it, its options (``--out``
+    besides), a check of their combination before torch is imported and one once the device is known."""
+
+    help: str
+    module: str
+    options: tuple[Option, ...]
+    check: Callable[[argparse.Namespace], None] = _nothing
+    ready: Callable[[argparse.Namespace, torch.device], None] = _anywhere
+
+    def main(self) -> Main:
+        main: Main = importlib.import_module(f"ablate.benchmarks.{self.module}").main
+        return main
+
+
+DEVICE = _device("cpu, cuda, cuda:N, mps or auto (default: cuda when there is one)")
+BENCHES: dict[str, Bench] = {
+    "train": Bench(
+        "ablate vs transformers: the same model, weights and batches, alternated in one process",
+        "train_table",
+        (
+            _cases("the CPU-sized cases on a CPU, the GPU-sized ones on CUDA"),
+            _corpus,
+            _steps("timed steps (default 20)"),
+            _compile("also time ablate and transformers in torch.compile (always on CUDA)"),
+            DEVICE,
+        ),
+    ),
+    "precision": Bench(
+        "fp32 vs bf16 (and torch.compile) over the same batches, ablate only",
+        "precision",
+        (
+            _cases("albert-tiny on a CPU, bert-small on CUDA"),
+            _corpus,
+            _steps("steps (default 300)"),
+            _compile("also time ablate in torch.compile"),
+            DEVICE,
+        ),
+    ),
+    "data": Bench(
+        "the data pipeline's tokens/s, the loader's wait and the memory of streaming shards",
+        "data_speed",
+        (_corpus, _steps("steps of the training run whose loader wait is measured (default 200)")),
+    ),
+    "pruning": Bench(
+        "a 12-trial study with and without Optuna pruning: the wall time pruning saves",
+        "sweep_pruning",
+        (_corpus, _steps("training steps of each trial (default 300)")),
+    ),
+    "loop": Bench(
+        "a real `ablate train` (Lightning loop, streamed data, MLflow) against its isolated step, per regime",
+        "loop",
+        (
+            _cases("the regime's own: on a CPU albert-tiny, distill-mini, bert-tiny, bert-tiny", many=False),
+            _corpus,
+            _steps("timed steps (default 40 on a CPU, 300 on CUDA)"),
+            _compile("with --regime finetune: also the compiled run (always on CUDA)"),
+            DEVICE,
+            _loop_only,
+        ),
+        check=_loop_check,
+        ready=_loop_case,
+    ),
+    "study": Bench(
+        "where a study's time goes, run by run (start-up, steps, validation, teardown)",
+        "study_bench",
+        (
+            _study,
+            _smoke("run the study's smoke form (as `ablate sweep smoke` makes it) instead of the study"),
+            _device("cpu, cuda, cuda:N or mps: every run's trainer.accelerator (default: each run's own)"),
+        ),
+    ),
+    "deploy": Bench(
+        "a bert-base-sized classifier as PyTorch fp32 and ONNX Runtime fp32, int8 and 4-bit, batch 1 and 32 "
+        "(the onnx extra)",
+        "deploy",
+        (_smoke("a tiny model, two rounds (its figures mean nothing)"),),
+        check=_onnx,
+    ),
+}
+"""Every bench, by name: ``ablate bench NAME`` (``ablate bench`` alone: ``train``)."""
+
+
+def add_benches(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each of :data:`BENCHES` as a subcommand of ``parser``, with its options and ``--out``; by name."""
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True, title="benches")
+    out = {}
+    for name, bench in BENCHES.items():
+        p = sub.add_parser(name, help=bench.help, description=f"ablate bench {name}: {bench.help}.")
+        for option in bench.options:
+            option(p)
+        p.add_argument(
+            "--out", type=output_file, default=None, metavar="FILE", help="also write the tables as markdown here"
+        )
+        p.set_defaults(suite=name)
+        out[name] = p
+    return out
 
 
 def machine(device: torch.device) -> str:
@@ -165,58 +310,19 @@ def machine(device: torch.device) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the suite ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
+    """Run the bench ``args.suite``; 0 when every target it checks holds, 1 otherwise."""
+    bench = BENCHES[args.suite]
     warnings.filterwarnings("ignore", message=".*self.log.*")  # the step runs outside a Trainer
     warnings.filterwarnings("ignore", category=UserWarning)
-    loop_only = [
-        name for name, value in (("--regime", args.regime), ("--sst2", args.sst2), ("--batch", args.batch)) if value
-    ]
-    if args.suite != "loop" and loop_only:
-        raise ConfigError(f"{loop_only[0]}: only for `ablate bench loop`")
-    if args.suite != "study" and args.study is not None:
-        raise ConfigError(f"{args.study}: only for `ablate bench study STUDY.yaml`")
-    if args.compile and args.suite not in ("train", "precision", "loop"):
-        raise ConfigError(f"--compile: not for `ablate bench {args.suite}`")
-    if args.compile and args.suite == "loop" and args.regime != "finetune":
-        raise ConfigError(
-            "--compile: for `ablate bench loop` only with --regime finetune (pre-training compiles on CUDA)"
-        )
-    if args.suite not in ("study", "deploy") and args.smoke:
-        raise ConfigError("--smoke: only for `ablate bench study STUDY.yaml` and `ablate bench deploy`")
-    if args.suite == "deploy":
-        from ablate.lightning_modules.interop.onnx_check import require_onnx
-
-        require_onnx()  # the onnx extra: one line before anything runs
-    if args.suite == "study" and args.study is None:
-        raise ConfigError("ablate bench study: a study file is needed (ablate bench study STUDY.yaml)")
-    for name, value in (("--task", args.task), ("--sst2", args.sst2), ("--batch", args.batch)):
-        if value is not None and (args.suite != "loop" or args.regime != "finetune"):
-            raise ConfigError(f"{name}: only for `ablate bench loop --regime finetune`")
-    if args.sst2 is not None and args.task not in (None, DEFAULT_TASK):
-        raise ConfigError(f"--sst2: only for --task {DEFAULT_TASK} (--task {args.task} reads the data catalog)")
-    if args.sst2 is None and args.task in (None, DEFAULT_TASK) and os.environ.get(SST2_ENV):
-        try:
-            args.sst2 = sst2_folder(os.environ[SST2_ENV])
-        except argparse.ArgumentTypeError as exc:
-            raise ConfigError(f"${SST2_ENV}: {exc}") from None
+    bench.check(args)
     import torch
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    from ablate.benchmarks import data_speed, deploy, loop, precision, study_bench, sweep_pruning, train_table
-
-    suites = {
-        "train": train_table.main,
-        "precision": precision.main,
-        "data": data_speed.main,
-        "pruning": sweep_pruning.main,
-        "loop": loop.main,
-        "study": study_bench.main,
-        "deploy": deploy.main,
-    }
-    if args.suite == "loop":
-        loop.chosen(args, device)  # a case the regime cannot run: one line, before anything runs
+    where = getattr(args, "device", "auto")  # a bench without --device: wherever it runs
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if where == "auto" else where)
+    bench.ready(args, device)
+    main = bench.main()
     with progress_for(status) as progress:
-        lines, ok = suites[args.suite](args, device, progress)
+        lines, ok = main(args, device, progress)
     text = "\n".join([f"Machine: {machine(device)}", "", *lines])
     console.print(text, markup=False)
     if args.out is not None:

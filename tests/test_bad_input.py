@@ -189,9 +189,12 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "sweep --n-trials 0": (_sweep_with("--n-trials", "0"), "error: --n-trials: must be a positive integer, got 0"),
     "sweep --n-trials negative": (_sweep_with("--n-trials=-3"), "--n-trials: must be a positive integer, got -3"),
     "sweep --n-trials not a number": (_sweep_with("--n-trials", "ten"), "--n-trials: must be a positive integer"),
-    "sweep without a study": (lambda tmp, c: ["sweep"], "ablate sweep: the following arguments are required: study"),
-    "unknown command": (lambda tmp, c: ["trian"], "command: invalid choice: 'trian'"),
-    "unknown option": (_sweep_with("--trials", "3"), "unrecognized arguments: --trials 3"),
+    "sweep without a study": (lambda tmp, c: ["sweep"], "ablate sweep: the following arguments are required: STUDY"),
+    "unknown command": (lambda tmp, c: ["trian"], "COMMAND: invalid choice: 'trian'"),
+    "unknown option": (
+        _sweep_with("--trials", "3"),
+        "--trials: not an option of ablate sweep (see ablate sweep --help)",
+    ),
     "bench --steps 0": (_bench("--steps", "0"), "error: --steps: must be a positive integer, got 0"),
     "bench --steps negative": (_bench("--steps=-5"), "--steps: must be a positive integer, got -5"),
     "bench --device unknown": (_bench("--device", "gpu0"), "--device: expected cpu, cuda, cuda:N, mps or auto"),
@@ -386,5 +389,9 @@ def test_a_study_reads_1e_3_as_a_float_and_no_as_a_name(tmp_path):
 def test_help_still_exits_zero(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["sweep", "--help"])
+    assert exc.value.code == 0
+    assert "check" in capsys.readouterr().out  # the modes of ablate sweep
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "run", "--help"])
     assert exc.value.code == 0
     assert "--n-trials" in capsys.readouterr().out

@@ -97,7 +97,7 @@ def test_a_file_of_the_wrong_kind_is_named_as_such(tmp_path, capsys):
     assert "is a report spec (it has metrics:, rows:, study:)" in _refused(capsys, ["train", str(report)])
     assert f"build it with ablate report {report}" in _refused(capsys, ["sweep", str(report)])
     err = _refused(capsys, ["report", str(config)])
-    assert "is a run config" in err and "ablate report --experiment NAME" in err
+    assert "is a run config" in err and "ablate report experiment NAME" in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 

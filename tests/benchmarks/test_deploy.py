@@ -43,4 +43,4 @@ def test_cpu_flags_read_the_flags_line(tmp_path):
 def test_smoke_is_refused_where_a_bench_has_none(capsys):
     assert main(["bench", "train", "--smoke"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --smoke: only for `ablate bench study STUDY.yaml` and `ablate bench deploy`"]
+    assert err == ["error: --smoke: only for `ablate bench study` and `ablate bench deploy` (not ablate bench train)"]

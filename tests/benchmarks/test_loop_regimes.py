@@ -89,7 +89,10 @@ def test_synthetic_sst2_has_its_format_and_short_sentences(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "train", "--regime", "distill"], "error: --regime: only for `ablate bench loop`"),
+        (
+            ["bench", "train", "--regime", "distill"],
+            "error: --regime: only for `ablate bench loop` (not ablate bench train)",
+        ),
         (
             ["bench", "loop", "--regime", "prune", "--sst2", "SST2"],
             "error: --sst2: only for `ablate bench loop --regime",
@@ -101,9 +104,13 @@ def test_synthetic_sst2_has_its_format_and_short_sentences(tmp_path):
         ),
         (["bench", "loop", "--regime", "distill", "--case", "bert-tiny"], "error: --case: bert-tiny has no teacher"),
         (["bench", "loop", "--batch", "64"], "error: --batch: only for `ablate bench loop --regime finetune`"),
-        (["bench", "train", "--batch", "64"], "error: --batch: only for `ablate bench loop`"),
+        (["bench", "train", "--batch", "64"], "error: --batch: only for `ablate bench loop` (not ablate bench train)"),
         (["bench", "loop", "--compile"], "error: --compile: for `ablate bench loop` only with --regime finetune"),
-        (["bench", "deploy", "--compile"], "error: --compile: not for `ablate bench deploy`"),
+        (
+            ["bench", "deploy", "--compile"],
+            "error: --compile: only for `ablate bench train`, `ablate bench precision` and `ablate bench loop` "
+            "(not ablate bench deploy)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, wiki_validation):

@@ -85,9 +85,9 @@ def test_tag_picks_runs_by_param(trained, tmp_path):
         (["--experiment", "exp", "--tag", "optim.lr=0.5"], "--experiment exp: no ablate train runs with optim.lr=0.5"),
         (["--experiment", "nowhere"], "--experiment nowhere: no ablate train runs in"),
         (["--experiment", "exp", "--tag", "nokey"], "--tag 'nokey': expected KEY=VALUE"),
-        (["--tag", "a=b"], "--tag: only with --experiment NAME"),
-        (["quickstart", "--experiment", "exp"], "TARGET: not with --experiment"),
-        (["--experiment", "exp", "--remeasure"], "--remeasure: not with --experiment"),
+        (["--tag", "a=b"], "--tag: only for `ablate report experiment`"),
+        (["quickstart", "--experiment", "exp"], "quickstart: not an argument of ablate report experiment"),
+        (["--experiment", "exp", "--remeasure"], "--remeasure: only for `ablate report` (not"),
     ],
 )
 def test_bad_experiment_reports_write_nothing(trained, tmp_path, capsys, argv, needle):

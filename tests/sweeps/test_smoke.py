@@ -86,9 +86,7 @@ def test_a_run_that_fails_makes_the_smoke_fail_and_says_which(wiki_validation, e
 
 def test_smoke_runs_in_a_store_of_its_own(study_file: Path, capsys) -> None:
     assert main(["sweep", str(study_file), "--smoke", "--storage", "sqlite:///x.db"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "error: --storage: not with --smoke (a smoke runs the whole study in a store of its own)"
-    )
+    assert capsys.readouterr().err.strip() == ("error: --storage: only for `ablate sweep` (not ablate sweep smoke)")
 
 
 def test_check_refuses_a_study_whose_arm_cannot_run(tmp_path: Path, wiki_validation: Path, capsys) -> None:
