@@ -5,6 +5,7 @@ the pages points to a file that exists."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import os
@@ -103,23 +104,95 @@ def _command_lists() -> dict[Path, str]:
     return found
 
 
+def _command(argv: list[str]) -> argparse.ArgumentParser | None:
+    """The command or mode ``ablate ARGV`` runs, read as the command line reads it (an old spelling
+    included); None for ``ablate --version``."""
+    from ablate.cli import spelled
+    from ablate.parsers import parser, subcommands
+
+    root = command = parser()
+    for word in spelled(argv, root):
+        if word not in subcommands(command):
+            break
+        command = subcommands(command)[word]
+    return None if command is root else command
+
+
+def _named(line: str) -> list[tuple[argparse.ArgumentParser, set[str]]]:
+    """The commands an ``ablate ...`` line names, each with the options the line gives it: ``ablate sweep
+    check|smoke STUDY`` names two modes; an old spelling's mode flag is the mode, not an option."""
+    from ablate.cli import spelled
+    from ablate.parsers import parser, subcommands
+
+    root = parser()
+    words = line.split()[1:]
+    modes = subcommands(subcommands(root).get(words[0], root)) if words else {}
+    alternatives = words[1].split("|") if len(words) > 1 and set(words[1].split("|")) <= set(modes) else []
+    found = []
+    for mode in alternatives or [None]:
+        argv = [words[0], mode, *words[2:]] if mode else words
+        command = _command(argv)
+        if command is not None:
+            found.append((command, set(re.findall(r"--[a-z][a-z0-9-]*", " ".join(spelled(argv, root))))))
+    return found
+
+
+def _options(command: argparse.ArgumentParser) -> set[str]:
+    """The long options of a command or mode, as its ``--help`` lists them (``--help`` aside)."""
+    return {o for a in command._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+
+
 def test_the_command_lists_name_every_command_and_option():
-    """Each command's every option (as ``ablate COMMAND --help`` has it) is in the README's and the
-    overview's command list, and the lists name no option the commands lack."""
-    from ablate.cli import parser
+    """Every command and mode (``ablate sweep check``, ``ablate bench loop``) has a line in the README's and
+    the overview's command list, and its lines name every option its ``--help`` lists and no other."""
+    from ablate.parsers import leaves, parser
 
     lists = _command_lists()
     assert set(lists) == {README, DOCS / "index.md"}, "a command list (starting 'ablate --version') is gone"
-    sub = next(a for a in parser()._actions if a.dest == "command")
-    for name, command in sub.choices.items():  # type: ignore[union-attr]
-        options = {o for a in command._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
-        for page, block in lists.items():
-            lines = [line for line in block.splitlines() if line.startswith(f"ablate {name}")]
-            lines += [line for line in block.splitlines() if line.startswith(" ") and name == "bench"]
-            named = set(re.findall(r"--[a-z][a-z0-9-]*", "\n".join(lines)))
-            assert lines, f"{page.name}: no line for ablate {name}"
-            assert options <= named, f"{page.name}: ablate {name} lacks {sorted(options - named)}"
-            assert named <= options, f"{page.name}: ablate {name} has no {sorted(named - options)}"
+    for page, block in lists.items():
+        given: dict[str, set[str]] = {}
+        for line in block.replace("\n ", " ").splitlines():  # a line that starts with spaces goes on the last
+            for command, options in _named(line):
+                given.setdefault(command.prog, set()).update(options)
+        for command in leaves(parser()):
+            assert command.prog in given, f"{page.name}: no line for {command.prog}"
+            assert given[command.prog] == _options(command), f"{page.name}: {command.prog} lists other options"
+
+
+_SHELL = re.compile(r"^(?:\$ )?(?:[A-Z_0-9]+=\S* )*(?:\.venv/bin/)?(ablate .*?)\s*(?:#.*)?$")
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """Every ``ablate ...`` line in a code block of the README or a page (a usage line, an example, after a
+    ``$`` prompt, ``.venv/bin/`` or ``VAR=value``; a comment cut): (page, line)."""
+    found = []
+    for page in _pages():
+        for block in _FENCE.finditer(page.read_text(encoding="utf-8")):
+            for line in block.group(0).replace("\\\n", " ").splitlines():
+                command = _SHELL.match(line.strip())
+                if command is not None and not command.group(1).startswith("ablate --version"):
+                    found.append((str(page.relative_to(ROOT)), command.group(1)))
+    return found
+
+
+def test_every_command_line_in_the_docs_names_options_its_command_has():
+    """A command line the docs show runs a command that exists and gives it only options it has (an old
+    spelling read as its new one)."""
+    from ablate.parsers import UsageError
+
+    lines = _command_lines()
+    assert len(lines) > 50  # the check reads what it should
+    wrong = []
+    for where, line in lines:
+        try:
+            named = _named(line)
+        except UsageError as exc:
+            named, wrong = [], [*wrong, f"{where}: {line}: {exc}"]
+        wrong += [f"{where}: {line}: no such command"] if not named else []
+        for command, options in named:
+            if not options <= _options(command):
+                wrong.append(f"{where}: {line}: {command.prog} has no {sorted(options - _options(command))}")
+    assert wrong == []
 
 
 # `ablate.x.y`, :mod:`~ablate.x`, ``ablate.x.y`` and the same without ``ablate.`` (a package folder
