@@ -33,7 +33,7 @@ from ablate.lightning_modules.interop.pretrained import to_transformers
 from ablate.lightning_modules.methods.losses import attention_loss, feature_map_loss, head_map, kd_loss, layer_map
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.train_module import adamw, param_groups, warmup_linear_decay
-from ablate.lightning_modules.model.heads import IGNORE, build_pretraining_model
+from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, build_pretraining_model
 
 BENCH_TEACHER = "benchmark"  # distill.teacher: a name only (the bench builds the teacher itself)
 
@@ -121,6 +121,7 @@ def _log(probabilities: torch.Tensor) -> torch.Tensor:
 def hf_distill_side(case: Case, ours: PretrainModule, precision: str, device: torch.device, max_steps: int) -> Side:
     """transformers' distillation step at ``case``: teacher and student copied from ``ours``."""
     assert case.teacher is not None and ours.link is not None
+    assert isinstance(ours.link.teacher, PretrainingModel)
     student = _eager(to_transformers(ours.model, case.model)).to(device).train()
     teacher = _eager(to_transformers(ours.link.teacher, case.teacher)).to(device).eval().requires_grad_(False)
     o = _optim()

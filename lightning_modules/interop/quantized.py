@@ -49,7 +49,7 @@ from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.interop.classifier import load_classifier
 from ablate.lightning_modules.interop.pretrained import load_pretrained
 from ablate.lightning_modules.interop.qa_export import load_span_model
-from ablate.lightning_modules.methods.quantization.apply import Plan, quantize, quantized_layers
+from ablate.lightning_modules.methods.quantization.apply import LayerBits, quantize, quantized_layers
 
 QUANTIZED = "quantized.safetensors"
 QUANT_YAML = "quantization.yaml"
@@ -65,7 +65,7 @@ class QuantizedModel:
 
     cfg: ExperimentConfig
     model: nn.Module
-    plan: Plan
+    plan: LayerBits
     layers: dict[str, dict[str, Any]]
 
     @property
@@ -148,7 +148,7 @@ def quantized_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str
 
 
 def write_quantized(
-    model: nn.Module, cfg: ExperimentConfig, plan: Plan | None, bits: float | None, folder: Path
+    model: nn.Module, cfg: ExperimentConfig, plan: LayerBits | None, bits: float | None, folder: Path
 ) -> list[Path]:
     """``model`` (quantized as ``cfg.quant`` and ``plan`` say) as ``quantized.safetensors`` and
     ``quantization.yaml`` in ``folder``; the paths written."""

@@ -5,8 +5,6 @@ the registry of terms (:mod:`ablate.lightning_modules.methods.terms`); docs/guid
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -14,6 +12,7 @@ from ablate.lightning_modules.config.distill import MIX_PROB, DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.losses import head_map, layer_map
+from ablate.lightning_modules.methods.task_model import TeacherModel
 from ablate.lightning_modules.model.components.embeddings import Embeddings
 from ablate.lightning_modules.model.encoder import Encoder, Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
@@ -102,13 +101,13 @@ class TeacherLink(nn.Module):
     def __init__(
         self,
         d: DistillConfig,
-        teacher: nn.Module,
+        teacher: TeacherModel,
         teacher_cfg: ModelConfig,
         student_cfg: ModelConfig,
         vocab: VocabMap | None = None,
     ) -> None:
         super().__init__()
-        self.teacher: Any = teacher.eval().requires_grad_(False)  # a PretrainingModel or a Classifier
+        self.teacher: TeacherModel = teacher.eval().requires_grad_(False)
         self.temperature, self.at_mode = d.temperature, d.at_loss
         Ls, Lt = student_cfg.num_layers, teacher_cfg.num_layers
         self.layer_map = list(d.layer_map) if d.layer_map is not None else layer_map(Ls, Lt)

@@ -29,13 +29,15 @@ from ablate.lightning_modules.config.metric_names import SCORE
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.task_kinds import KIND_METRICS
 from ablate.lightning_modules.methods.distill import TeacherLink
-from ablate.lightning_modules.methods.quantization.apply import Plan, prepare_weight_qat
-from ablate.lightning_modules.methods.terms import EXIT, Batch, Need, Provided, TaskModel, TaskOutput, require
-from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
+from ablate.lightning_modules.methods.quantization.apply import LayerBits, prepare_weight_qat
+from ablate.lightning_modules.methods.task_model import Batch, TaskModel
+from ablate.lightning_modules.methods.terms import EXIT, Need, Provided, TaskOutput, require
+from ablate.lightning_modules.methods.train_module import OptimSetup, TrainModule
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier, hidden_width
 from ablate.lightning_modules.model.early_exit import build_exits
 from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.span import SpanModel
 
 SELF_DISTILLATION = "self-distillation"
 QUANTIZATION_AWARE = "quantization-aware"
@@ -119,27 +121,32 @@ class FinetuneModule(TrainModule):
 
     Args:
         cfg: the run's config (``finetune`` says the task and schedule, ``distill`` the teacher's terms).
-        pretrained: the pre-trained model; its encoder is copied, so it stays unchanged.
+        pretrained: the pre-trained model, whose encoder is copied (it stays unchanged) under a new
+            classifier; or a classifier as it is (a quantized one, to score it as the run scores its own).
         link: a fine-tuned teacher (task distillation), or None.
     """
 
     loss_name = "fine-tuning loss"
-    model: Any
-    """A :class:`Classifier` (a span task's :class:`SpanModel`); typed loosely for the engine, which swaps in
-    the quantized classifier (an ``nn.Module``) and reads it as either. The terms see it as a ``TaskModel``."""
+    model: Classifier | SpanModel
+    """The task model: a classifier, or a span task's span model (a :class:`SpanModule`'s)."""
 
-    def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel, link: TeacherLink | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, pretrained: PretrainingModel | Classifier, link: TeacherLink | None = None
+    ) -> None:
         f = cfg.finetune
-        model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
+        if isinstance(pretrained, Classifier):
+            model = pretrained
+        else:
+            model = build_classifier(pretrained, f.num_labels, cfg.model.dropout, cfg.model.init_std)
         layers = len(model.encoder.plan)
-        if f.exits:
+        if f.exits and model.exits is None:
             width = hidden_width(model.encoder)
             model.exits = build_exits(width, layers, f.num_labels, cfg.model.dropout, cfg.model.init_std)
         if link is None:
             stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, layers, f.max_steps, steps_field="finetune.max_steps")
-        plan = OptimPlan.task(cfg, f.max_steps)
+        plan = OptimSetup.task(cfg, f.max_steps)
         super().__init__(cfg, model, link, stages, plan)
         self.regression = f.kind == "regression"
         self.dev_names = [f.task, *(d.name for d in f.extra_validation)]
@@ -209,9 +216,9 @@ class FinetuneModule(TrainModule):
         require(EXIT, self.selected, self.provides())
         self.restore_best()
         stage = Stage(SELF_DISTILLATION, 0, f.exit_steps, ("exit",), trainable=(), embeddings=False, extra=("exits",))
-        self.set_stages([stage], OptimPlan.task(self.cfg, f.exit_steps))
+        self.set_stages([stage], OptimSetup.task(self.cfg, f.exit_steps))
 
-    def quantization_aware(self, plan: Plan) -> None:
+    def quantization_aware(self, plan: LayerBits) -> None:
         """Switch to Q-BERT's phase: from the best validation's weights, ``quant.qat_steps`` steps of the
         task's loss with the layers ``plan`` names (and the embedding tables when ``quant.embeddings``
         says) fake-quantized at their bits, group-wise. The best validation is then that of this phase."""
@@ -221,7 +228,7 @@ class FinetuneModule(TrainModule):
         prepare_weight_qat(self.model, plan, q)
         self.best, self.best_state, self.best_values, self.best_predictions = None, None, {}, None
         stage = Stage(QUANTIZATION_AWARE, 0, q.qat_steps, (PD,))
-        self.set_stages([stage], OptimPlan.task(self.cfg, q.qat_steps))
+        self.set_stages([stage], OptimSetup.task(self.cfg, q.qat_steps))
 
     # -- validation --------------------------------------------------------------------------
     def scoring(self) -> bool:

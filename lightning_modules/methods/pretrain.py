@@ -19,8 +19,9 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink, copy_embeddings, copy_layers, init_layer_map
-from ablate.lightning_modules.methods.terms import Batch, Need, Provided, TaskModel, TaskOutput
-from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
+from ablate.lightning_modules.methods.task_model import Batch, TaskModel
+from ablate.lightning_modules.methods.terms import Need, Provided, TaskOutput
+from ablate.lightning_modules.methods.train_module import OptimSetup, TrainModule
 from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import IGNORE, PretrainingModel, PretrainOutput, build_pretraining_model
 from ablate.lightning_modules.model.vocab_bridge import VocabMap, own_vocabulary
@@ -49,8 +50,9 @@ class PretrainModule(TrainModule):
             if link is not None
             else [Stage("train", 0, steps, (PD,))]
         )
-        super().__init__(cfg, model, link, stages, OptimPlan.pretraining(cfg, steps))
+        super().__init__(cfg, model, link, stages, OptimSetup.pretraining(cfg, steps))
         if link is not None:
+            assert isinstance(link.teacher, PretrainingModel), "pre-training distils from a pre-trained model"
             link.teacher.mask_prob = model.mask_prob  # the teacher predicts at the student's slots (KD pairs them)
         if cfg.trainer.compile:  # the layer block, once per shape (tests/lightning_modules/methods/test_compile.py)
             self.model.encoder.compile_layers(cfg.trainer.compile_mode)

@@ -15,7 +15,8 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.pruning.budget import beta
 from ablate.lightning_modules.methods.pruning.gates import Gates, attach, detach
-from ablate.lightning_modules.methods.terms import Batch, Need, Provided, Term, TermInputs
+from ablate.lightning_modules.methods.task_model import Batch
+from ablate.lightning_modules.methods.terms import Need, Provided, Term, TermInputs
 from ablate.lightning_modules.model.heads import PretrainingModel
 
 

@@ -18,8 +18,9 @@ from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.finetune import FinetuneModule
 from ablate.lightning_modules.methods.squad_metrics import best_answers, span_metrics
-from ablate.lightning_modules.methods.terms import Batch, TaskModel, TaskOutput
-from ablate.lightning_modules.methods.train_module import OptimPlan, TrainModule
+from ablate.lightning_modules.methods.task_model import Batch, TaskModel
+from ablate.lightning_modules.methods.terms import TaskOutput
+from ablate.lightning_modules.methods.train_module import OptimSetup, TrainModule
 from ablate.lightning_modules.model.encoder import Trace
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.lightning_modules.model.span import SpanModel, build_span_model, span_logits
@@ -46,19 +47,21 @@ class SpanModule(FinetuneModule):
 
     Args:
         cfg: the run's config (``finetune.kind`` span).
-        pretrained: the pre-trained model; its encoder is copied.
+        pretrained: the pre-trained model, whose encoder is copied; or a span model as it is (to score it).
         link: a fine-tuned span teacher (task distillation), or None.
     """
 
-    def __init__(self, cfg: ExperimentConfig, pretrained: PretrainingModel, link: TeacherLink | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, pretrained: PretrainingModel | SpanModel, link: TeacherLink | None = None
+    ) -> None:
         f = cfg.finetune
-        model = build_span_model(pretrained, cfg.model.init_std)
+        model = pretrained if isinstance(pretrained, SpanModel) else build_span_model(pretrained, cfg.model.init_std)
         if link is None:
             stages = [Stage("train", 0, f.max_steps, (PD,))]
         else:
             stages = schedule(cfg.distill, len(model.encoder.plan), f.max_steps, steps_field="finetune.max_steps")
         TrainModule.__init__(
-            self, cfg, model, link, stages, OptimPlan.task(cfg, f.max_steps)
+            self, cfg, model, link, stages, OptimSetup.task(cfg, f.max_steps)
         )  # not a classifier's metrics
         self.val_loss = MeanMetric()
         self.best: float | None = None

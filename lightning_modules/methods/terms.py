@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -24,23 +24,10 @@ from ablate.lightning_modules.methods.losses import (
     kd_loss,
 )
 from ablate.lightning_modules.methods.pruning.gates import Gates
+from ablate.lightning_modules.methods.task_model import Batch, TaskModel
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.early_exit import exit_logits, self_distillation_loss
-from ablate.lightning_modules.model.encoder import Encoder, Trace
-
-Batch = dict[str, torch.Tensor]
-
-
-class TaskModel(Protocol):
-    """What the step and its terms see of a model, the student's or a teacher's: a pre-training
-    model, a classifier or a span model (each an ``nn.Module``)."""
-
-    @property
-    def encoder(self) -> Encoder: ...
-
-    def __call__(self, batch: Batch, trace: Trace | None = None) -> object: ...
-
-    def requires_grad_(self, requires_grad: bool = True) -> object: ...
+from ablate.lightning_modules.model.encoder import Trace
 
 
 class TaskOutput(NamedTuple):
@@ -204,19 +191,22 @@ def sparsity(x: TermInputs) -> torch.Tensor:
     return penalty
 
 
-N = Need
 TERMS: tuple[Term, ...] = (
-    Term("fmt", "distill.fmt_weight", frozenset({N.TEACHER, N.HIDDEN}), "fmt", fmt),
-    Term("at", "distill.at_weight", frozenset({N.TEACHER, N.ATTENTION}), "at", at),
-    Term("embed", "distill.embed_weight", frozenset({N.TEACHER, N.EMBEDDING}), "embed", embed),
-    Term("cos", "distill.cos_weight", frozenset({N.TEACHER, N.HIDDEN}), "cos", cos),
-    Term("mlm", "distill.mlm_weight", frozenset({N.MLM, N.PREDICTION}), PD, task_loss, gated=False),
-    Term("sentence", "objective.sentence_weight", frozenset({N.SENTENCE, N.PREDICTION}), PD, sentence, gated=False),
-    Term("label", "distill.label_weight", frozenset({N.LABELS, N.PREDICTION}), PD, task_loss, gated=False),
-    Term("dual", "distill.dual_weight", frozenset({N.TEACHER, N.VOCABULARY, N.MLM, N.PREDICTION}), PD, dual),
-    Term("kd", "distill.kd_weight", frozenset({N.TEACHER, N.PREDICTION, N.DISTRIBUTIONS}), PD, kd),
-    Term("exit", None, frozenset({N.EXITS}), "exit", exit_term, gated=False),
-    Term("sparsity", "prune.gamma", frozenset({N.GATES}), None, sparsity, gated=False),
+    Term("fmt", "distill.fmt_weight", frozenset({Need.TEACHER, Need.HIDDEN}), "fmt", fmt),
+    Term("at", "distill.at_weight", frozenset({Need.TEACHER, Need.ATTENTION}), "at", at),
+    Term("embed", "distill.embed_weight", frozenset({Need.TEACHER, Need.EMBEDDING}), "embed", embed),
+    Term("cos", "distill.cos_weight", frozenset({Need.TEACHER, Need.HIDDEN}), "cos", cos),
+    Term("mlm", "distill.mlm_weight", frozenset({Need.MLM, Need.PREDICTION}), PD, task_loss, gated=False),
+    Term(
+        "sentence", "objective.sentence_weight", frozenset({Need.SENTENCE, Need.PREDICTION}), PD, sentence, gated=False
+    ),
+    Term("label", "distill.label_weight", frozenset({Need.LABELS, Need.PREDICTION}), PD, task_loss, gated=False),
+    Term(
+        "dual", "distill.dual_weight", frozenset({Need.TEACHER, Need.VOCABULARY, Need.MLM, Need.PREDICTION}), PD, dual
+    ),
+    Term("kd", "distill.kd_weight", frozenset({Need.TEACHER, Need.PREDICTION, Need.DISTRIBUTIONS}), PD, kd),
+    Term("exit", None, frozenset({Need.EXITS}), "exit", exit_term, gated=False),
+    Term("sparsity", "prune.gamma", frozenset({Need.GATES}), None, sparsity, gated=False),
 )
 """Every loss term, in the order the step sums them."""
 REGISTRY: Mapping[str, Term] = {term.name: term for term in TERMS}

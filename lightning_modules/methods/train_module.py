@@ -24,8 +24,10 @@ from ablate.lightning_modules.config.run import OptimConfig
 from ablate.lightning_modules.methods import terms as registry
 from ablate.lightning_modules.methods.distill import TeacherLink
 from ablate.lightning_modules.methods.precision import resolved
-from ablate.lightning_modules.methods.terms import Batch, Need, Provided, TaskModel, TaskOutput, Term, TermInputs
+from ablate.lightning_modules.methods.task_model import Batch, TaskModel
+from ablate.lightning_modules.methods.terms import Need, Provided, TaskOutput, Term, TermInputs
 from ablate.lightning_modules.model.encoder import Trace
+from ablate.lightning_modules.model.heads import PretrainingModel
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -82,7 +84,7 @@ def warmup_linear_decay(optim: OptimConfig, max_steps: int) -> Callable[[int], f
 
 
 @dataclass(frozen=True)
-class OptimPlan:
+class OptimSetup:
     """What the optimizer of one fit does: AdamW at ``lr``, warmup then linear decay over ``max_steps``."""
 
     lr: float
@@ -92,13 +94,13 @@ class OptimPlan:
     eps: float = 1e-8
 
     @classmethod
-    def pretraining(cls, cfg: ExperimentConfig, steps: int) -> OptimPlan:
+    def pretraining(cls, cfg: ExperimentConfig, steps: int) -> OptimSetup:
         """Pre-training's (and distillation's): ``optim.lr`` after ``optim.warmup_steps``, over ``steps``."""
         o = cfg.optim
         return cls(o.lr, steps, o.warmup_steps, o.weight_decay, o.eps)
 
     @classmethod
-    def task(cls, cfg: ExperimentConfig, steps: int) -> OptimPlan:
+    def task(cls, cfg: ExperimentConfig, steps: int) -> OptimSetup:
         """A fine-tuning phase's: ``finetune.lr``, a tenth of its ``steps`` of warm-up."""
         o = cfg.optim
         return cls(cfg.finetune.lr, steps, max(1, steps // 10), o.weight_decay, o.eps)
@@ -132,7 +134,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
         model: TaskModel,
         link: TeacherLink | None,
         stages: list[Stage],
-        optim: OptimPlan,
+        optim: OptimSetup,
     ) -> None:
         super().__init__()
         self.cfg, self.link = cfg, link
@@ -226,6 +228,9 @@ class TrainModule(pl.LightningModule, abc.ABC):
         if link.vocab is not None:
             with contextlib.nullcontext() if dual else torch.no_grad():
                 word = self.model.encoder.embeddings.word.weight  # (V_s, E_s)
+                assert isinstance(link.teacher, PretrainingModel), (
+                    "dual training reads a pre-trained teacher's MLM head"
+                )
                 mixed = link.vocab.teach(link.teacher, word, batch, trace, predict=pd, dual=dual)
             return None if mixed is None else TaskOutput(mixed.logits, mixed.valid, mixed.loss)
         with torch.no_grad():
@@ -257,7 +262,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
         return loss
 
     # -- stages ----------------------------------------------------------------------------
-    def set_stages(self, stages: list[Stage], optim: OptimPlan | None = None) -> None:
+    def set_stages(self, stages: list[Stage], optim: OptimSetup | None = None) -> None:
         """A new schedule (and optimizer plan) for the next fit (FastBERT's self-distillation)."""
         self.stages, self._stage = list(stages), None
         self.optim = optim or self.optim

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest
@@ -135,7 +136,7 @@ class _Mirrored(ModelCheckpoint):
 
 def callbacks(
     plan: Plan,
-    client: Any,
+    client: MlflowClient,
     run_id: str,
     on_resume: Callable[[int], None] | None = None,
     *,
@@ -172,7 +173,7 @@ def exists(path: str) -> bool:
     return bool(fs.exists(inner))
 
 
-def download(client: Any, run_id: str, folder: str, name: str = LAST) -> str | None:
+def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -> str | None:
     """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
@@ -183,7 +184,7 @@ def download(client: Any, run_id: str, folder: str, name: str = LAST) -> str | N
         return None
 
 
-def resume_path(plan: Plan | None, client: Any, run_id: str, name: str = LAST) -> str | None:
+def resume_path(plan: Plan | None, client: MlflowClient, run_id: str, name: str = LAST) -> str | None:
     """``name`` (``last.ckpt``, a phase's end) that an earlier attempt at this run's config left: in
     ``plan.folder``, else (with ``plan.mirror``) the newest one uploaded by a run of the experiment with
     the same config (the run itself, when it goes on from its own stopped attempt)."""
@@ -203,7 +204,7 @@ def resume_path(plan: Plan | None, client: Any, run_id: str, name: str = LAST) -
     return None
 
 
-def resumable(client: Any, run_id: str) -> bool:
+def resumable(client: MlflowClient, run_id: str) -> bool:
     """Whether run ``run_id`` left a ``last.ckpt`` that ``ablate train --resume`` can start from."""
     where = client.get_run(run_id).data.tags.get(WHERE)
     if where is None:
@@ -213,7 +214,7 @@ def resumable(client: Any, run_id: str) -> bool:
     return any(a.path == f"{ARTIFACTS}/{LAST}" for a in client.list_artifacts(run_id, ARTIFACTS))
 
 
-def run_checkpoint(client: Any, run_id: str, folder: str) -> str | None:
+def run_checkpoint(client: MlflowClient, run_id: str, folder: str) -> str | None:
     """``last.ckpt`` of the earlier run ``run_id`` (``ablate train --resume``): in the folder it
     was tagged with, or its uploaded artifact (downloaded into ``folder``)."""
     where = client.get_run(run_id).data.tags.get(WHERE)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -27,6 +27,7 @@ from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.interrupt import as_interrupted, signalled
 
 if TYPE_CHECKING:
+    from lightning.pytorch import LightningDataModule
     from lightning.pytorch.callbacks import Callback
 
 P = ParamSpec("P")
@@ -154,32 +155,39 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-Work = Callable[[ActiveRun], dict[str, float]]
-"""What a regime does inside its run once the run exists; its final metrics."""
+M = TypeVar("M")
+H = TypeVar("H")
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Prepared(Generic[M, H]):
     """A run made ready before it exists: everything checked and loaded, nothing recorded yet.
 
     Attributes:
         cfg: the config the run logs (a source's architecture, a teacher's resolved settings).
-        work: what it does inside the run.
+        materials: what its phases and finishers work on (module, source, ...), loaded.
+        handed: what its first phase is handed (its regime's starting value).
+        data: the data its fits read.
         tokenizer: the tokenizer file logged with it.
         tags: tags its regime adds (the teacher's or source's run).
         inputs: metrics logged at step 0 (parameter counts, FLOPs, latency).
         params: params its regime adds (where latency was measured).
+        begin: what the run does first, once it exists (its baselines; told whether it goes on from an
+            earlier attempt, which logged them already).
     """
 
     cfg: ExperimentConfig
-    work: Work
+    materials: M
+    handed: H
+    data: LightningDataModule
     tokenizer: Path | None
     tags: Mapping[str, str] = field(default_factory=dict)
     inputs: Mapping[str, float] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
+    begin: Callable[[ActiveRun, bool], None] | None = None
 
 
-Prepare = Callable[[ExperimentConfig, RunContext, str, ExitStack], Prepared]
+Prepare = Callable[[ExperimentConfig, RunContext, str, ExitStack], Prepared[Any, Any]]
 """A regime's preparation: its config, context, the resolved store and a stack for what must
 outlive the preparation (temporary folders), closed when the run has ended."""
 

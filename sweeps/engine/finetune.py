@@ -5,10 +5,9 @@ fine-tuning with early stopping, then FastBERT's exits and Q-BERT's QAT as the c
 
 from __future__ import annotations
 
-import copy
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,16 +29,19 @@ from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.measure.accounting import stored_bytes
 from ablate.lightning_modules.methods.finetune import FinetuneModule, task_distill_module
 from ablate.lightning_modules.methods.finetune import task_loss as loss_of
-from ablate.lightning_modules.methods.quantization.apply import check_quantizable, convert_weight_qat, prepare_qat
+from ablate.lightning_modules.methods.quantization.apply import check_quantizable, prepare_qat
 from ablate.lightning_modules.methods.span import span_loss
-from ablate.lightning_modules.methods.train_module import OptimPlan
+from ablate.lightning_modules.methods.train_module import OptimSetup
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.span import SpanModel
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.exits import exit_curve, used_at
 from ablate.sweeps.engine.inputs import task_workers
-from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.phases import Finisher, Leaving, Metrics, Phase, RunPlan
 from ablate.sweeps.engine.predictions import predictions_finisher
-from ablate.sweeps.engine.quant import QuantPlan, planned, quantize_and_score, validate
+from ablate.sweeps.engine.quant import BitAllocation, QuantDone, after_qat, qat_plan, quantize_and_score, validate
+from ablate.sweeps.engine.rescore import scoring_module
 from ablate.sweeps.engine.sources import Source, check_same_tokenizer, load_classifier_source, load_source
 from ablate.sweeps.engine.span import span_data, span_latency, span_module
 
@@ -60,7 +62,7 @@ def quantize_classifier(
     data: ClassificationDataModule | SquadDataModule,
     fp32: float,
     run: ActiveRun | None = None,
-    done: tuple[nn.Module, QuantPlan] | None = None,
+    done: QuantDone | None = None,
 ) -> dict[str, float]:
     """``module``'s fine-tuned classifier quantized and scored (:func:`~ablate.sweeps.engine.quant.
     quantize_and_score`; its layers ranked by the task's loss) on the dev set on the CPU, beside the float
@@ -68,11 +70,7 @@ def quantize_classifier(
     f = cfg.finetune
 
     def score(quantized: nn.Module) -> dict[str, float]:
-        float_model, module.model = module.model, quantized  # the same dev metrics, on the quantized classifier
-        try:
-            scores = validate(module, cfg, data)
-        finally:
-            module.model = float_model  # the run leaves its float weights (the weights finisher logs them)
+        scores = validate(scoring_module(cfg, quantized), cfg, data)  # the same dev metrics, on the quantized model
         return {
             f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"],
             f"{f.task}/fp32_{f.metric}": fp32,
@@ -122,7 +120,9 @@ def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> t
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
-def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+def prepare_finetune(
+    cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack
+) -> Prepared[FinetuneRun, Tuned]:
     """A run fine-tuning ``finetune.source`` on ``finetune.train``, prepared.
 
     The source, the teacher, the augmenting masked LM, their tokenizers and the task's data are
@@ -173,21 +173,22 @@ def prepare_finetune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: Ex
         data.setup("fit")
     check_quantizable(module.model, cfg.quant, "the classifier")
     if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
-        module.model = prepare_qat(module.model)
+        prepare_qat(module.model)  # in place
 
-    def work(run: ActiveRun) -> dict[str, float]:
-        m = FinetuneRun(cfg, module, data, source.tokenizer, run)
-        if ctx.reopen is None:  # the baselines, at step 0 (not again when the run goes on)
-            run.log(m.baseline)
+    def begin(run: ActiveRun, going_on: bool) -> None:
+        if not going_on:  # the baselines, at step 0 (not again when the run goes on)
+            run.log(baseline(cfg.finetune, data))
             if data.augment_sample is not None:
                 run.text(data.augment_sample, AUGMENT_SAMPLE)
-        return execute(finetune_plan(cfg, m.steps_per_epoch), m, cfg, data, run, ctx)
 
     return Prepared(
         cfg=cfg,
-        work=work,
+        materials=FinetuneRun(cfg, module, data, source.tokenizer),
+        handed=Tuned(),
+        data=data,
         tokenizer=source.tokenizer,
         tags={tracking.SOURCE: source.run_id or source.source, **module_tags},
+        begin=begin,
     )
 
 
@@ -204,41 +205,42 @@ class StoppedEarly(Callback):
             trainer.should_stop = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class FinetuneRun:
-    """A fine-tuning run's materials: its module (the classifier, its teacher and exits), data and tokenizer.
-
-    Attributes:
-        best: the fine-tuning phase's best ``finetune.metric`` (the kept weights').
-        kept: every dev metric at that validation, as ``<dev set>/best_<metric>``.
-        done: after Q-BERT's QAT, the classifier quantized as it trained and its plan.
-    """
+    """A fine-tuning run's materials: its module (the classifier, its teacher and exits), data and tokenizer."""
 
     cfg: ExperimentConfig
     module: FinetuneModule
     data: ClassificationDataModule | SquadDataModule
     tokenizer: Path | None
-    run: ActiveRun | None = None
-    best: float = float("nan")
-    kept: dict[str, float] = field(default_factory=dict)
-    plan: QuantPlan | None = None
-    done: tuple[nn.Module, QuantPlan] | None = None
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return max(1, len(self.data.train_dataloader()))
-
-    @property
-    def baseline(self) -> dict[str, float]:
-        """The training set's size and the majority class's accuracy (None for regression) to compare against."""
-        f = self.cfg.finetune
-        out = {f"{f.task}/train_examples": float(self.data.num_train)}
-        if self.data.majority_accuracy is not None:
-            out[f"{f.task}/majority_accuracy"] = self.data.majority_accuracy
-        return out
-
-    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+    def leaving(self, handed: Tuned) -> Leaving:
         return self.module.model, self.cfg, self.tokenizer
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What a fine-tuning run's phases hand on.
+
+    Attributes:
+        best: the fine-tuning phase's best ``finetune.metric`` (the kept weights').
+        kept: every dev metric at that validation, as ``<dev set>/best_<metric>``.
+        qat: Q-BERT's plan (bits per layer) for the quantization-aware phase.
+        done: after that phase, the classifier quantized as it trained and its plan.
+    """
+
+    best: float = float("nan")
+    kept: Mapping[str, float] = field(default_factory=dict)
+    qat: BitAllocation | None = None
+    done: QuantDone | None = None
+
+
+def baseline(f: FinetuneConfig, data: ClassificationDataModule | SquadDataModule) -> Metrics:
+    """The training set's size and the majority class's accuracy (None for regression) to compare against."""
+    out = {f"{f.task}/train_examples": float(data.num_train)}
+    if data.majority_accuracy is not None:
+        out[f"{f.task}/majority_accuracy"] = data.majority_accuracy
+    return out
 
 
 def _early_stopping(f: FinetuneConfig) -> Callable[[], list[Callback]]:
@@ -252,131 +254,146 @@ def _early_stopping(f: FinetuneConfig) -> Callable[[], list[Callback]]:
     return callbacks
 
 
-def _tuned(m: FinetuneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+def _fine_tuning(m: FinetuneRun, h: Tuned, run: ActiveRun) -> tuple[pl.LightningModule, Tuned]:
+    return m.module, h
+
+
+def _tuned(m: FinetuneRun, h: Tuned, module: pl.LightningModule, metrics: Metrics) -> tuple[Tuned, Metrics]:
     """The model the run leaves: the best validation's weights (early stopping's choice)."""
     f = m.cfg.finetune
     m.module.restore_best()
-    m.best = m.module.best if m.module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
-    m.kept = {best_name(name): value for name, value in m.module.best_values.items()}
-    m.kept[f"{f.task}/best_{f.metric}"] = m.best
-    return {}
+    best = m.module.best if m.module.best is not None else metrics[f"{f.task}/best_{f.metric}"]
+    kept = {best_name(name): value for name, value in m.module.best_values.items()}
+    kept[f"{f.task}/best_{f.metric}"] = best
+    return replace(h, best=best, kept=kept), {}
 
 
-def _exits(m: FinetuneRun) -> pl.LightningModule:
+def _exits(m: FinetuneRun, h: Tuned, run: ActiveRun) -> tuple[pl.LightningModule, Tuned]:
     m.module.self_distillation()
-    return m.module
+    return m.module, h
 
 
-def _qat(m: FinetuneRun) -> pl.LightningModule:
+def _qat(m: FinetuneRun, h: Tuned, run: ActiveRun) -> tuple[pl.LightningModule, Tuned]:
     """Q-BERT: the plan on the fine-tuned classifier, then QAT at its bits."""
-    m.plan = planned(m.module.model, m.cfg, m.data, task_loss, m.run)
-    assert m.plan.plan is not None  # qat_steps is checked to come with a weight-only method
-    m.module.quantization_aware(m.plan.plan)
-    return m.module
+    plan = qat_plan(m.module.model, m.cfg, m.data, task_loss, run)
+    assert plan.layers is not None
+    m.module.quantization_aware(plan.layers)
+    return m.module, replace(h, qat=plan)
 
 
-def _quantized_after_qat(m: FinetuneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+def _after_qat(m: FinetuneRun, h: Tuned, module: pl.LightningModule, metrics: Metrics) -> tuple[Tuned, Metrics]:
     m.module.restore_best()  # the best validation of the quantization-aware phase
-    assert m.plan is not None and m.plan.plan is not None
-    m.done = (convert_weight_qat(copy.deepcopy(m.module.model), m.plan.plan, m.cfg.quant), m.plan)
-    return {}
+    return replace(h, done=after_qat(m.module.model, h.qat, m.cfg)), {}
 
 
-def _exit_curve(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _exit_curve(m: FinetuneRun, h: Tuned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     f = m.cfg.finetune
     run.phase("exit curve", f"early exit at {len(f.exit_speeds)} speeds on {m.data.num_validation} dev examples")
     assert isinstance(m.data, ClassificationDataModule), "a span task has no exits (refused by its config)"
+    assert isinstance(m.module.model, Classifier)
     return exit_curve(m.module.model, m.cfg, m.data, run, step)
 
 
-def _size(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _size(m: FinetuneRun, h: Tuned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     return {"model_bytes": float(stored_bytes(m.module.model))}  # the float classifier's
 
 
-def _quantized(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _quantized(m: FinetuneRun, h: Tuned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The classifier quantized as ``quant`` says, its dev score scored again (``quant/plan.csv``: its plan)."""
-    return quantize_classifier(m.module, m.cfg, m.data, m.best, run, m.done)
+    return quantize_classifier(m.module, m.cfg, m.data, h.best, run, h.done)
 
 
-def _latency(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _latency(m: FinetuneRun, h: Tuned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The classifier as it ships: timed at batch 1 on the CPU (at its early-exit speed)."""
     f = m.cfg.finetune
     at = "" if f.exit_at is None else f", early exit at speed {f.exit_at:g}"
     run.phase("latency", f"batch-1 latency on the CPU{at}")
     if isinstance(m.data, SquadDataModule):  # a span task's model, on its dev windows
+        assert isinstance(m.module.model, SpanModel)
         return span_latency(m.module.model, m.cfg, m.data)
+    assert isinstance(m.module.model, Classifier)
     return used_at(m.module.model, m.cfg, m.data)
 
 
-def _summary(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _summary(m: FinetuneRun, h: Tuned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The run's final values, logged at its last step: the kept model's dev metrics, its size, latency."""
     f = m.cfg.finetune
-    out = {**m.kept, **m.baseline}
+    out = {**h.kept, **baseline(f, m.data)}
     final = f"{f.task}/final_{f.metric}"  # the quantized classifier's or the early exit's where a finisher scored it
-    out[final] = metrics.get(final, m.best)
+    out[final] = metrics.get(final, h.best)
     merged = {**metrics, **out}
     logged = (f"{f.task}/final_{f.metric}", f"{f.task}/fp32_{f.metric}", "model_bytes", "quant/avg_bits")
-    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *m.kept)
+    keys = (*logged, f"{f.task}/latency_ms", f"{f.task}/exit_layers", *h.kept)
     run.log({key: merged[key] for key in keys if key in merged}, step=step)
     return out
 
 
-def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> RunPlan[FinetuneRun]:
+def finetune_plan(cfg: ExperimentConfig) -> RunPlan[FinetuneRun, Tuned]:
     """Fine-tuning with early stopping (a task distillation's stages in its schedule), then FastBERT's
     self-distillation of the exits and Q-BERT's quantization-aware phase as the config says; the exit
-    curve, the quantized classifier scored again, the latency, the summary and the weights."""
+    curve, the quantized classifier scored again, the latency, the summary and the predictions."""
     f, q = cfg.finetune, cfg.quant
-    val_every = min(f.val_every, steps_per_epoch or f.val_every)
     teacher = "" if cfg.distill.teacher is None else f", distilled from distill.teacher ({cfg.distill.strategy})"
     detail = f"{f.task}{teacher}, early stopping on {f.task}/{f.metric}"
     how = "new module (the source's encoder, a new classifier)"
-    phases: list[Phase[FinetuneRun]] = [
+    optim = OptimSetup.task(cfg, f.max_steps).describe()
+    phases: list[Phase[FinetuneRun, Tuned]] = [
         Phase(
             "fine-tuning",
             f.max_steps,
-            lambda m: m.module,
+            _fine_tuning,
             how,
             detail,
             callbacks=_early_stopping(f),
-            val_every=val_every,
+            val_every=f.val_every,
+            within_epoch=True,
             val_batches=1.0,
             monitor=None,
-            optim=OptimPlan.task(cfg, f.max_steps).describe(),
+            optim=optim,
             ended=_tuned,
         ),
     ]
     if f.exits and f.exit_steps > 0:  # FastBERT: the exits learn from the final classifier
+        how, optim = "same module, new stages (only the exits train)", OptimSetup.task(cfg, f.exit_steps).describe()
         phases.append(
             Phase(
                 "exits",
                 f.exit_steps,
                 _exits,
-                "same module, new stages (only the exits train)",
+                how,
                 "FastBERT's self-distillation",
                 callbacks=list,
                 val_every=f.exit_steps,
                 val_batches=0,
                 monitor=None,
-                optim=OptimPlan.task(cfg, f.exit_steps).describe(),
+                optim=optim,
             )
         )
     if q.qat_steps:
+        how = "same module, new stages (fake-quantized at the plan's bits)"
+        optim = OptimSetup.task(cfg, q.qat_steps).describe()
         phases.append(
             Phase(
                 "QAT",
                 q.qat_steps,
                 _qat,
-                "same module, new stages (fake-quantized at the plan's bits)",
+                how,
                 q.method,
                 callbacks=list,
                 val_every=min(f.val_every, q.qat_steps),
                 val_batches=1.0,
                 monitor=None,
-                optim=OptimPlan.task(cfg, q.qat_steps).describe(),
-                ended=_quantized_after_qat,
+                optim=optim,
+                ended=_after_qat,
             )
         )
-    finishers: list[Finisher[FinetuneRun]] = []
+    return RunPlan(phases, _finishers(cfg))
+
+
+def _finishers(cfg: ExperimentConfig) -> list[Finisher[FinetuneRun, Tuned]]:
+    """The exit curve, size, quantized score, latency, summary and predictions, as ``cfg`` asks."""
+    f, q = cfg.finetune, cfg.quant
+    finishers: list[Finisher[FinetuneRun, Tuned]] = []
     if f.exits:
         finishers.append(
             Finisher("exit curve", f"early exit at {len(f.exit_speeds)} speeds on the dev set", _exit_curve)
@@ -388,4 +405,4 @@ def finetune_plan(cfg: ExperimentConfig, steps_per_epoch: int | None = None) -> 
         finishers.append(Finisher("latency", "batch-1 latency on the CPU", _latency))
     finishers.append(Finisher("summary", "the kept model's dev metrics, logged at the last step", _summary))
     finishers.append(predictions_finisher(f))
-    return RunPlan(phases, [*finishers, weights_finisher()])
+    return finishers

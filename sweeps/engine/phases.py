@@ -15,24 +15,32 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.sweeps.engine.context import ActiveRun, RunContext
+from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.phase_store import PhaseStore
-from ablate.sweeps.engine.trainer import ValidateAtEnd, build_trainer, fit, run_logger
+from ablate.sweeps.engine.trainer import RunLogger, ValidateAtEnd, build_trainer, run_logger
+from ablate.sweeps.engine.trainer import fit as _fit
 from ablate.sweeps.engine.weights import log_weights
 
-
-class Leaves(Protocol):
-    """Materials whose run leaves a model: the weights finisher logs what ``leaving`` returns."""
-
-    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
-        """The model as the phases left it, the config that builds it, the tokenizer (None: the run's own)."""
-        ...
-
-
 M = TypeVar("M")
-"""A regime's materials: what its phases and finishers work on."""
+"""A regime's materials: what its preparation loaded (module, data, source), the same for the whole run."""
+H = TypeVar("H")
+"""What a regime's phases hand on: a frozen value each phase may replace (``ended``), read by the next
+phase and by the finishers as an argument."""
 
 Metrics = dict[str, float]
+Leaving = tuple[nn.Module, ExperimentConfig, Path | None]
+"""The model a run leaves, the config that builds it and its tokenizer (None: the run's own)."""
+
+
+H_in = TypeVar("H_in", contravariant=True)
+
+
+class Leaves(Protocol[H_in]):
+    """Materials whose run leaves a model: the weights finisher logs what ``leaving`` returns."""
+
+    def leaving(self, handed: H_in, /) -> Leaving:
+        """The model as the phases left it (``handed``: what the last of them handed on)."""
+        ...
 
 
 def at_end() -> list[Callback]:
@@ -41,52 +49,59 @@ def at_end() -> list[Callback]:
 
 
 @dataclass(frozen=True)
-class Phase(Generic[M]):
+class Phase(Generic[M, H]):
     """One fit of a run.
 
     Attributes:
         name: said as the run's phase (``ablate.phase``) and printed by ``--print-plan``.
         steps: its optimizer steps (at most: early stopping may end it sooner).
-        module: how its module is prepared from the materials (``how`` says which kind).
+        module: its module, made in the run from the materials and what the phases before handed on
+            (which it may add to: a QAT phase's plan); ``how`` says which kind.
         how: ``new module`` or ``same module, new stages``: what ``--print-plan`` shows.
         detail: what the status line adds (task, method, bits).
         callbacks: its own callbacks (the run context's come beside them).
         val_every: validate every so many steps (None: ``trainer.val_every``).
+        within_epoch: ``val_every`` at most the steps of one pass over the training set (a task's).
         val_batches: validation batches (None: ``trainer.val_batches``; 1.0: the whole dev set).
         monitor: the metric ``best.ckpt`` keeps the lowest of (None: none kept).
         optim: its optimizer plan, as ``--print-plan`` shows it (the module's own, from the same function).
-        ended: what the phase hands on once its fit has ended (or been restored); the metrics it returns
-            are logged at the phase's last step (once: not again when a retry restores the phase).
+        ended: what the phase hands on once its fit has ended (or been restored), and metrics logged at the
+            phase's last step (once: not again when a retry restores the phase).
     """
 
     name: str
     steps: int
-    module: Callable[[M], pl.LightningModule]
+    module: Callable[[M, H, ActiveRun], tuple[pl.LightningModule, H]]
     how: str = "new module"
     detail: str = ""
     callbacks: Callable[[], list[Callback]] = at_end
     val_every: int | None = None
+    within_epoch: bool = False
     val_batches: int | float | None = None
     monitor: str | None = "val/loss"
     optim: str = ""
-    ended: Callable[[M, pl.LightningModule, Metrics], Metrics] | None = None
+    ended: Callable[[M, H, pl.LightningModule, Metrics], tuple[H, Metrics]] | None = None
 
 
 @dataclass(frozen=True)
-class Finisher(Generic[M]):
-    """What runs after the phases: ``work(materials, run, step, metrics)`` returns metrics to add."""
+class Finisher(Generic[M, H]):
+    """What runs after the phases: ``work(materials, handed, run, step, metrics)`` returns metrics to add."""
 
     name: str
     detail: str
-    work: Callable[[M, ActiveRun, int, Metrics], Metrics]
+    work: Callable[[M, H, ActiveRun, int, Metrics], Metrics]
 
 
 @dataclass(frozen=True)
-class RunPlan(Generic[M]):
+class RunPlan(Generic[M, H]):
     """A run's phases and finishers, as its config makes them."""
 
-    phases: Sequence[Phase[M]]
-    finishers: Sequence[Finisher[M]] = field(default_factory=tuple)
+    phases: Sequence[Phase[M, H]]
+    finishers: Sequence[Finisher[M, H]] = field(default_factory=tuple)
+
+    def then(self, finisher: Finisher[M, H]) -> RunPlan[M, H]:
+        """This plan with ``finisher`` last."""
+        return RunPlan(self.phases, (*self.finishers, finisher))
 
     def describe(self) -> str:
         """The plan as ``ablate train --print-plan`` prints it: a numbered line per phase, then the finishers."""
@@ -99,86 +114,99 @@ class RunPlan(Generic[M]):
         return "\n".join(lines)
 
 
-def _log_weights(m: Leaves, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
-    model, cfg, tokenizer = m.leaving()
+def _log_weights(m: Leaves[H], handed: H, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
+    model, cfg, tokenizer = m.leaving(handed)
     log_weights(run.client, run.run_id, model, cfg, tokenizer=tokenizer)
     return {}
 
 
-def weights_finisher() -> Finisher[Any]:
-    """Every run's last finisher, the one rule for where weights are logged: the model as the phases
-    left it (after a QAT phase, its trained float weights; quantization is redone from them and the
-    config), its config and tokenizer, as the run's ``model/`` artifacts (what ``ablate export`` reads,
-    what a later run starts from or learns from)."""
+def weights_finisher() -> Finisher[Leaves[H], H]:
+    """Every run's last finisher (the runner's), the one rule for where weights are logged: the model as
+    the phases left it (after a QAT phase, its trained float weights; quantization is redone from them
+    and the config), its config and tokenizer, as the run's ``model/`` artifacts (what ``ablate export``
+    reads, what a later run starts from or learns from)."""
     return Finisher(
         "weights", "the model as the phases left it, its config and tokenizer as model/ artifacts", _log_weights
     )
 
 
-def execute(
-    plan: RunPlan[M],
-    materials: M,
-    cfg: ExperimentConfig,
-    data: pl.LightningDataModule,
-    run: ActiveRun,
-    ctx: RunContext,
-) -> Metrics:
-    """Run ``plan`` inside ``run``: its phases in turn on one step counter, with the run context's
-    callbacks, clocks and checkpoints in each (resuming from what an earlier attempt left), then its
-    finishers, each timed as ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics."""
+def execute(plan: RunPlan[M, H], ready: Prepared[M, H], run: ActiveRun, ctx: RunContext) -> Metrics:
+    """Run ``plan`` inside ``run`` on what ``ready`` loaded: its phases in turn on one step counter, each
+    given what the one before handed on, with the run context's callbacks, clocks and checkpoints in
+    each (resuming from what an earlier attempt left), then its finishers, each timed as
+    ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics."""
     logger = run_logger(run.uri, run.run_id, synchronous=False)
     store = PhaseStore.of(ctx, run)
     done, partial = store.resume_point(len(plan.phases))
+    materials, handed, cfg = ready.materials, ready.handed, ready.cfg
     step, metrics = 0, Metrics()
     for index, phase in enumerate(plan.phases):
-        module = phase.module(materials)
+        module, handed = phase.module(materials, handed, run)
         if index < done:  # ended in an earlier attempt: its state, not its training
             ended_at, got = store.restore(index, module)
         else:
             start = partial if index == done else None
             logger.offset = step
-            ended_at, got = _fit_phase(cfg, phase, index, module, data, run, ctx, store, logger, start)
+            fit = PhaseFit(phase, index, module, start)
+            ended_at, got = _fit_phase(cfg, fit, ready.data, run, ctx, store, logger)
         metrics.update(got)
         if phase.ended is not None:  # what it hands on; what it returns is logged where it ended, once
-            handed = phase.ended(materials, module, metrics)
-            if handed and index >= done:
-                run.log(handed, step=step + ended_at)
-            metrics.update(handed)
+            handed, said = phase.ended(materials, handed, module, metrics)
+            if said and index >= done:
+                run.log(said, step=step + ended_at)
+            metrics.update(said)
         step += ended_at
     for finisher in plan.finishers:
         with ctx.timing(f"finisher:{finisher.name}"):
-            metrics.update(finisher.work(materials, run, step, metrics))
+            metrics.update(finisher.work(materials, handed, run, step, metrics))
     return metrics
+
+
+@dataclass(frozen=True)
+class PhaseFit:
+    """One phase about to be fitted: the phase, its index in the plan, its module and the ``last.ckpt``
+    it goes on from (None: from its start)."""
+
+    phase: Phase[Any, Any]
+    index: int
+    module: pl.LightningModule
+    start: str | None
+
+
+def _epoch_steps(data: pl.LightningDataModule) -> int:
+    """The batches of one pass over ``data``'s training set."""
+    return max(1, len(data.train_dataloader()))
 
 
 def _fit_phase(
     cfg: ExperimentConfig,
-    phase: Phase[Any],
-    index: int,
-    module: pl.LightningModule,
+    fit: PhaseFit,
     data: pl.LightningDataModule,
     run: ActiveRun,
     ctx: RunContext,
     store: PhaseStore,
-    logger: Any,
-    start: str | None,
+    logger: RunLogger,
 ) -> tuple[int, Metrics]:
-    """Fit phase ``index`` (from ``start``, a ``last.ckpt`` of it, when given); the steps it ended at
-    and its final metrics, kept as its ``phase-<index>.ckpt``."""
+    """Fit one phase (from its ``last.ckpt``, when given); the steps it ended at and its final metrics,
+    kept as its ``phase-<index>.ckpt``."""
+    phase, index, module, start = fit.phase, fit.index, fit.module, fit.start
     saving = store.callbacks(index, phase.monitor, start)
     callbacks = [*phase.callbacks(), *ctx.callbacks, *ctx.clocks, *saving]
+    val_every = phase.val_every
+    if phase.within_epoch:
+        val_every = min(val_every or cfg.trainer.val_every, _epoch_steps(data))
     trainer = build_trainer(
         cfg,
         logger,
         callbacks,
         max_steps=phase.steps,
-        val_every=phase.val_every,
+        val_every=val_every,
         val_batches=phase.val_batches,
         checkpointing=bool(saving),
     )
     resumed = f", from {start}" if start else ""
     run.phase(phase.name, f"{phase.detail}{', ' if phase.detail else ''}{phase.steps} steps{resumed}")
-    got = fit(trainer, module, data, ckpt_path=start)
+    got = _fit(trainer, module, data, start)
     if start and phase.monitor is not None and phase.monitor not in got:
         # resumed from the checkpoint of a phase that had trained to its end: nothing trained, nothing
         # validated; the run still logs the phase's final validation, as the first attempt did

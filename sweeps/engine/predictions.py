@@ -75,7 +75,9 @@ def _span_files(m: FinetuneRun, folder: Path) -> list[str]:
     return []
 
 
-def log_predictions(m: FinetuneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def log_predictions(
+    m: FinetuneRun, handed: object, run: ActiveRun, step: int, metrics: dict[str, float]
+) -> dict[str, float]:
     """The finisher: the kept model's dev predictions as the run's ``predictions/`` artifacts."""
     with tempfile.TemporaryDirectory(prefix="ablate-predictions-") as tmp:
         folder = Path(tmp)
@@ -96,9 +98,10 @@ def written_names(f: FinetuneConfig) -> list[str]:
 
 
 R = TypeVar("R", bound=FinetuneRun)
+H = TypeVar("H")
 
 
-def predictions_finisher(f: FinetuneConfig) -> Finisher[R]:
+def predictions_finisher(f: FinetuneConfig) -> Finisher[R, H]:
     """The finisher a fine-tuning run of task ``f`` logs its dev predictions with."""
     return Finisher(
         "predictions",

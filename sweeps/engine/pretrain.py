@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch import nn
+import lightning.pytorch as pl
 
 from ablate.datamodules.pretrain import PretrainDataModule, probe_streams
 from ablate.lightning_modules.config.distill import DistillConfig, schedule
@@ -19,11 +19,11 @@ from ablate.lightning_modules.measure.measuring import placed, training_device
 from ablate.lightning_modules.methods.pretrain import PretrainModule, distill_module
 from ablate.lightning_modules.methods.probe import intrinsic_eval
 from ablate.lightning_modules.methods.quantization.apply import check_quantizable
-from ablate.lightning_modules.methods.train_module import OptimPlan
+from ablate.lightning_modules.methods.train_module import OptimSetup
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import corpus, student, tokenizer_of
-from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.phases import Finisher, Leaving, Phase, RunPlan
 from ablate.sweeps.engine.quant import quantize_and_log
 from ablate.sweeps.engine.sources import load_source, student_vocabulary
 
@@ -38,11 +38,15 @@ class PretrainRun:
     module: PretrainModule
     data: PretrainDataModule
 
-    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+    def leaving(self, handed: None) -> Leaving:
         return self.module.model, self.module.cfg, self.data.tokenizer_path
 
 
-def _probes(m: PretrainRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _module(m: PretrainRun, handed: None, run: ActiveRun) -> tuple[pl.LightningModule, None]:
+    return m.module, None
+
+
+def _probes(m: PretrainRun, handed: None, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
     """The same probes for every model, whatever its own objective; eager, on the training device
     (Lightning hands the model back on the CPU after a fit)."""
     cfg = m.module.cfg
@@ -54,7 +58,7 @@ def _probes(m: PretrainRun, run: ActiveRun, step: int, metrics: dict[str, float]
     return scores
 
 
-def _quantized(m: PretrainRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _quantized(m: PretrainRun, handed: None, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
     """The trained model, quantized: its metrics become the run's."""
     return quantize_and_log(m.module.model, m.module.cfg, m.data, run, step, metrics)
 
@@ -65,22 +69,22 @@ def stages_detail(d: DistillConfig, layers: int, steps: int, field: str = "train
     return f"strategy {d.strategy}: " + ", ".join(f"{s.name} {s.start}-{s.end}" for s in stages)
 
 
-def pretrain_plan(cfg: ExperimentConfig) -> RunPlan[PretrainRun]:
+def pretrain_plan(cfg: ExperimentConfig) -> RunPlan[PretrainRun, None]:
     """One fit of ``trainer.max_steps`` (a distillation's stages are its schedule's), then the probes
-    (``trainer.intrinsic``), the quantized model scored (``quant.method``) and the weights."""
+    (``trainer.intrinsic``) and the quantized model scored (``quant.method``)."""
     regime = cfg.regime or "pretrain"
     how = "new module" + (" (int8 fake-quantized from the first step)" if cfg.quant.method == "qat-int8" else "")
     detail = stages_detail(cfg.distill, cfg.model.num_layers, cfg.trainer.max_steps) if regime == "distill" else ""
-    optim = OptimPlan.pretraining(cfg, cfg.trainer.max_steps).describe()
-    phase = Phase[PretrainRun](PHASES[regime], cfg.trainer.max_steps, lambda m: m.module, how, detail, optim=optim)
-    finishers: list[Finisher[PretrainRun]] = []
+    optim = OptimSetup.pretraining(cfg, cfg.trainer.max_steps).describe()
+    phase = Phase[PretrainRun, None](PHASES[regime], cfg.trainer.max_steps, _module, how, detail, optim=optim)
+    finishers: list[Finisher[PretrainRun, None]] = []
     if cfg.trainer.intrinsic:
         finishers.append(Finisher("probes", "MLM, NSP and SOP probes on the frozen encoder", _probes))
     if cfg.quant.enabled:
         finishers.append(
             Finisher("quantize and score", f"{cfg.quant.method}, held-out MLM metrics on the CPU", _quantized)
         )
-    return RunPlan([phase], [*finishers, weights_finisher()])
+    return RunPlan([phase], finishers)
 
 
 def vocabulary_metrics(module: PretrainModule) -> dict[str, float]:
@@ -90,17 +94,20 @@ def vocabulary_metrics(module: PretrainModule) -> dict[str, float]:
     return {} if bridge is None else {"distill/vocab_coverage": bridge.coverage}
 
 
-def _prepared(module: PretrainModule, data: PretrainDataModule, ctx: RunContext, tags: dict[str, str]) -> Prepared:
+def _prepared(
+    module: PretrainModule, data: PretrainDataModule, ctx: RunContext, tags: dict[str, str]
+) -> Prepared[PretrainRun, None]:
     """A pre-training module fitted in the run: its counts and latency measured first."""
     cfg = module.cfg  # a distillation's: distill.mix_prob and dual_weight resolved against its teacher
     check_quantizable(module.model, cfg.quant, "the model")
     inputs, measured_on = ctx.measure(cached_counts, module.model, cfg.model, cfg)
     if cfg.trainer.compile:  # graphs kept under the tracking root (fine-tuning's too)
         tracking.compile_cache(cfg.tracking.root)
-    materials = PretrainRun(module, data)
     return Prepared(
         cfg=cfg,
-        work=lambda run: execute(pretrain_plan(cfg), materials, cfg, data, run, ctx),
+        materials=PretrainRun(module, data),
+        handed=None,
+        data=data,
         tokenizer=tokenizer_of(data),
         tags=tags,
         inputs={**inputs, **vocabulary_metrics(module)},
@@ -108,13 +115,13 @@ def _prepared(module: PretrainModule, data: PretrainDataModule, ctx: RunContext,
     )
 
 
-def prepare_pretrain(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+def prepare_pretrain(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[PretrainRun, None]:
     """Pre-training (MLM, and SOP/NSP when set) from random weights or ``init_from``."""
     data = corpus(cfg)
     return _prepared(PretrainModule(cfg, student(cfg, tokenizer_of(data))), data, ctx, {})
 
 
-def prepare_distill(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+def prepare_distill(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[PretrainRun, None]:
     """Pre-training distillation from ``distill.teacher``, tagged with the teacher's run."""
     data = corpus(cfg)
     tokenizer = tokenizer_of(data)

@@ -8,10 +8,8 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 import lightning.pytorch as pl
-from torch import nn
 
 from ablate.datamodules.pretrain import PretrainDataModule
 from ablate.lightning_modules.config.errors import ConfigError
@@ -20,16 +18,16 @@ from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.methods.prune import PruneModule
 from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.methods.pruning.schubert import Pruning, dims_markdown, dims_table
-from ablate.lightning_modules.methods.train_module import OptimPlan
+from ablate.lightning_modules.methods.train_module import OptimSetup
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
-from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.phases import Finisher, Leaving, Metrics, Phase, RunPlan
 from ablate.sweeps.engine.quant import quantize_and_log
 from ablate.sweeps.engine.sources import Source
 
 
-@dataclass
+@dataclass(frozen=True)
 class PruneRun:
     """A pruning run's materials: the pruning under way and the corpus."""
 
@@ -41,29 +39,29 @@ class PruneRun:
         """The run's config with the model's shape now."""
         return dataclasses.replace(self.pruning.cfg, model=self.pruning.shape)
 
-    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+    def leaving(self, handed: None) -> Leaving:
         return self.pruning.model, self.cfg, None
 
 
-def _gates(m: PruneRun) -> pl.LightningModule:
-    return m.pruning.gates()
+def _gates(m: PruneRun, handed: None, run: ActiveRun) -> tuple[pl.LightningModule, None]:
+    return m.pruning.gates(), None
 
 
-def _cut(round_: int) -> Callable[[PruneRun, pl.LightningModule, dict[str, float]], dict[str, float]]:
+def _cut(round_: int) -> Callable[[PruneRun, None, pl.LightningModule, Metrics], tuple[None, Metrics]]:
     """When round ``round_``'s gates have trained: the cut, and the parameters left (logged there)."""
 
-    def cut(m: PruneRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
+    def cut(m: PruneRun, handed: None, module: pl.LightningModule, metrics: Metrics) -> tuple[None, Metrics]:
         assert isinstance(module, PruneModule)
-        return {"prune/params": float(m.pruning.cut(module, round_))}
+        return None, {"prune/params": float(m.pruning.cut(module, round_))}
 
     return cut
 
 
-def _retraining(m: PruneRun) -> pl.LightningModule:
-    return m.pruning.retraining()
+def _retraining(m: PruneRun, handed: None, run: ActiveRun) -> tuple[pl.LightningModule, None]:
+    return m.pruning.retraining(), None
 
 
-def _shape(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _shape(m: PruneRun, handed: None, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The pruned shape: its counts and latency, the per-layer table, the layers as a tag and a param."""
     cfg = m.cfg
     new_cfg = cfg.model
@@ -83,18 +81,18 @@ def _shape(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) ->
     return {}
 
 
-def _quantized(m: PruneRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _quantized(m: PruneRun, handed: None, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The pruned model, quantized."""
     return quantize_and_log(m.pruning.model, m.cfg, m.data, run, step, metrics)
 
 
-def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun]:
+def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun, None]:
     """schuBERT: ``prune.rounds`` x (gates for ``prune.gate_steps``, cut; re-training for
     ``prune.finetune_steps``); a baseline: one cut, re-training for rounds x finetune_steps. Then the
-    pruned shape, the quantized model (``quant.method``) and the weights."""
+    pruned shape and the quantized model (``quant.method``)."""
     p = cfg.prune
-    optim = OptimPlan.pretraining(cfg, cfg.trainer.max_steps).describe()  # the re-training module's
-    phases: list[Phase[PruneRun]] = []
+    optim = OptimSetup.pretraining(cfg, cfg.trainer.max_steps).describe()  # the re-training module's
+    phases: list[Phase[PruneRun, None]] = []
     if p.method.startswith("schubert"):  # the gated methods (VARIANTS of methods/pruning/keep.py)
         for r in range(p.rounds):
             at = f"{r + 1}/{p.rounds}"
@@ -108,32 +106,33 @@ def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun]:
         how = f"new module ({p.method}: cut at once)"
         phases.append(Phase("re-training", p.rounds * p.finetune_steps, _retraining, how, optim=optim))
     finishers = [
-        Finisher[PruneRun]("pruned shape", "counts, latency and the per-layer table of the pruned model", _shape)
+        Finisher[PruneRun, None]("pruned shape", "counts, latency and the per-layer table of the pruned model", _shape)
     ]
     if cfg.quant.enabled:
         finishers.append(
             Finisher("quantize and score", f"{cfg.quant.method}, held-out MLM metrics on the CPU", _quantized)
         )
-    return RunPlan(phases, [*finishers, weights_finisher()])
+    return RunPlan(phases, finishers)
 
 
-def _start(m: PruneRun, run: ActiveRun, source: Source, ctx: RunContext) -> None:
-    """What the run logs at step 0 (not again when it goes on from an earlier attempt)."""
-    if ctx.reopen is not None:
-        return
-    before, _ = ctx.measure(cached_counts, source.model, source.model_cfg, m.pruning.cfg)  # training device
-    run.log({f"source/{key}": float(value) for key, value in before.items()})
-    run.log({"prune/params": float(m.pruning.start)})
+def _begin(m: PruneRun, source: Source, ctx: RunContext) -> Callable[[ActiveRun, bool], None]:
+    """What the run does first: a baseline cuts to the target at once, before its re-training; the
+    source's counts and the parameters are logged at step 0 (not again when the run goes on)."""
+
+    def begin(run: ActiveRun, going_on: bool) -> None:
+        if not going_on:
+            before, _ = ctx.measure(cached_counts, source.model, source.model_cfg, m.pruning.cfg)  # training device
+            run.log({f"source/{key}": float(value) for key, value in before.items()})
+            run.log({"prune/params": float(m.pruning.start)})
+        if not m.pruning.gated:
+            now = m.pruning.cut_once()
+            if not going_on:
+                run.log({"prune/params": float(now)})
+
+    return begin
 
 
-def _baseline_cut(m: PruneRun, run: ActiveRun, ctx: RunContext) -> None:
-    """A baseline's cut to the target at once, before its re-training (logged once, at step 0)."""
-    now = m.pruning.cut_once()
-    if ctx.reopen is None:
-        run.log({"prune/params": float(now)})
-
-
-def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[PruneRun, None]:
     """Pruning ``prune.source`` as ``prune.method`` says."""
     data = corpus(cfg)
     tokenizer = tokenizer_of(data)
@@ -143,12 +142,13 @@ def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitS
             check_supported(source.model_cfg)
     except ConfigError as exc:
         raise ConfigError(f"prune.source: {exc}") from None
-
-    def work(run: ActiveRun) -> dict[str, float]:
-        m = PruneRun(Pruning(cfg, source.model, source.model_cfg), data)
-        _start(m, run, source, ctx)
-        if not m.pruning.gated:
-            _baseline_cut(m, run, ctx)
-        return execute(prune_plan(cfg), m, cfg, data, run, ctx)
-
-    return Prepared(cfg=cfg, work=work, tokenizer=tokenizer, tags={tracking.SOURCE: source.run_id or source.source})
+    m = PruneRun(Pruning(cfg, source.model, source.model_cfg), data)
+    return Prepared(
+        cfg=cfg,
+        materials=m,
+        handed=None,
+        data=data,
+        tokenizer=tokenizer,
+        tags={tracking.SOURCE: source.run_id or source.source},
+        begin=_begin(m, source, ctx),
+    )

@@ -10,7 +10,6 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import cast
 
 import lightning.pytorch as pl
@@ -24,7 +23,7 @@ from ablate.lightning_modules.measure.accounting import quantized_counts, stored
 from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.methods.pretrain import PretrainModule
 from ablate.lightning_modules.methods.quantization.apply import (
-    Plan,
+    LayerBits,
     QuantizationNotApplied,
     convert_weight_qat,
     prepare_qat,
@@ -34,12 +33,12 @@ from ablate.lightning_modules.methods.quantization.apply import (
     uniform_plan,
 )
 from ablate.lightning_modules.methods.quantization.mixed import BatchLoss, average_bits, choose_plan
-from ablate.lightning_modules.methods.train_module import OptimPlan
+from ablate.lightning_modules.methods.train_module import OptimSetup
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
 from ablate.sweeps.engine.inputs import checked_source, corpus, tokenizer_of
-from ablate.sweeps.engine.phases import Finisher, Phase, RunPlan, execute, weights_finisher
+from ablate.sweeps.engine.phases import Finisher, Leaving, Metrics, Phase, RunPlan
 from ablate.sweeps.engine.sources import Source
 from ablate.sweeps.engine.trainer import build_trainer
 from ablate.sweeps.engine.weights import log_quantized
@@ -77,26 +76,50 @@ def first_batches(data: pl.LightningDataModule, n: int) -> list[dict[str, torch.
 
 
 @dataclass(frozen=True)
-class QuantPlan:
+class BitAllocation:
     """How a model's weight-only layers are quantized: bits per layer (None: another method), the
-    table that explains a ``weight-mixed`` plan, and bits per quantized weight (None: not known)."""
+    table that explains a ``weight-mixed`` choice, and bits per quantized weight (None: not known)."""
 
-    plan: Plan | None
+    layers: LayerBits | None
     table: pd.DataFrame | None
     bits: float | None
 
 
-def plan_for(model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss) -> QuantPlan:
+@dataclass(frozen=True)
+class QuantDone:
+    """A model quantized as it trained (converted after quantization-aware training) and its plan."""
+
+    model: nn.Module
+    allocation: BitAllocation
+
+
+def qat_plan(
+    model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss, run: ActiveRun
+) -> BitAllocation:
+    """Q-BERT's plan for a quantization-aware phase: bits per layer, from the float model (:func:`planned`)."""
+    plan = planned(model, cfg, data, loss, run)
+    assert plan.layers is not None  # qat_steps is checked to come with a weight-only method
+    return plan
+
+
+def after_qat(model: nn.Module, plan: BitAllocation | None, cfg: ExperimentConfig) -> QuantDone:
+    """The model a quantization-aware phase trained (left as it is), converted to the integers it
+    trained for at ``plan``'s bits: what the run scores instead of quantizing again."""
+    assert plan is not None and plan.layers is not None  # handed on by the phase's module
+    return QuantDone(convert_weight_qat(copy.deepcopy(model), plan.layers, cfg.quant), plan)
+
+
+def plan_for(model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss) -> BitAllocation:
     """``cfg.quant``'s plan for ``model`` (left as it is): ``weight-mixed`` ranks the layers by ``loss`` (of
     a model on a batch) over the first ``quant.calib_batches`` training batches of ``data``, as
     ``quant.sensitivity`` says; a uniform weight-only method gives every layer its bits."""
     q = cfg.quant
     if q.method == "weight-mixed":
         plan, table = choose_plan(model, loss, first_batches(data, q.calib_batches), q)
-        return QuantPlan(plan, table, average_bits(model, plan))
+        return BitAllocation(plan, table, average_bits(model, plan))
     if q.method in WEIGHT_BITS:
-        return QuantPlan(uniform_plan(model, WEIGHT_BITS[q.method]), None, q.average_bits)
-    return QuantPlan(None, None, q.average_bits)
+        return BitAllocation(uniform_plan(model, WEIGHT_BITS[q.method]), None, q.average_bits)
+    return BitAllocation(None, None, q.average_bits)
 
 
 def quantized_model(
@@ -105,11 +128,11 @@ def quantized_model(
     data: pl.LightningDataModule,
     loss: BatchLoss,
     run: ActiveRun | None = None,
-) -> tuple[nn.Module, QuantPlan]:
-    """A quantized copy of ``model`` (left as it is) and its :class:`QuantPlan` (:func:`planned`)."""
+) -> tuple[nn.Module, BitAllocation]:
+    """A quantized copy of ``model`` (left as it is) and its :class:`BitAllocation` (:func:`planned`)."""
     model = copy.deepcopy(model).cpu().eval()
     plan = planned(model, cfg, data, loss, run)
-    return quantize(model, cfg.quant, plan.plan), plan
+    return quantize(model, cfg.quant, plan.layers), plan
 
 
 Scorer = Callable[[nn.Module], dict[str, float]]
@@ -123,13 +146,13 @@ def quantize_and_score(
     loss: BatchLoss,
     score: Scorer,
     run: ActiveRun | None,
-    done: tuple[nn.Module, QuantPlan] | None = None,
-) -> tuple[dict[str, float], QuantPlan]:
+    done: QuantDone | None = None,
+) -> tuple[dict[str, float], BitAllocation]:
     """The one quantize-and-score of every run: ``model`` (left as it is) quantized as ``cfg.quant`` says
     (``weight-mixed``: its layers ranked by ``loss`` on training batches; ``done``: already quantized
     after quantization-aware training), checked to hold quantized layers, scored by ``score``; with its
     ``quant/avg_bits`` and ``quant/layers``, and the plan's table as the run's ``quant/plan.csv``."""
-    quantized, plan = quantized_model(model, cfg, data, loss, run) if done is None else done
+    quantized, plan = quantized_model(model, cfg, data, loss, run) if done is None else (done.model, done.allocation)
     if run is not None:
         run.phase("quantized evaluation", f"{cfg.quant.method} on the CPU")
     layers = quantized_layers(quantized)  # quantize() checked its layers; this is what is scored
@@ -144,7 +167,7 @@ def quantize_and_score(
     if plan.table is not None and run is not None:
         run.text(plan.table.to_csv(index=False), "quant/plan.csv")
     if run is not None:  # the model as scored: integer weights and scales, beside the float model/ artifacts
-        log_quantized(run.client, run.run_id, quantized, cfg, plan.plan, plan.bits)
+        log_quantized(run.client, run.run_id, quantized, cfg, plan.layers, plan.bits)
     return metrics, plan
 
 
@@ -155,7 +178,7 @@ def quantize_and_log(
     run: ActiveRun,
     step: int,
     fp32: dict[str, float],
-    done: tuple[nn.Module, QuantPlan] | None = None,
+    done: QuantDone | None = None,
 ) -> dict[str, float]:
     """A trained pre-training model quantized and scored (:func:`quantize_and_score`) on its held-out
     MLM metrics beside the float model's (``fp32``), logged at ``step`` (see the module's docstring)."""
@@ -175,102 +198,102 @@ def quantize_and_log(
     return metrics
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantRun:
-    """The ``quant`` regime's materials: the source being quantized and the run's data.
-
-    Attributes:
-        cfg: the run's config (the source's architecture as ``model``).
-        source: the trained model to quantize.
-        data: the corpus: validation batches, calibration and QAT batches.
-        run: the run it works in.
-        model: the model now: the source, trained fake-quantized in place by a QAT phase.
-        plan: Q-BERT's plan (its bits per layer) for its QAT phase.
-        done: after that phase, the model quantized as it trained and its plan.
-    """
+    """The ``quant`` regime's materials: the run's config (the source's architecture as ``model``), the
+    trained model to quantize and the corpus (validation batches, calibration and QAT batches)."""
 
     cfg: ExperimentConfig
     source: Source
     data: pl.LightningDataModule
-    run: ActiveRun
-    model: PretrainingModel = dataclasses.field(init=False)
-    plan: QuantPlan | None = None
-    done: tuple[nn.Module, QuantPlan] | None = None
-    _fp32: dict[str, float] | None = None
 
-    def __post_init__(self) -> None:
-        self.model = self.source.model
-
-    def fp32(self) -> dict[str, float]:
-        """The source's held-out MLM metrics in float32 on the CPU, evaluated once (before any QAT)."""
-        if self._fp32 is None:
-            self.run.phase("evaluation", "the source in float32 on the CPU")
-            eval_cfg = on_cpu(self.cfg)
-            self._fp32 = validate(PretrainModule(eval_cfg, self.model), eval_cfg, self.data)
-        return self._fp32
-
-    def leaving(self) -> tuple[nn.Module, ExperimentConfig, Path | None]:
+    def leaving(self, handed: QuantState) -> Leaving:
         """What the run logs as its weights: the model (after QAT, the trained float weights), its config."""
-        return self.model, self.cfg, None
+        return handed.model, self.cfg, None
 
 
-def _qat_int8(m: QuantRun) -> pl.LightningModule:
-    m.fp32()
-    m.model = cast(PretrainingModel, prepare_qat(m.model))  # prepared in place
-    return PretrainModule(m.cfg, m.model)
+@dataclass(frozen=True)
+class QuantState:
+    """What the ``quant`` regime's phases hand on.
+
+    Attributes:
+        model: the model now: the source, or trained fake-quantized in place by a QAT phase.
+        fp32: the source's held-out MLM metrics in float32 on the CPU (evaluated once, before any QAT).
+        qat: Q-BERT's plan (its bits per layer) for its QAT phase.
+        done: after that phase, the model quantized as it trained and its plan.
+    """
+
+    model: PretrainingModel
+    fp32: Metrics | None = None
+    qat: BitAllocation | None = None
+    done: QuantDone | None = None
 
 
-def _qat_weights(m: QuantRun) -> pl.LightningModule:
+def _fp32(m: QuantRun, h: QuantState, run: ActiveRun) -> Metrics:
+    """The source's float evaluation: handed on, or evaluated now (before any QAT)."""
+    if h.fp32 is not None:
+        return h.fp32
+    run.phase("evaluation", "the source in float32 on the CPU")
+    eval_cfg = on_cpu(m.cfg)
+    return validate(PretrainModule(eval_cfg, h.model), eval_cfg, m.data)
+
+
+def _qat_int8(m: QuantRun, h: QuantState, run: ActiveRun) -> tuple[pl.LightningModule, QuantState]:
+    fp32 = _fp32(m, h, run)
+    model = cast(PretrainingModel, prepare_qat(h.model))  # prepared in place
+    return PretrainModule(m.cfg, model), replace(h, model=model, fp32=fp32)
+
+
+def _qat_weights(m: QuantRun, h: QuantState, run: ActiveRun) -> tuple[pl.LightningModule, QuantState]:
     """Q-BERT: the plan on the float model, then the model fake-quantized at its bits."""
-    m.fp32()
+    fp32 = _fp32(m, h, run)
     q = m.cfg.quant
-    plan = planned(m.model, m.cfg, m.data, mlm_loss, m.run)
-    assert plan.plan is not None  # qat_steps is checked to come with a weight-only method
-    m.model = cast(PretrainingModel, prepare_weight_qat(m.model, plan.plan, q))  # prepared in place
-    m.plan = plan
-    return PretrainModule(replace(m.cfg, trainer=replace(m.cfg.trainer, max_steps=q.qat_steps)), m.model)
+    plan = qat_plan(h.model, m.cfg, m.data, mlm_loss, run)
+    assert plan.layers is not None
+    model = cast(PretrainingModel, prepare_weight_qat(h.model, plan.layers, q))  # prepared in place
+    module = PretrainModule(replace(m.cfg, trainer=replace(m.cfg.trainer, max_steps=q.qat_steps)), model)
+    return module, replace(h, model=model, fp32=fp32, qat=plan)
 
 
-def _converted(m: QuantRun, module: pl.LightningModule, metrics: dict[str, float]) -> dict[str, float]:
-    assert m.plan is not None and m.plan.plan is not None
-    m.done = (convert_weight_qat(copy.deepcopy(m.model), m.plan.plan, m.cfg.quant), m.plan)
-    return {}
+def _converted(m: QuantRun, h: QuantState, module: pl.LightningModule, metrics: Metrics) -> tuple[QuantState, Metrics]:
+    return replace(h, done=after_qat(h.model, h.qat, m.cfg)), {}
 
 
-def _float_arm(m: QuantRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
+def _float_arm(m: QuantRun, h: QuantState, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """``quant.method: none``: the source evaluated as the quantized arms are, ``quant/layers`` 0."""
-    out = {**m.fp32(), **quantized_counts(m.model, on_cpu(m.cfg)), "quant/layers": 0.0}
+    out = {**_fp32(m, h, run), **quantized_counts(h.model, on_cpu(m.cfg)), "quant/layers": 0.0}
     run.log(out, step=step)
     return out
 
 
-def _quantized(m: QuantRun, run: ActiveRun, step: int, metrics: dict[str, float]) -> dict[str, float]:
-    return quantize_and_log(m.model, m.cfg, m.data, run, step, m.fp32(), m.done)
+def _quantized(m: QuantRun, h: QuantState, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
+    return quantize_and_log(h.model, m.cfg, m.data, run, step, _fp32(m, h, run), h.done)
 
 
-def quant_plan(cfg: ExperimentConfig) -> RunPlan[QuantRun]:
+def quant_plan(cfg: ExperimentConfig) -> RunPlan[QuantRun, QuantState]:
     """The ``quant`` regime: for ``qat-int8``, ``trainer.max_steps`` of int8 fake-quantized training; for
     Q-BERT's ``quant.qat_steps``, its plan's bits fake-quantized; then quantized and scored against the
     source's float evaluation (``quant.method: none``: the float arm, scored as the quantized ones)."""
     q = cfg.quant
-    phases: list[Phase[QuantRun]] = []
+    phases: list[Phase[QuantRun, QuantState]] = []
     if q.method == "qat-int8":
-        how, optim = "new module (the source, int8 fake-quantized)", OptimPlan.pretraining(cfg, cfg.trainer.max_steps)
+        how, optim = "new module (the source, int8 fake-quantized)", OptimSetup.pretraining(cfg, cfg.trainer.max_steps)
         phases.append(Phase("QAT", cfg.trainer.max_steps, _qat_int8, how, optim=optim.describe()))
     elif q.qat_steps:
         how = f"new module (the source, {q.method} fake-quantized at its plan's bits)"
-        optim = OptimPlan.pretraining(cfg, q.qat_steps)
+        optim = OptimSetup.pretraining(cfg, q.qat_steps)
         phases.append(Phase("QAT", q.qat_steps, _qat_weights, how, optim=optim.describe(), ended=_converted))
+    score: Finisher[QuantRun, QuantState]
     if not q.enabled:
         score = Finisher("float evaluation", "the source in float32 on the CPU, as the quantized arms are", _float_arm)
     else:
         score = Finisher("quantize and score", f"{q.method}, held-out MLM metrics on the CPU", _quantized)
-    return RunPlan(phases, (score, weights_finisher()))
+    return RunPlan(phases, (score,))
 
 
 def planned(
     model: nn.Module, cfg: ExperimentConfig, data: pl.LightningDataModule, loss: BatchLoss, run: ActiveRun | None
-) -> QuantPlan:
+) -> BitAllocation:
     """:func:`plan_for`, said as ``run``'s phase when it measures sensitivities (``weight-mixed``)."""
     q = cfg.quant
     if q.method == "weight-mixed" and run is not None:
@@ -284,7 +307,7 @@ def mlm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(batch).mlm_loss  # type: ignore[no-any-return]
 
 
-def prepare_quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared:
+def prepare_quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[QuantRun, QuantState]:
     """Quantizing ``quant.source`` (trained with fake quantization first for ``qat-int8``)."""
     data = corpus(cfg)
     tokenizer = tokenizer_of(data)
@@ -293,7 +316,9 @@ def prepare_quant(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitS
     inputs, measured_on = ctx.measure(cached_counts, source.model, cfg.model, cfg)
     return Prepared(
         cfg=cfg,
-        work=lambda run: execute(quant_plan(cfg), QuantRun(cfg, source, data, run), cfg, data, run, ctx),
+        materials=QuantRun(cfg, source, data),
+        handed=QuantState(source.model),
+        data=data,
         tokenizer=tokenizer,
         tags={tracking.SOURCE: source.run_id or source.source},
         inputs=inputs,

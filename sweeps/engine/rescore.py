@@ -5,17 +5,41 @@ logged values again; what a report or an export checks a quantized model against
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+from torch import nn
+
 from ablate.datamodules.classification import ClassificationDataModule
+from ablate.lightning_modules.config.distill import DistillConfig
 from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.methods.finetune import FinetuneModule
 from ablate.lightning_modules.methods.pretrain import PretrainModule
-from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from ablate.lightning_modules.methods.span import SpanModule
+from ablate.lightning_modules.model.classifier import Classifier
+from ablate.lightning_modules.model.heads import PretrainingModel
+from ablate.lightning_modules.model.span import SpanModel
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.inputs import corpus
 from ablate.sweeps.engine.quant import MLM, on_cpu, validate
 from ablate.sweeps.engine.weights import RUNS, load_quantized, run_tokenizer, store
+
+
+def scoring_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` for scoring a fine-tuned model on its dev set as the run scores it: on the CPU
+    (:func:`~ablate.sweeps.engine.quant.on_cpu`), without the teacher it learnt from."""
+    return replace(on_cpu(cfg), distill=DistillConfig())
+
+
+def scoring_module(cfg: ExperimentConfig, model: nn.Module) -> FinetuneModule:
+    """The module that scores ``model`` (a classifier or span model, quantized or not) on the dev sets
+    as a fine-tuning run of ``cfg`` scores its own: the same task, metrics and dev sets."""
+    eval_cfg = scoring_config(cfg)
+    if isinstance(model, SpanModel):
+        return SpanModule(eval_cfg, model)
+    assert isinstance(model, Classifier), f"not a classifier: {type(model).__name__}"
+    return FinetuneModule(eval_cfg, model)
 
 
 def rescore_quantized(uri: str, run_id: str) -> dict[str, float]:
@@ -45,7 +69,5 @@ def rescore_quantized(uri: str, run_id: str) -> dict[str, float]:
             f, tok, seed=cfg.seed, limit_train=f.train_examples, cache_dir=cfg.data.cache_dir
         )
         data.setup("fit")
-    module = FinetuneModule(cfg, build_pretraining_model(cfg.model, cfg.objective))
-    module.model = stored.model  # the quantized classifier, as the run scored it
-    scores = validate(module, cfg, data)
+    scores = validate(scoring_module(cfg, stored.model), cfg, data)  # the quantized classifier, as the run scored it
     return {f"{f.task}/final_{f.metric}": scores[f"{f.task}/{f.metric}"]}

@@ -16,9 +16,9 @@ from ablate.lightning_modules.config.experiment import ExperimentConfig, Regime
 from ablate.lightning_modules.measure.measuring import training_device
 from ablate.lightning_modules.methods.precision import matmul_precision, resolved
 from ablate.sweeps.engine import tracking
-from ablate.sweeps.engine.context import Prepare, RunContext, RunResult, tracked_run
+from ablate.sweeps.engine.context import ActiveRun, Prepare, RunContext, RunResult, tracked_run
 from ablate.sweeps.engine.finetune import finetune_plan, prepare_finetune
-from ablate.sweeps.engine.phases import RunPlan
+from ablate.sweeps.engine.phases import RunPlan, execute, weights_finisher
 from ablate.sweeps.engine.pretrain import prepare_distill, prepare_pretrain, pretrain_plan
 from ablate.sweeps.engine.prune import prepare_prune, prune_plan
 from ablate.sweeps.engine.quant import prepare_quant, quant_plan
@@ -47,7 +47,7 @@ class RegimeRow:
     and its plan (the phases and finishers its config makes)."""
 
     prepare: Prepare
-    plan: Callable[[ExperimentConfig], RunPlan[Any]]
+    plan: Callable[[ExperimentConfig], RunPlan[Any, Any]]
 
 
 REGIMES: Mapping[Regime, RegimeRow] = {
@@ -60,10 +60,11 @@ REGIMES: Mapping[Regime, RegimeRow] = {
 """Every regime's preparation and plan."""
 
 
-def plan(cfg: ExperimentConfig) -> RunPlan[Any]:
-    """The phases and finishers ``cfg`` makes (``ablate train --print-plan``), read from the config alone."""
+def plan(cfg: ExperimentConfig) -> RunPlan[Any, Any]:
+    """The phases and finishers ``cfg`` makes, then the weights (every run's last finisher), read from the
+    config alone: what ``ablate train --print-plan`` prints and :func:`train` executes."""
     assert cfg.regime is not None  # resolved by the config's validation
-    return REGIMES[cfg.regime].plan(cfg)
+    return REGIMES[cfg.regime].plan(cfg).then(weights_finisher())
 
 
 def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  # noqa: B008 - frozen
@@ -87,10 +88,17 @@ def train(cfg: ExperimentConfig, ctx: RunContext = RunContext()) -> RunResult:  
     with ctx.timing("run"), ExitStack() as stack, matmul_precision(precision):
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         ready = REGIMES[cfg.regime].prepare(cfg, ctx, uri, stack)
+        steps = plan(ready.cfg)  # built once: what --print-plan shows is what runs
+
+        def work(run: ActiveRun) -> dict[str, float]:
+            if ready.begin is not None:
+                ready.begin(run, ctx.reopen is not None)
+            return execute(steps, ready, run, ctx)
+
         return tracked_run(
             ready.cfg,
             uri,
-            ready.work,
+            work,
             ctx,
             tags=ready.tags,
             inputs=ready.inputs,

@@ -34,7 +34,7 @@ from ablate.lightning_modules.interop.quantized import (
     read_quantized,
     write_quantized,
 )
-from ablate.lightning_modules.methods.quantization.apply import Plan
+from ablate.lightning_modules.methods.quantization.apply import LayerBits
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.heads import PretrainingModel
@@ -101,7 +101,12 @@ def log_weights(
 
 
 def log_quantized(
-    client: MlflowClient, run_id: str, model: nn.Module, cfg: ExperimentConfig, plan: Plan | None, bits: float | None
+    client: MlflowClient,
+    run_id: str,
+    model: nn.Module,
+    cfg: ExperimentConfig,
+    plan: LayerBits | None,
+    bits: float | None,
 ) -> None:
     """Log the quantized ``model`` the run scored as its ``model/quantized.safetensors`` and
     ``model/quantization.yaml`` (:func:`~ablate.lightning_modules.interop.quantized.write_quantized`):

@@ -29,7 +29,7 @@ from ablate.lightning_modules.measure.accounting import (
 )
 from ablate.lightning_modules.model.heads import build_pretraining_model
 
-Plan = dict[str, int]
+LayerBits = dict[str, int]
 """Bits per quantized layer, by its name in the model (``encoder.attentions.0.inner.qkv``)."""
 
 
@@ -118,7 +118,7 @@ def targets(model: nn.Module) -> dict[str, nn.Linear]:
     return {f"encoder.{name}": m for name, m in encoder.named_modules() if type(m) is nn.Linear}
 
 
-def uniform_plan(model: nn.Module, bits: int) -> Plan:
+def uniform_plan(model: nn.Module, bits: int) -> LayerBits:
     """Every target layer at ``bits``."""
     return dict.fromkeys(targets(model), bits)
 
@@ -147,7 +147,7 @@ def check_quantizable(model: nn.Module, q: QuantConfig, what: str) -> None:
         raise ConfigError(f"quant.method: {q.method}: {what} has no layer it quantizes")
 
 
-def _weight_groups(model: nn.Module, plan: Plan, group_size: int) -> list[tuple[set[str], Any]]:
+def _weight_groups(model: nn.Module, plan: LayerBits, group_size: int) -> list[tuple[set[str], Any]]:
     """``plan``'s layers as (names, torchao ``IntxWeightOnlyConfig``) groups: one per bit width and
     granularity, group-wise where ``group_size`` divides the layer's input width, one scale per row
     where it does not (a pruned layer)."""
@@ -190,7 +190,7 @@ def _apply(model: nn.Module, groups: list[tuple[set[str], Any]], step: str | Non
     return model
 
 
-def quantize_weights(model: nn.Module, plan: Plan, group_size: int) -> nn.Module:
+def quantize_weights(model: nn.Module, plan: LayerBits, group_size: int) -> nn.Module:
     """Weight-only, group-wise quantization of the layers ``plan`` names, each at its bits (in place);
     a layer whose input width ``group_size`` does not divide (a pruned one) gets one scale per row."""
     return _apply(model, _weight_groups(model, plan, group_size))
@@ -202,7 +202,7 @@ def quantize_embeddings(model: nn.Module, kind: str) -> nn.Module:
     return _apply(model, _embedding_group(model, kind))
 
 
-def prepare_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Module:
+def prepare_weight_qat(model: nn.Module, plan: LayerBits, q: QuantConfig) -> nn.Module:
     """Quantization-aware training at 2-8 bits (Q-BERT): the layers ``plan`` names (and the embedding
     tables when ``quant.embeddings`` says) fake-quantized at their bits, group-wise, in place. The state
     dict keeps its names; :func:`convert_weight_qat` turns them into quantized layers."""
@@ -211,7 +211,7 @@ def prepare_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Modul
     )
 
 
-def convert_weight_qat(model: nn.Module, plan: Plan, q: QuantConfig) -> nn.Module:
+def convert_weight_qat(model: nn.Module, plan: LayerBits, q: QuantConfig) -> nn.Module:
     """A :func:`prepare_weight_qat` model quantized as it trained (in place, eval mode, on the CPU)."""
     model = model.cpu().eval()
     groups = [*_weight_groups(model, plan, q.group_size), *_embedding_group(model, q.embeddings)]
@@ -259,7 +259,7 @@ def convert_qat(model: nn.Module) -> nn.Module:
     return model
 
 
-def _to_quantize(model: nn.Module, q: QuantConfig, plan: Plan | None) -> list[str]:
+def _to_quantize(model: nn.Module, q: QuantConfig, plan: LayerBits | None) -> list[str]:
     """The names of the layers :func:`quantize` quantizes in ``model`` as ``q`` says."""
     if q.method == "qat-int8":
         names = fake_quantized(model)
@@ -272,7 +272,7 @@ def _to_quantize(model: nn.Module, q: QuantConfig, plan: Plan | None) -> list[st
     return names + (list(embedding_tables(model)) if q.embeddings in EMBEDDING_BITS else [])
 
 
-def quantize(model: nn.Module, q: QuantConfig, plan: Plan | None = None) -> nn.Module:
+def quantize(model: nn.Module, q: QuantConfig, plan: LayerBits | None = None) -> nn.Module:
     """``model`` (float, or prepared for QAT) quantized as ``q`` says, in eval mode on the CPU.
 
     ``plan`` is ``weight-mixed``'s bits per layer

@@ -14,7 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ablate.lightning_modules.config.quant import QuantConfig
-from ablate.lightning_modules.methods.quantization.apply import Plan, quantize_weights, targets
+from ablate.lightning_modules.methods.quantization.apply import LayerBits, quantize_weights, targets
 from ablate.lightning_modules.methods.quantization.hessian import Eigen, top_eigenvalues
 
 Batch = dict[str, torch.Tensor]
@@ -45,7 +45,7 @@ def sensitivity(model: nn.Module, loss: Loss, bits: int, group_size: int) -> dic
     return out
 
 
-def mixed_plan(sizes: dict[str, int], scores: dict[str, float], q: QuantConfig) -> Plan:
+def mixed_plan(sizes: dict[str, int], scores: dict[str, float], q: QuantConfig) -> LayerBits:
     """Bits per layer: ``high_bits`` down the ranking while the layers so raised hold at most
     ``high_fraction`` of the weights (a layer that does not fit is passed over), ``low_bits`` else."""
     budget = q.high_fraction * sum(sizes.values())
@@ -58,7 +58,7 @@ def mixed_plan(sizes: dict[str, int], scores: dict[str, float], q: QuantConfig) 
 
 
 def plan_table(
-    model: nn.Module, scores: dict[str, float], plan: Plan, eigen: dict[str, Eigen] | None = None
+    model: nn.Module, scores: dict[str, float], plan: LayerBits, eigen: dict[str, Eigen] | None = None
 ) -> pd.DataFrame:
     """One row per quantized layer: weights, sensitivity, rank (1 = most sensitive) and bits; with
     ``eigen`` (Hessian sensitivity) the top eigenvalue's mean, std and per-batch values too."""
@@ -79,7 +79,7 @@ def plan_table(
     return table
 
 
-def average_bits(model: nn.Module, plan: Plan) -> float:
+def average_bits(model: nn.Module, plan: LayerBits) -> float:
     """Bits per quantized weight under ``plan``, weighted by layer size."""
     sizes = {name: m.weight.numel() for name, m in targets(model).items()}
     return sum(sizes[n] * plan[n] for n in plan) / sum(sizes[n] for n in plan)
@@ -87,7 +87,7 @@ def average_bits(model: nn.Module, plan: Plan) -> float:
 
 def choose_plan(
     model: nn.Module, loss: BatchLoss, batches: Sequence[Batch], q: QuantConfig
-) -> tuple[Plan, pd.DataFrame]:
+) -> tuple[LayerBits, pd.DataFrame]:
     """``weight-mixed``'s plan for ``model`` (left as it is), ranked on ``batches`` by ``loss`` as
     ``quant.sensitivity`` says, and the table that explains it."""
     eigen = None

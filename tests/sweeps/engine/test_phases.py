@@ -45,3 +45,27 @@ def test_print_plan_prints_the_phases_and_runs_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "regime pretrain" in out and "1. pre-training: 40 steps" in out and "- weights" in out
     assert list(tmp_path.iterdir()) == []  # no store, no folder
+
+
+def test_the_runner_executes_the_plan_it_prints(tmp_path, wiki_validation, monkeypatch):
+    """``runner.train`` builds ``runner.plan(cfg)`` once (the regime's phases and finishers, then the
+    runner's weights finisher) and executes that object: what ``--print-plan`` describes."""
+    from tests.sweeps.conftest import tiny_base
+
+    cfg = build_config({**tiny_base(tmp_path, wiki_validation), "trainer": {"max_steps": 2, "measure": False}})
+    executed = []
+    real = runner.execute
+
+    def spy(plan, ready, run, ctx):
+        executed.append(plan)
+        return real(plan, ready, run, ctx)
+
+    monkeypatch.setattr(runner, "execute", spy)
+    runner.train(cfg)
+    (plan,) = executed
+    assert plan.describe() == runner.plan(cfg).describe()
+    assert [f.name for f in plan.finishers][-1] == "weights"
+    # the weights finisher is the runner's, not the regime's
+    assert all(
+        f.name != "weights" for f in runner.REGIMES["pretrain"].plan(cfg).finishers
+    )  # the runner's, not the regime's
