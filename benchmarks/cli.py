@@ -282,7 +282,7 @@ def add_benches(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True, title="benches")
     out = {}
     for name, bench in BENCHES.items():
-        p = sub.add_parser(name, help=bench.help, description=f"ablate bench {name}: {bench.help}.")
+        p = sub.add_parser(name, help=bench.help, description=f"{bench.help[0].upper()}{bench.help[1:]}.")
         for option in bench.options:
             option(p)
         p.add_argument(
