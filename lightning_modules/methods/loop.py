@@ -6,11 +6,13 @@ reads the loss only when it refreshes (a log step, at most twice a second)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 from ablate.lightning_modules.config.run import TrainerConfig
 
@@ -31,14 +33,14 @@ class FiniteLoss(Callback):
         self._kept: list[tuple[int, torch.Tensor]] = []  # (step, its loss) since the last check, on the device
 
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
         self._step = trainer.global_step
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
     ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
         if loss is None:
             return
         self.update(loss, self._step)

@@ -5,8 +5,6 @@ loss plus the registry's ``sparsity`` term, ``prune.gamma`` x sum_dim beta_dim |
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 
@@ -56,7 +54,7 @@ class PruneModule(PretrainModule):
     def trainable_modules(self) -> torch.nn.Module:
         return self.gates
 
-    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, outputs: STEP_OUTPUT, batch: object, batch_idx: int) -> None:
         with torch.no_grad():  # gates stay in [0, inf): a negative gate is as good as its magnitude
             for p in self.gates.parameters():
                 p.clamp_(min=0.0)

@@ -10,11 +10,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ablate.datamodules.span_dev import SpanDev
+from ablate.lightning_modules.config.yamlio import Json
 from ablate.lightning_modules.methods.squad_metrics import best_answers
 
 NO_SPAN = 1e30
@@ -29,12 +29,12 @@ class SpanPredictions:
     """One dev pass's predictions, as the official files hold them."""
 
     answers: dict[str, str]
-    nbest: dict[str, list[dict[str, Any]]]
+    nbest: dict[str, list[dict[str, Json]]]
     null_odds: dict[str, float] | None
 
-    def files(self) -> dict[str, Any]:
+    def files(self) -> dict[str, object]:
         """File name -> content: ``predictions.json``, ``nbest_predictions.json`` and (SQuAD 2.0) ``null_odds.json``."""
-        out: dict[str, Any] = {"predictions.json": self.answers, "nbest_predictions.json": self.nbest}
+        out: dict[str, object] = {"predictions.json": self.answers, "nbest_predictions.json": self.nbest}
         if self.null_odds is not None:
             out["null_odds.json"] = self.null_odds
         return out
@@ -64,7 +64,7 @@ def _window_candidates(
     return [(float(s[starts[a[x]]]), float(e[ends[b[x]]]), int(i[a[x], 0]), int(j[0, b[x]])) for x in order]
 
 
-def _entries(cands: list[Candidate], dev: SpanDev, q: int, n_best: int) -> list[dict[str, Any]]:
+def _entries(cands: list[Candidate], dev: SpanDev, q: int, n_best: int) -> list[dict[str, Json]]:
     """The ``n_best`` distinct texts of a question's candidates, best first, with their probabilities."""
     ref, spans = dev.references[q], dev.windows.spans
     seen: dict[str, tuple[float, float]] = {}

@@ -307,7 +307,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
             text = "; ".join(f"{s.name} [{s.start}, {s.end}): {'+'.join(s.losses)}" for s in self.stages)
             self.logger.experiment.set_tag(self.logger.run_id, "ablate.stages", text)
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         stage = self.stage_at(self.global_step)
         if stage is not self._stage:
             self._enter(stage)

@@ -19,11 +19,11 @@ def install() -> None:
         event.listen(Pool, "checkout", _refuse_inherited)
 
 
-def _remember_pid(dbapi_connection: Any, record: Any) -> None:
+def _remember_pid(dbapi_connection: object, record: Any) -> None:  # noqa: ANN401 - SQLAlchemy's pool entry
     record.info["pid"] = os.getpid()
 
 
-def _refuse_inherited(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+def _refuse_inherited(dbapi_connection: object, record: Any, proxy: Any) -> None:  # noqa: ANN401 - pool entry, proxy
     if record.info.get("pid", os.getpid()) != os.getpid():
         record.dbapi_connection = proxy.dbapi_connection = None  # the parent's: not ours to close
         raise exc.DisconnectionError(f"connection opened by process {record.info['pid']}, not {os.getpid()}")

@@ -36,7 +36,7 @@ SHORT = {
 """Short names for run names: ``E=64 sharing=all F=1 seed=0``."""
 
 
-def run_name(changes: dict[str, object]) -> str:
+def run_name(changes: Mapping[str, object]) -> str:
     """A run name saying what the run changes, e.g. ``E=64 sharing=all seed=1``."""
     return " ".join(f"{SHORT.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in changes.items()) or "run"
 

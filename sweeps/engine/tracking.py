@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
-from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
@@ -286,7 +285,7 @@ def find_parent(client: MlflowClient, exp_id: str, study: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def stale_running(client: MlflowClient, exp_id: str, study: str) -> list[Any]:
+def stale_running(client: MlflowClient, exp_id: str, study: str) -> list[Run]:
     """Trial runs of ``study`` left RUNNING by a process that died without cleaning up."""
     return client.search_runs(
         [exp_id],

@@ -11,10 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import ModuleType
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torchao.core.config import AOBaseConfig
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ObjectiveConfig
@@ -147,7 +150,7 @@ def check_quantizable(model: nn.Module, q: QuantConfig, what: str) -> None:
         raise ConfigError(f"quant.method: {q.method}: {what} has no layer it quantizes")
 
 
-def _weight_groups(model: nn.Module, plan: LayerBits, group_size: int) -> list[tuple[set[str], Any]]:
+def _weight_groups(model: nn.Module, plan: LayerBits, group_size: int) -> list[tuple[set[str], AOBaseConfig]]:
     """``plan``'s layers as (names, torchao ``IntxWeightOnlyConfig``) groups: one per bit width and
     granularity, group-wise where ``group_size`` divides the layer's input width, one scale per row
     where it does not (a pruned layer)."""
@@ -167,7 +170,7 @@ def _weight_groups(model: nn.Module, plan: LayerBits, group_size: int) -> list[t
     return groups
 
 
-def _embedding_group(model: nn.Module, kind: str) -> list[tuple[set[str], Any]]:
+def _embedding_group(model: nn.Module, kind: str) -> list[tuple[set[str], AOBaseConfig]]:
     """The embedding tables as one (names, config) group at ``quant.embeddings``'s bits, one scale per
     row (a row is one token's vector); none for ``none``."""
     if kind not in EMBEDDING_BITS:
@@ -178,7 +181,7 @@ def _embedding_group(model: nn.Module, kind: str) -> list[tuple[set[str], Any]]:
     return [(set(embedding_tables(model)), _torchao().IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerAxis(0)))]
 
 
-def _apply(model: nn.Module, groups: list[tuple[set[str], Any]], step: str | None = None) -> nn.Module:
+def _apply(model: nn.Module, groups: list[tuple[set[str], AOBaseConfig]], step: str | None = None) -> nn.Module:
     """torchao's ``quantize_`` of each group's config on its modules (in place); ``step`` wraps the
     config in a ``QATConfig`` (``prepare``: fake-quantized modules; ``convert``: back, quantized)."""
     q = _torchao()
@@ -228,7 +231,7 @@ def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
         return cast(nn.Module, quantize_dynamic(model, spec, dtype=torch.qint8))  # type: ignore[no-untyped-call]
 
 
-def _qat_config(step: str) -> Any:  # noqa: ANN401 - a torchao QATConfig
+def _qat_config(step: str) -> AOBaseConfig:  # a torchao QATConfig
     q = _torchao()
     from torchao.quantization.granularity import PerAxis
     from torchao.quantization.qat import QATConfig
