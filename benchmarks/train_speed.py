@@ -1,25 +1,8 @@
-"""ablate's training step against Hugging Face transformers at the same model.
-
-For one :class:`~ablate.benchmarks.cases.Case`, every *side* (an implementation in one setting:
-ablate or transformers; fp32 or bf16 autocast; SDPA or eager attention on the transformers
-side; ``torch.compile`` optionally on either) starts from the same weights (ablate's
-initialisation, copied through the transformers interop path) and trains on the same
-batches (ablate's data pipeline on a real corpus, built before timing) with the same AdamW
-and schedule. After a warm-up the sides take turns, one step each, in alternating order,
-in this one process; the median step time gives tokens/s. A side's loss after the same
-steps shows it did the same work.
-
-What a step is, on each side:
-
-- ablate: ``PretrainModule.training_step`` (MLM + sentence loss, the NaN guard), backward,
-  the module's own optimizer (fused AdamW) and schedule; compiled, the encoder's layer block is
-  (one graph per layer shape), as ``trainer.compile`` does it.
-- transformers: ``model(**batch).loss`` of ``*ForPreTraining`` (MLM + SOP/NSP), backward,
-  fused ``torch.optim.AdamW`` (what the transformers Trainer's default ``adamw_torch_fused``
-  uses) with the same groups, learning rate and schedule.
-
-On CUDA both sides run fp32 matmuls on TF32 (:func:`use_tensor_cores`).
-"""
+"""ablate's training step against Hugging Face transformers at the same model: for one
+:class:`~ablate.benchmarks.cases.Case`, every side (ablate or transformers; fp32 or bf16; SDPA or
+eager; compiled or not) from the same weights, on the same batches, with the same AdamW and schedule,
+taking turns one step each in one process (docs/performance.md, "Training step"). On CUDA both sides
+run fp32 matmuls on TF32 (:func:`use_tensor_cores`)."""
 
 from __future__ import annotations
 
@@ -30,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 import torch
 
@@ -152,7 +136,7 @@ def hf_side(
     """transformers' ``*ForPreTraining`` at ``case``, weights copied from ``ours`` (interop path); with
     ``compile``, the model wrapped in ``torch.compile`` (default mode: what the transformers Trainer's
     ``torch_compile=True`` does), the fastest way a user runs it."""
-    model = to_transformers(ours.model, case.model)
+    model: Any = to_transformers(ours.model, case.model)  # set and moved as transformers' own code does
     model.config._attn_implementation = attention  # "eager" or "sdpa"
     for module in model.modules():
         if hasattr(module, "config"):

@@ -1,15 +1,8 @@
 """A fine-tuned :class:`~ablate.lightning_modules.model.classifier.Classifier` <-> transformers
-``BertForSequenceClassification`` / ``AlbertForSequenceClassification`` / ``MobileBertForSequenceClassification``.
-
-The encoder maps as for pre-training (:func:`~ablate.lightning_modules.interop.maps.encoder_pairs`);
-the head's ``pooler`` is HF's pooler (``bert.pooler.dense``, ``albert.pooler``,
-``mobilebert.pooler.dense`` with ``classifier_activation=True``: dense + tanh on [CLS] in all
-three) and its ``classifier`` is HF's ``classifier``; HF's classifier dropout is the head's.
-FastBERT's exit heads (``Classifier.exits``) have no place in transformers: they are never
-converted. :func:`classifier_for` builds the classifier a saved state dict (an ablate export or
-a run's ``model/`` artifacts) fits; :func:`load_classifier` reads either kind of folder, with the
-checkpoint-folder readers :func:`~ablate.lightning_modules.interop.pretrained.load_pretrained` uses too.
-"""
+``*ForSequenceClassification``: the encoder maps as for pre-training, the head's pooler and classifier
+are HF's (FastBERT's exits are never converted). :func:`classifier_for` builds the classifier a saved
+state dict fits; :func:`load_classifier` reads an export, a run's ``model/`` artifacts or a
+transformers checkpoint (docs/guides/interop.md, "A fine-tuned classifier")."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -42,6 +35,9 @@ from ablate.lightning_modules.interop.maps import (
 )
 from ablate.lightning_modules.model.classifier import Classifier, new_head
 from ablate.lightning_modules.model.encoder import build_encoder
+
+if TYPE_CHECKING:  # transformers is imported when used (the hf extra)
+    from transformers import PretrainedConfig, PreTrainedModel
 
 EXITS = "exits"  # Classifier.exits: FastBERT's exit heads, never exported
 WEIGHTS, EXPORT_YAML = "model.safetensors", "ablate.yaml"
@@ -80,7 +76,7 @@ def without_exits(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def to_transformers_classifier(
     model: Classifier, cfg: ModelConfig, labels: Sequence[str] | None = None, kind: Kind = "classification"
-) -> Any:
+) -> PreTrainedModel:
     """The equivalent transformers ``*ForSequenceClassification`` (by :func:`family`), weights copied.
 
     ``num_labels`` is the head's, ``id2label``/``label2id`` name the classes (``labels``, else
@@ -123,7 +119,7 @@ def write_labels(folder: Path) -> None:
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _dropout(name: str, hf_cfg: Any) -> float:
+def _dropout(name: str, hf_cfg: PretrainedConfig) -> float:
     """HF's classifier dropout, as its ``*ForSequenceClassification`` reads it."""
     if name == "albert":
         return float(hf_cfg.classifier_dropout_prob)
@@ -131,7 +127,7 @@ def _dropout(name: str, hf_cfg: Any) -> float:
     return float(hf_cfg.hidden_dropout_prob if p is None else p)
 
 
-def from_transformers_classifier(hf: Any) -> tuple[ModelConfig, Classifier]:
+def from_transformers_classifier(hf: PreTrainedModel) -> tuple[ModelConfig, Classifier]:
     """Our config and :class:`Classifier` (no exits) for a transformers ``*ForSequenceClassification``.
 
     A regression model (one output, ``problem_type`` ``regression``) comes back as a one-output
@@ -144,7 +140,7 @@ def from_transformers_classifier(hf: Any) -> tuple[ModelConfig, Classifier]:
             f"{type(hf).__name__}: expected a {CLASSIFIER_CLASSES[name]} (load it with that class or "
             "AutoModelForSequenceClassification)"
         )
-    C, problem = int(hf.config.num_labels), getattr(hf.config, "problem_type", None)
+    C, problem = int(cast(int, hf.config.num_labels)), getattr(hf.config, "problem_type", None)
     regression = C == 1 and problem in (None, "regression")  # transformers regresses on one output
     if problem == "multi_label_classification" or (C < 2 and not regression) or (problem == "regression" and C != 1):
         kind = "multi-label classification" if problem == "multi_label_classification" else f"{problem}, {C} outputs"
@@ -193,7 +189,7 @@ def checkpoint_folder(path: str | Path) -> Path:
     return folder
 
 
-def hf_checkpoint(folder: Path, classes: dict[str, str]) -> tuple[Any, list[str]]:
+def hf_checkpoint(folder: Path, classes: dict[str, str]) -> tuple[PreTrainedModel, list[str]]:
     """The transformers model of a checkpoint folder (``config.json``), read locally with its class
     in ``classes``, and the names of the weights it lacked (HF initialised them). With
     ``CLASSIFIER_CLASSES``, a checkpoint saved from another class (``architectures``) is refused."""
@@ -213,9 +209,10 @@ def hf_checkpoint(folder: Path, classes: dict[str, str]) -> tuple[Any, list[str]
 
     require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Loading weights" bar on stderr
     try:
-        hf, info = hf_class(model_type, classes).from_pretrained(
+        loaded: Any = hf_class(model_type, classes).from_pretrained(  # with output_loading_info: (model, info)
             str(folder), local_files_only=True, output_loading_info=True
         )
+        hf, info = loaded
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # missing, truncated, mismatched
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{folder}: cannot load the transformers checkpoint ({first})") from None

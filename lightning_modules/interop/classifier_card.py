@@ -1,12 +1,6 @@
 """The part of an export's model card that a fine-tuned sequence classifier (or regressor) adds: what it
-predicts, its labels, its dev score and a ``## Use`` example that runs as written.
-
-The example builds transformers' ``text-classification`` pipeline with ``truncation=True`` (a text
-longer than the tokenizer's ``model_max_length``, :func:`tokenizer_length`, is cut to it as fine-tuning
-cut it: without it the pipeline fails on such texts), feeds sentence pairs as ``{"text", "text_pair"}``
-(segment ids as ablate gives them) and, for a regression model, asks for the raw output
-(``function_to_apply="none"``). Torch-free.
-"""
+predicts, its labels, its dev score and a ``## Use`` example with transformers' ``text-classification``
+pipeline that runs as written (docs/guides/interop.md, "A fine-tuned classifier"). Torch-free."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Export: a trained model as a new folder a user can load (:func:`export`): a transformers checkpoint
-(``save_pretrained``, safetensors) when the config is expressible
-(:func:`~ablate.lightning_modules.interop.maps.family`), else ``model.safetensors`` of ablate's state
-dict; ``ablate.yaml``, the run's tokenizer as a transformers tokenizer and a model card
-(``README.md``, :mod:`~ablate.lightning_modules.interop.hub`) either way. A fine-tuned
-:class:`~ablate.lightning_modules.model.classifier.Classifier` exports the same way as a
-``*ForSequenceClassification`` (:mod:`~ablate.lightning_modules.interop.classifier`), without its
-FastBERT exits; a span model is :func:`~ablate.lightning_modules.interop.qa_export.export_span`'s.
-The loaders that read such folders back are :mod:`~ablate.lightning_modules.interop.pretrained`'s and
-:mod:`~ablate.lightning_modules.interop.classifier`'s.
-"""
+when the config is expressible, else ablate's ``model.safetensors``; ``ablate.yaml``, the run's
+tokenizer and a model card either way. A fine-tuned classifier exports as a
+``*ForSequenceClassification`` without its FastBERT exits, a span model through
+:func:`~ablate.lightning_modules.interop.qa_export.export_span` (docs/guides/interop.md, "Export")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
 """What makes an export folder (:func:`ablate.lightning_modules.interop.export.export`) a Hugging Face
-model a user can load: tokenizer, model card, Hub upload.
-
-- :func:`hf_tokenizer` turns a run's WordPiece tokenizer (its ``tokenizers`` JSON file) into a
-  transformers fast tokenizer (``BertTokenizer``, backed by ``tokenizers``) with the run's
-  vocabulary, ``[PAD] [UNK] [CLS] [SEP] [MASK]``, ``do_lower_case`` = ``data.lowercase`` and
-  ``model_max_length`` = ``model.max_position``; :func:`save_tokenizer` writes it with
-  ``save_pretrained`` (``tokenizer.json`` + ``tokenizer_config.json``), so
-  ``AutoTokenizer.from_pretrained(folder)`` loads it and ablate's own readers
-  (``tokenizers.Tokenizer.from_file``) read the same ``tokenizer.json``.
-- :func:`model_card`: the folder's ``README.md`` (Hub metadata, how to load it, parameter and
-  FLOP counts, the run's final metrics, the resolved config); for a fine-tuned classifier also
-  its task, labels and dev metric, an example that runs as written, and that FastBERT's exits are
-  not exported (:mod:`~ablate.lightning_modules.interop.classifier_card`).
-- :func:`hub_api` / :func:`push_to_hub`: upload the folder with ``huggingface_hub`` (imported
-  only when asked for).
-"""
+model a user can load: the run's tokenizer as a transformers fast tokenizer (:func:`hf_tokenizer`,
+:func:`save_tokenizer`), the model card (:func:`model_card`), and the Hub upload (:func:`hub_api`,
+:func:`push_to_hub`, ``huggingface_hub`` imported only when asked for). docs/guides/interop.md, "Export"."""
 
 from __future__ import annotations
 
@@ -24,14 +11,16 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, StorageError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
 from ablate.lightning_modules.interop.classifier_card import classifier_use, tokenizer_length
 
 if TYPE_CHECKING:  # torch, tokenizers and transformers are imported when used: Hub checks answer without them
+    from huggingface_hub import HfApi
     from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from ablate.lightning_modules.model.classifier import Classifier
     from ablate.lightning_modules.model.heads import PretrainingModel
@@ -74,11 +63,11 @@ def same_vocabulary(a: str | Path, b: str | Path) -> bool:
     return load_tokenizer(a).get_vocab() == load_tokenizer(b).get_vocab()
 
 
-def _ids(tok: Any, text: tuple[str, str]) -> tuple[list[int], list[int]]:
+def _ids(tok: Tokenizer, text: tuple[str, str]) -> tuple[list[int], list[int]]:
     return tok.encode(text[0]).ids, tok.encode(*text).ids
 
 
-def hf_tokenizer(tokenizer: str | Path | Tokenizer, lowercase: bool, max_length: int) -> Any:
+def hf_tokenizer(tokenizer: str | Path | Tokenizer, lowercase: bool, max_length: int) -> PreTrainedTokenizerFast:
     """The transformers fast tokenizer (a ``PreTrainedTokenizerFast``) of a run's WordPiece tokenizer.
 
     A ``BertTokenizer`` over the run's vocabulary (BERT's normalizer, pre-tokenizer, ``##``
@@ -94,7 +83,9 @@ def hf_tokenizer(tokenizer: str | Path | Tokenizer, lowercase: bool, max_length:
     if missing:
         raise ConfigError(f"{where}: lacks the special tokens {' '.join(missing)}")
     vocab = tok.get_vocab()
-    hf = transformers.BertTokenizer(vocab=vocab, do_lower_case=lowercase, model_max_length=max_length, **SPECIAL_TOKENS)
+    hf: PreTrainedTokenizerFast = transformers.BertTokenizer(
+        vocab=vocab, do_lower_case=lowercase, model_max_length=max_length, **SPECIAL_TOKENS
+    )
     if _ids(hf.backend_tokenizer, _PROBE) != _ids(tok, _PROBE):  # not BERT's recipe: keep the run's own
         hf = transformers.PreTrainedTokenizerFast(
             tokenizer_object=tok,
@@ -288,7 +279,7 @@ def _size_rows(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> l
     ]
 
 
-def hub_api(repo: str) -> Any:
+def hub_api(repo: str) -> HfApi:
     """A ``huggingface_hub.HfApi`` able to push to ``repo``, checked before anything is exported.
 
     ConfigError when ``huggingface_hub`` (the ``hf`` extra) is not installed, ``repo`` is not a repository id
@@ -310,10 +301,11 @@ def hub_api(repo: str) -> Any:
     token = huggingface_hub.get_token()
     if not token:
         raise ConfigError("--push-to-hub: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
-    return huggingface_hub.HfApi(token=token)
+    api: HfApi = huggingface_hub.HfApi(token=token)
+    return api
 
 
-def push_to_hub(api: Any, folder: str | Path, repo: str, private: bool = False) -> str:
+def push_to_hub(api: HfApi, folder: str | Path, repo: str, private: bool = False) -> str:
     """Create ``repo`` (if new) and upload ``folder`` to it; the repository's URL.
 
     StorageError (one line) when the Hub refuses or cannot be reached; the folder stays.

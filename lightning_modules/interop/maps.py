@@ -1,27 +1,14 @@
-"""Which Hugging Face ``transformers`` model a :class:`ModelConfig` is, and which tensor is which.
-
-Three families are expressible:
-
-- ``bert`` (``BertForPreTraining``): plain embedding, E == H, no bottleneck, no sharing, F = 1,
-  LayerNorm.
-- ``albert`` (``AlbertForPreTraining``): plain embedding, no bottleneck, sharing ``all``
-  (``num_hidden_groups=1``) or ``none`` with E != H (``num_hidden_groups=L``), F = 1, LayerNorm.
-- ``mobilebert`` (``MobileBertForPreTraining``): trigram embedding, no sharing; ``intra_dim``
-  None (``use_bottleneck=False``) or set, ``attention_input`` ``bottleneck``
-  (``use_bottleneck_attention``), ``shared_qk`` (``key_query_shared_bottleneck``) or
-  ``hidden`` (neither; HF reads Q and K through an intra-wide Linear, so only intra == H).
-
-All need learned positions, token types, the embedding norm and uniform layers. The weight
-map is a list of :data:`Pair`: one HF parameter, our parameter, and the rows of ours it is
-(our fused ``qkv`` is ``[Q | K | V]`` rows; HF has separate query/key/value): :func:`pairs` for
-``*ForPreTraining``, :func:`classifier_pairs` for ``*ForSequenceClassification``, copied by :func:`copy_pairs`.
-"""
+"""Which Hugging Face ``transformers`` model a :class:`ModelConfig` is (:func:`family`: ``bert``,
+``albert`` or ``mobilebert``, and what is not expressible), and which tensor is which: a list of
+:data:`Pair` (one HF parameter, ours, and the rows of ours it is: our fused ``qkv`` is ``[Q | K | V]``),
+for ``*ForPreTraining`` (:func:`pairs`) and ``*ForSequenceClassification`` (:func:`classifier_pairs`),
+copied by :func:`copy_pairs` (docs/guides/interop.md, "Conversion")."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ValidationError
@@ -29,6 +16,9 @@ from pydantic import ValidationError
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.model import MOBILEBERT_EPS, LayerSpec, ModelConfig
 from ablate.lightning_modules.model import names
+
+if TYPE_CHECKING:  # transformers is imported when used (the hf extra)
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # (HF parameter name, our parameter name, rows (start, stop) of ours or None for all of it)
 Pair = tuple[str, str, tuple[int, int] | None]
@@ -92,14 +82,15 @@ def family(cfg: ModelConfig) -> str:
     return name
 
 
-def hf_class(name: str, classes: dict[str, str] = CLASSES) -> Any:
+def hf_class(name: str, classes: dict[str, str] = CLASSES) -> type[PreTrainedModel]:
     """The transformers class of family ``name`` (``CLASSES`` or ``CLASSIFIER_CLASSES``)."""
     transformers = require("transformers", "hf")
 
-    return getattr(transformers, classes[name])
+    cls: type[PreTrainedModel] = getattr(transformers, classes[name])
+    return cls
 
 
-def hf_config(cfg: ModelConfig, name: str, **extra: Any) -> Any:
+def hf_config(cfg: ModelConfig, name: str, **extra: object) -> PretrainedConfig:
     """The transformers config of family ``name`` describing ``cfg`` (``extra``: further fields,
     e.g. a classifier's ``id2label`` and its dropout)."""
     transformers = require("transformers", "hf")
@@ -120,18 +111,21 @@ def hf_config(cfg: ModelConfig, name: str, **extra: Any) -> Any:
         pad_token_id=0,
         attn_implementation="sdpa",
     )
+    config: PretrainedConfig
     if name == "bert":
-        return transformers.BertConfig(**common, **extra)
+        config = transformers.BertConfig(**common, **extra)
+        return config
     if name == "albert":
-        return transformers.AlbertConfig(
+        config = transformers.AlbertConfig(
             **common,
             embedding_size=cfg.embed_dim,
             inner_group_num=1,
             num_hidden_groups=1 if cfg.sharing == "all" else cfg.num_layers,
             **{"classifier_dropout_prob": 0.0, **extra},
         )
+        return config
     neck = cfg.intra_dim is not None
-    return transformers.MobileBertConfig(
+    config = transformers.MobileBertConfig(
         **common,
         **extra,
         embedding_size=cfg.embed_dim,
@@ -144,9 +138,10 @@ def hf_config(cfg: ModelConfig, name: str, **extra: Any) -> Any:
         normalization_type=cfg.norm,
         classifier_activation=True,
     )
+    return config
 
 
-def _activation(act: Any) -> str:
+def _activation(act: object) -> str:
     if isinstance(act, str) and act in ("gelu", "relu"):
         return act
     if act in _TANH_GELU:
@@ -157,7 +152,7 @@ def _activation(act: Any) -> str:
     raise ConfigError(f"hidden_act: {act!r} is not supported (gelu or relu)")
 
 
-def model_config(hf: Any) -> tuple[str, ModelConfig]:
+def model_config(hf: PretrainedConfig) -> tuple[str, ModelConfig]:
     """Family and :class:`ModelConfig` of a transformers config; ConfigError if not supported."""
     name = getattr(hf, "model_type", None)
     if name not in CLASSES:
@@ -376,22 +371,24 @@ _MAPPING_IN = "albert.encoder.embedding_hidden_mapping_in"
 
 
 @torch.no_grad()
-def albert_identity_in(hf: Any, cfg: ModelConfig) -> set[str]:
+def albert_identity_in(hf: PreTrainedModel, cfg: ModelConfig) -> set[str]:
     """With E == H ours has no projection: HF ALBERT's ``embedding_hidden_mapping_in`` becomes the identity;
     the names written (none otherwise)."""
     if cfg.embed_dim != cfg.hidden_dim:
         return set()
-    mapping_in = hf.albert.encoder.embedding_hidden_mapping_in
+    tree: Any = hf  # transformers' submodules, by their attribute names
+    mapping_in = tree.albert.encoder.embedding_hidden_mapping_in
     mapping_in.weight.copy_(torch.eye(cfg.hidden_dim))
     mapping_in.bias.zero_()
     return {f"{_MAPPING_IN}.weight", f"{_MAPPING_IN}.bias"}
 
 
-def check_albert_identity_in(hf: Any, cfg: ModelConfig) -> None:
+def check_albert_identity_in(hf: PreTrainedModel, cfg: ModelConfig) -> None:
     """ConfigError unless HF ALBERT's ``embedding_hidden_mapping_in`` is the identity where ours has none (E == H)."""
     if cfg.embed_dim != cfg.hidden_dim:
         return
-    m = hf.albert.encoder.embedding_hidden_mapping_in
+    tree: Any = hf  # transformers' submodules, by their attribute names
+    m = tree.albert.encoder.embedding_hidden_mapping_in
     eye = torch.eye(cfg.hidden_dim, dtype=m.weight.dtype, device=m.weight.device)
     if not (torch.equal(m.weight, eye) and not m.bias.any()):
         raise ConfigError(

@@ -1,17 +1,8 @@
-"""The model card (``README.md``) an ONNX export writes beside ``model.onnx``: what the model is, its inputs and
-outputs, its labels (a regression model's score, a span model's start and end logits), the length its texts are
-cut at, how the export was checked, and a ``## Use`` snippet that runs as written with ``onnxruntime``,
-``tokenizers`` and ``numpy`` (the folder's ``tokenizer.json``, no transformers), for the model's kind:
-
-- single sentence: the texts of :data:`SENTENCES`, each printed as ``label<TAB>probability<TAB>text``;
-- sentence pair: the pairs of :data:`PAIRS` (the tokenizer's pair encoding: ``[CLS] a [SEP] b [SEP]``,
-  segment ids 0 then 1), printed as ``label<TAB>probability<TAB>a<TAB>b``;
-- regression (one output; pairs as STS-B, or one sentence): ``score<TAB>text(s)``;
-- span: :data:`QUESTION` over :data:`CONTEXT`, the answer's text printed (the best span of context tokens,
-  at most ``finetune.max_answer_length`` long, as ablate reads a window).
-
-Torch-free, so that a test can read the examples and ask ablate's own model about them.
-"""
+"""The model card (``README.md``) an ONNX export writes beside ``model.onnx``: what the model is, its
+inputs, outputs and labels, the length its texts are cut at, how the export was checked, and a
+``## Use`` snippet for the model's kind that runs as written with ``onnxruntime``, ``tokenizers`` and
+``numpy`` on :data:`SENTENCES`, :data:`PAIRS` or :data:`QUESTION` over :data:`CONTEXT`
+(docs/guides/interop.md, "The ONNX card"). Torch-free, so that a test can ask ablate's own model."""
 
 from __future__ import annotations
 

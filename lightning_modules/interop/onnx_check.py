@@ -1,27 +1,16 @@
-"""What an ONNX export is checked by: the real rows: a fine-tuning run's dev batches (the parity check and the
-quantized models' dev metric) and training batches (static int8's calibration), read as the run read them.
-
-The run's ``finetune`` section names its data (``finetune.train``/``finetune.validation``: a file, or a hub
-name the data catalog maps to a local copy); the rows are read and tokenized by the fine-tuning datamodules'
-own functions (:mod:`ablate.datamodules.task_rows`, :mod:`ablate.datamodules.classification`,
-:mod:`ablate.datamodules.squad`), with the run's tokenizer and ``finetune.max_length``. Each batch holds the
-model's inputs (``input_ids``, ``token_type_ids``, ``attention_mask``) and its targets (``labels``; a span
-task's ``start_positions``/``end_positions``).
-
-:data:`METRICS` scores model outputs on those targets, one function per ``finetune.kind``: accuracy
-(classification), Pearson's r (regression, STS-B) and, for a span task, the share of windows whose
-start and end (each the highest logit) are the labelled ones; all in points (x100).
-:func:`session` and :func:`outputs` run an exported graph with ONNX Runtime on those batches;
-:class:`Check` holds the figures an export was checked by. onnx and onnxruntime come from the ``onnx``
-extra (:func:`require_onnx`); this module imports without them.
-"""
+"""What an ONNX export is checked by: a fine-tuning run's real rows, read and tokenized by the
+fine-tuning data modules' own functions as the run read them (dev batches for parity and the dev
+metric, training batches for static int8's calibration); :data:`METRICS` per ``finetune.kind``;
+:func:`session` and :func:`outputs` to run a graph with ONNX Runtime. Imports without the ``onnx``
+extra (:func:`require_onnx`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +25,9 @@ from ablate.datamodules.task_rows import Schema, read_split, splits
 from ablate.datamodules.tokenizer import special_ids
 from ablate.lightning_modules.config.errors import AblateError, ConfigError, DataError, require
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the ONNX graph's inputs, in this order
 DEV_ROWS = 256  # dev rows the export is checked on
@@ -110,7 +102,7 @@ def task_rows(f: FinetuneConfig, tokenizer: Path, dev_rows: int = DEV_ROWS, trai
     return read(f, tok, dev_rows, max(train_rows, 1))
 
 
-def require_onnx() -> tuple[Any, Any]:
+def require_onnx() -> tuple[ModuleType, ModuleType]:
     """onnx and onnxruntime (the ``onnx`` extra), or ConfigError: ``--format onnx needs the onnx extra ...``."""
     try:
         return require("onnx", "onnx"), require("onnxruntime", "onnx")
@@ -118,7 +110,7 @@ def require_onnx() -> tuple[Any, Any]:
         raise ConfigError(f"--format onnx needs the onnx extra: {exc}") from None
 
 
-def session(path: Path | str, threads: int | None = None) -> Any:
+def session(path: Path | str, threads: int | None = None) -> InferenceSession:
     """An ONNX Runtime CPU session of ``path`` (all graph optimizations; ``threads`` intra-op threads, None: ORT's
     default, every core; idle threads sleep rather than spin)."""
     _, ort = require_onnx()
@@ -138,7 +130,7 @@ def feed(batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {name: batch[name].long().numpy() for name in INPUTS}
 
 
-def outputs(sess: Any, rows: TaskRows) -> list[torch.Tensor]:
+def outputs(sess: InferenceSession, rows: TaskRows) -> list[torch.Tensor]:
     """The graph's output on each dev batch, shaped as the model's forward returns it ((B, C); span (B, T, 2))."""
     got = []
     for batch in rows.dev:

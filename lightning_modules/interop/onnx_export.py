@@ -1,20 +1,8 @@
-"""A fine-tuned model as an ONNX graph (``ablate export --format onnx``), checked against ablate's own.
-
-- :func:`to_onnx`: a :class:`~ablate.lightning_modules.model.classifier.Classifier` (single sentence,
-  sentence pair, regression) or :class:`~ablate.lightning_modules.model.span.SpanModel` traced by
-  ``torch.onnx.export`` (the torch.export-based exporter), inputs ``input_ids``, ``attention_mask``,
-  ``token_type_ids`` (int64, ``(batch, sequence)``, both axes dynamic); outputs ``logits`` ``(batch,
-  num_labels)``, or a span model's ``start_logits`` and ``end_logits`` ``(batch, sequence)``. FastBERT's
-  early exits (a data-dependent stop) are not exported: the graph is the final classifier, every layer run.
-- :func:`outputs`: run a graph with ONNX Runtime on ablate's batches, as the model's forward returns them.
-- :func:`export_onnx`: the export folder: ``model.onnx`` (fp32, or quantized by
-  :mod:`~ablate.lightning_modules.interop.onnx_quant`), the run's tokenizer, ``ablate.yaml`` (the run's
-  config), ``onnx.json`` (inputs, outputs, labels, what was quantized, the checks' figures) and ``README.md``
-  (:mod:`~ablate.lightning_modules.interop.onnx_card`: the same facts, and a snippet that runs it), written
-  through :func:`~ablate.lightning_modules.interop.hub.staged`, so a failed check leaves nothing.
-
-onnx and onnxruntime come from the ``onnx`` extra (:func:`require_onnx`); this module imports without them.
-"""
+"""A fine-tuned model as an ONNX graph (``ablate export --format onnx``), checked against ablate's own:
+:func:`to_onnx` traces a classifier or span model (FastBERT's exits left out), :func:`export_onnx`
+writes the folder (``model.onnx``, tokenizer, ``ablate.yaml``, ``onnx.json``, card) through
+:func:`~ablate.lightning_modules.interop.hub.staged`, so a failed check leaves nothing
+(docs/guides/interop.md, "ONNX"). Imports without the ``onnx`` extra."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""Quantized ONNX exports (``ablate export --format onnx --quantize ...``), made by ``onnxruntime.quantization``
-from the checked fp32 graph, and checked on the run's dev rows.
-
-- ``dynamic-int8``: ``quantize_dynamic``, int8 weights per output channel, activations quantized per batch at
-  run time (``MatMulInteger``); checked against ablate's own dynamic int8 model too (torch.ao,
-  :func:`~ablate.lightning_modules.methods.quantization.apply.quantize_dynamic_int8`).
-- ``static-int8``: ``quantize_static`` in QDQ format, int8 weights per channel, uint8 activations whose ranges
-  (MinMax) are calibrated on :data:`~ablate.lightning_modules.interop.onnx_check.CALIBRATION_ROWS` rows of the
-  task's training split; the ``MatMul`` and ``Gemm`` nodes are quantized.
-- ``int4`` (``weight-int4``), ``weight-int2``, ``weight-int8``: weight-only, block-wise (:data:`BLOCK_SIZE`
-  weights per scale, symmetric) ``MatMulNBits`` by ``MatMulNBitsQuantizer``; activations stay float (the
-  kernel computes in int8 with ``accuracy_level`` 4). ONNX Runtime's ``MatMulNBits`` holds 2-, 4- and
-  8-bit weights (:data:`NBITS`); other widths are refused.
-
-Each check compares the quantized graph's dev metric with ablate's fp32 model's: a drop of more than
-:data:`MAX_DROP` points fails the export. The share of predictions that agree is reported beside it.
-"""
+"""Quantized ONNX exports (``ablate export --format onnx --quantize ...``): ``dynamic-int8``,
+``static-int8`` (calibrated on :data:`~ablate.lightning_modules.interop.onnx_check.CALIBRATION_ROWS`
+training rows) and weight-only ``MatMulNBits`` at :data:`NBITS` bits, made by
+``onnxruntime.quantization`` from the checked fp32 graph; a dev metric more than :data:`MAX_DROP`
+points under ablate's fp32 model's fails the export (docs/guides/interop.md, "ONNX")."""
 
 from __future__ import annotations
 
@@ -24,8 +12,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -72,7 +60,7 @@ class _Calibration:
     def __init__(self, rows: TaskRows) -> None:
         self._batches = iter([feed(batch) for batch in rows.train])
 
-    def get_next(self) -> dict[str, Any] | None:
+    def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
 
 

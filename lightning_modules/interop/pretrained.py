@@ -1,28 +1,13 @@
-"""Interop with Hugging Face ``transformers``: convert, load, start from a checkpoint.
-
-- :func:`to_transformers` / :func:`from_transformers`: our :class:`PretrainingModel` <->
-  ``BertForPreTraining`` / ``AlbertForPreTraining`` / ``MobileBertForPreTraining``, when the
-  config is expressible (see :mod:`ablate.lightning_modules.interop.maps`). Encoder and sentence head
-  are exact for all three; so is the MLM head, for MobileBERT with ``model.mlm_head: mobilebert``
-  (HF's H -> H transform, LayerNorm over H, decoder ``[word_embedding (V x E) ; dense (V x (H - E))]``;
-  HF -> ours always builds that head).
-- A MobileBERT with our ``factorized`` head (H -> E, norm at E, tied V x E decoder) exports
-  approximately: our transform fills HF's first E rows (zeros elsewhere, ``dense`` = 0), so only
-  the norm statistics differ.
-- Writing a folder (a transformers checkpoint, or our state dict, with config, tokenizer and model
-  card) is :func:`ablate.lightning_modules.interop.export.export`.
-- :func:`load_pretrained` reads either; :func:`initial_model` builds the model a run with
-  ``init_from`` starts from (refusing a checkpoint whose tokenizer is not the run's).
-- A fine-tuned :class:`~ablate.lightning_modules.model.classifier.Classifier` is a
-  ``*ForSequenceClassification`` (:mod:`ablate.lightning_modules.interop.classifier`, whose
-  :func:`~ablate.lightning_modules.interop.classifier.load_classifier` reads such folders and
-  transformers classifier checkpoints).
-"""
+"""Interop with Hugging Face ``transformers``: :func:`to_transformers` / :func:`from_transformers`
+convert a :class:`PretrainingModel` to and from ``*ForPreTraining`` when the config is expressible
+(:mod:`ablate.lightning_modules.interop.maps`); :func:`load_pretrained` reads a transformers or an
+ablate checkpoint folder, :func:`initial_model` builds what a run with ``init_from`` starts from
+(docs/guides/interop.md, "Conversion" and "Starting from a checkpoint")."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import yaml
@@ -57,6 +42,9 @@ from ablate.lightning_modules.interop.maps import (
 from ablate.lightning_modules.model import names
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 
+if TYPE_CHECKING:  # transformers is imported when used (the hf extra)
+    from transformers import PreTrainedModel
+
 # the sentence task of each family; HF label 0 = in order, as ours
 SENTENCE: dict[str, Literal["sop", "nsp"]] = {"bert": "nsp", "albert": "sop", "mobilebert": "nsp"}
 _MLM = "cls.predictions"  # MobileBERT's MLM head, mapped by hand
@@ -67,7 +55,7 @@ def state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k.replace("_orig_mod.", ""): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
-def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
+def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> PreTrainedModel:
     """The equivalent transformers ``*ForPreTraining`` model, weights copied (ConfigError if not expressible).
 
     Without our sentence head, HF's pooler and NSP/SOP classifier keep HF's initialisation.
@@ -84,7 +72,8 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
         if name == "albert":  # our "no projection" (E == H) is HF's identity mapping
             written |= albert_identity_in(hf, cfg)
         if name == "mobilebert":
-            E, head, t = cfg.embed_dim, model.mlm_head, hf.cls.predictions.transform
+            tree: Any = hf  # transformers' submodules, by their attribute names
+            E, head, t = cfg.embed_dim, model.mlm_head, tree.cls.predictions.transform
             exact = cfg.mlm_head == "mobilebert"  # same head: every tensor maps; else ours fills HF's first E rows
             if not exact:
                 for param in (
@@ -92,7 +81,7 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
                     t.dense.bias,
                     t.LayerNorm.weight,
                     t.LayerNorm.bias,
-                    hf.cls.predictions.dense.weight,
+                    tree.cls.predictions.dense.weight,
                 ):
                     param.zero_()
             rows = slice(None) if exact else slice(0, E)
@@ -105,7 +94,7 @@ def to_transformers(model: PretrainingModel, cfg: ModelConfig) -> Any:
                 param[rows].copy_(value)
             if exact:
                 assert head.extra is not None, "model.mlm_head: mobilebert has the extra decoder columns"
-                hf.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
+                tree.cls.predictions.dense.weight.copy_(head.extra.t())  # (H - E, V)
             written |= {n for n in theirs if n.startswith(_MLM)}
             read |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
     untouched = {n for n in theirs if model.sentence_head is not None or not _is_sentence(n)}
@@ -120,7 +109,7 @@ def _is_sentence(hf_name: str) -> bool:
     )
 
 
-def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
+def from_transformers(hf: PreTrainedModel) -> tuple[ModelConfig, PretrainingModel]:
     """Our config and model for a transformers ``Bert|Albert|MobileBert ForPreTraining`` model.
 
     The sentence head is always built (``nsp`` for BERT and MobileBERT, ``sop`` for ALBERT).
@@ -137,7 +126,8 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
     mapping = pairs(name, cfg, True)
     written = copy_pairs(theirs, ours, mapping, to_hf=False)
     if name == "mobilebert":
-        head, t = model.mlm_head, hf.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
+        tree: Any = hf  # transformers' submodules, by their attribute names
+        head, t = model.mlm_head, tree.cls.predictions.transform  # cfg.mlm_head is "mobilebert": exact
         assert isinstance(head.norm, torch.nn.LayerNorm), "model.mlm_head: mobilebert norms with a LayerNorm"
         assert head.extra is not None, "model.mlm_head: mobilebert has the extra decoder columns"
         with torch.no_grad():
@@ -148,7 +138,7 @@ def from_transformers(hf: Any) -> tuple[ModelConfig, PretrainingModel]:
                 (head.norm.bias, t.LayerNorm.bias),
             ):
                 param.copy_(value)
-            head.extra.copy_(hf.cls.predictions.dense.weight.t())  # (V, H - E)
+            head.extra.copy_(tree.cls.predictions.dense.weight.t())  # (V, H - E)
         written |= {n for n in ours if n.startswith(names.mlm_head() + ".")}
     check_covered("ablate", set(ours), written)
     return cfg, model

@@ -1,20 +1,14 @@
 """A span task's :class:`~ablate.lightning_modules.model.span.SpanModel` <-> transformers
-``BertForQuestionAnswering`` / ``AlbertForQuestionAnswering`` / ``MobileBertForQuestionAnswering``.
-
-The encoder maps as for pre-training (:func:`~ablate.lightning_modules.interop.maps.encoder_pairs`) and
-the head is ``qa_outputs`` on both sides (Linear H -> 2: start, end). :func:`export_span` writes an
-export folder (``ablate export`` of a span run): ``AutoModelForQuestionAnswering`` and transformers'
-``question-answering`` pipeline read it, its tokenizer's ``model_max_length`` is ``finetune.max_length``
-(the pipeline's window), and its card shows the pipeline call that reads windows as ablate did.
-:func:`load_span_model` reads an export or a run's ``model/`` artifacts back.
-"""
+``*ForQuestionAnswering``: the encoder maps as for pre-training, the head is ``qa_outputs`` on both
+sides (Linear H -> 2: start, end). :func:`export_span` writes an export folder, :func:`load_span_model`
+reads an export or a run's ``model/`` artifacts back (docs/guides/squad.md, "Export")."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
@@ -44,6 +38,9 @@ from ablate.lightning_modules.interop.pretrained import state_dict
 from ablate.lightning_modules.model.encoder import build_encoder
 from ablate.lightning_modules.model.span import SpanModel, new_span_head
 
+if TYPE_CHECKING:  # transformers is imported when used (the hf extra)
+    from transformers import PreTrainedModel
+
 QA_CLASSES = {
     "bert": "BertForQuestionAnswering",
     "albert": "AlbertForQuestionAnswering",
@@ -57,7 +54,7 @@ def qa_pairs(name: str, cfg: ModelConfig) -> list[Pair]:
     return [*encoder_pairs(name, cfg), *((f"{HEAD}.{p}", f"{HEAD}.{p}", None) for p in ("weight", "bias"))]
 
 
-def to_transformers_qa(model: SpanModel, cfg: ModelConfig) -> Any:
+def to_transformers_qa(model: SpanModel, cfg: ModelConfig) -> PreTrainedModel:
     """The equivalent transformers ``*ForQuestionAnswering``, weights copied (ConfigError when ``cfg``
     has no transformers family)."""
     name = family(cfg)
@@ -74,7 +71,7 @@ def to_transformers_qa(model: SpanModel, cfg: ModelConfig) -> Any:
     return hf
 
 
-def from_transformers_qa(hf: Any) -> tuple[ModelConfig, SpanModel]:
+def from_transformers_qa(hf: PreTrainedModel) -> tuple[ModelConfig, SpanModel]:
     """Our config and :class:`SpanModel` for a transformers ``*ForQuestionAnswering``."""
     name, cfg = model_config(hf.config)
     if not isinstance(hf, hf_class(name, QA_CLASSES)):
