@@ -135,7 +135,7 @@ def execute(plan: RunPlan[M, H], ready: Prepared[M, H], run: ActiveRun, ctx: Run
     given what the one before handed on, with the run context's callbacks, clocks and checkpoints in
     each (resuming from what an earlier attempt left), then its finishers, each timed as
     ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics."""
-    logger = run_logger(run.uri, run.run_id, synchronous=False)
+    logger = run_logger(run.uri, run.run_id, synchronous=False, going_on=ctx.reopen is not None)
     store = PhaseStore.of(ctx, run)
     done, partial = store.resume_point(len(plan.phases))
     materials, handed, cfg = ready.materials, ready.handed, ready.cfg

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from mlflow import MlflowClient
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
@@ -35,9 +36,15 @@ class RunLogger(MLFlowLogger):
     """
 
     offset = 0
+    logged: Mapping[str, int] = {}
+    """Each metric's last step in the run's history before this attempt (a reopened run's): a resumed fit
+    does not log those steps again (the steps between its checkpoint and the stop), one point per step."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics, (step or 0) + self.offset)
+        at = (step or 0) + self.offset
+        new = {k: v for k, v in metrics.items() if at > self.logged.get(k, -1)}
+        if new:
+            super().log_metrics(new, at)
 
     def finalize(self, status: str = "success") -> None:
         self.flush()  # sent, not ended
@@ -48,10 +55,16 @@ class RunLogger(MLFlowLogger):
             self.experiment._tracking_client.store.flush_async_logging()
 
 
-def run_logger(uri: str, run_id: str, *, synchronous: bool = True) -> RunLogger:
+def run_logger(uri: str, run_id: str, *, synchronous: bool = True, going_on: bool = False) -> RunLogger:
     """The logger of run ``run_id`` in store ``uri`` (``synchronous`` False: metrics are sent in the
-    background during the fit, flushed when it ends)."""
-    return RunLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
+    background during the fit, flushed when it ends; ``going_on``: the run has a history of an earlier
+    attempt, whose steps are not logged again)."""
+    logger = RunLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
+    if going_on:
+        client = MlflowClient(uri)
+        keys = client.get_run(run_id).data.metrics
+        logger.logged = {k: max((m.step for m in client.get_metric_history(run_id, k)), default=-1) for k in keys}
+    return logger
 
 
 class ValidateAtEnd(Callback):

@@ -129,6 +129,9 @@ def test_a_run_stopped_mid_phase_resumes_and_ends_as_an_uninterrupted_one(source
     run = client.get_run(resumed.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[RESUMED]
     want, got = _history(client, straight.run_id), _history(client, resumed.run_id)
+    for key in got:  # the points the uninterrupted run has: nothing logged past the checkpoint is kept twice
+        points = [sorted(m.step for m in client.get_metric_history(r, key)) for r in (straight.run_id, resumed.run_id)]
+        assert points[1] == points[0], key
     assert set(got) == set(want)
     for key in want:
         assert set(got[key]) == set(want[key]), key  # the same steps
