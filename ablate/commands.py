@@ -135,7 +135,7 @@ def cmd_train_print_plan(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     cfg = _config(args.config, args.overrides) if args.config else None  # config errors answer before torch
-    if cfg is None and not args.resume:
+    if cfg is None and args.resume is None:
         raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
     from ablate.sweeps.engine import checkpoints, tracking
@@ -144,9 +144,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     from ablate.sweeps.plan import Machine, check_run, check_sqlite
 
     resume: str | bool = False
-    if args.resume:
+    if args.resume is not None:
         root = cfg.tracking.root if cfg is not None else DEFAULT_ROOT
         uri = tracking.resolve_tracking_uri(args.tracking_uri or (cfg.tracking.tracking_uri if cfg else None), root)
+        if not args.resume:  # --resume alone: which runs it can continue
+            stopped = checkpoints.stopped_runs(uri)
+            where = tracking.redact(uri)
+            raise ConfigError(
+                f"--resume: give a run id; stopped runs in {where}: {'; '.join(stopped)}"
+                if stopped
+                else f"--resume: no stopped run with a checkpoint in {where}"
+            )
         cfg, resume = checkpoints.resume_run(uri, args.resume, cfg)
     assert cfg is not None
     check_run(cfg, args.checkpoints, Machine.here())  # machine, names, folders: before anything is written
@@ -155,7 +163,13 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"resuming run {args.resume} from {resume}")
     uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
     plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
-    ctx = RunContext(tracking_uri=args.tracking_uri, checkpoint=plan, resume=resume, reopen=args.resume or None)
+    ctx = RunContext(
+        tracking_uri=args.tracking_uri,
+        checkpoint=plan,
+        resume=resume,
+        reopen=args.resume or None,
+        started=lambda run: _say_started(uri, run.run_id, going_on=bool(resume)),
+    )
     try:
         result = train(cfg, ctx)
     except Interrupted as stop:
@@ -167,6 +181,29 @@ def cmd_train(args: argparse.Namespace) -> None:
     _print_ui_hint(result.tracking_uri, run_id=result.run_id)
 
 
+def _resume_command(uri: str, run_id: str) -> str:
+    """``ablate train --resume RUN_ID`` (with the store, where ``--resume`` would not look by itself)."""
+    from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.sweeps.engine import tracking
+
+    elsewhere = uri != tracking.resolve_tracking_uri(None, DEFAULT_ROOT)
+    store = f" --tracking-uri {tracking.redact(uri)}" if elsewhere else ""
+    return f"ablate train --resume {run_id}{store}"
+
+
+def _say_started(uri: str, run_id: str, going_on: bool) -> None:
+    """The run's first line: its id, its store and the command that resumes it (a run killed without a
+    word, out of memory or preempted, can still be found)."""
+    from ablate.sweeps.engine import tracking
+
+    what = "goes on" if going_on else "started"
+    print(
+        f"run {run_id} {what} in {tracking.redact(uri)}; if it stops: {_resume_command(uri, run_id)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _train_advice(uri: str, run_id: str | None) -> str:
     """What resumes an ``ablate train`` that a signal stopped: the run's id, or why it cannot be resumed."""
     if run_id is None:
@@ -174,11 +211,7 @@ def _train_advice(uri: str, run_id: str | None) -> str:
     from ablate.sweeps.engine import checkpoints, tracking
 
     if checkpoints.resumable(tracking.existing(uri), run_id):
-        from ablate.lightning_modules.config.run import DEFAULT_ROOT
-
-        elsewhere = uri != tracking.resolve_tracking_uri(None, DEFAULT_ROOT)  # not where --resume looks by itself
-        store = f" --tracking-uri {tracking.redact(uri)}" if elsewhere else ""
-        return f"run {run_id} is KILLED; resume it with: ablate train --resume {run_id}{store}"
+        return f"run {run_id} is KILLED; resume it with: {_resume_command(uri, run_id)}"
     return (
         f"run {run_id} is KILLED; it was stopped before its first validation, so it kept no checkpoint and "
         "cannot be resumed: run the same command again to start it over"

@@ -88,7 +88,13 @@ def _train(sub: argparse._SubParsersAction[Parser], store: Parser) -> None:
     s = _add(modes, "run", "train one config as one MLflow run", cmd_train, prog="ablate train", parents=(store,))
     s.add_argument("config", nargs="?", metavar="CONFIG", help="CONFIG.yaml or a preset name (with --resume: optional)")
     _overrides(s)
-    s.add_argument("--resume", metavar="RUN_ID", help="continue a killed or failed run from its last checkpoint")
+    s.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        nargs="?",
+        const="",
+        help="continue a killed or failed run from its last checkpoint (no RUN_ID: list the store's stopped runs)",
+    )
     s.add_argument(
         "--checkpoints",
         metavar="WHERE",

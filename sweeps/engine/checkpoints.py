@@ -225,6 +225,31 @@ def run_checkpoint(client: MlflowClient, run_id: str, folder: str) -> str | None
     return download(client, run_id, folder)
 
 
+def stopped_runs(uri: str) -> list[str]:
+    """The runs of ``ablate train`` in store ``uri`` that a ``--resume`` can continue, newest first: KILLED,
+    FAILED or still RUNNING (killed without a word), each as ``RUN_ID (name, phase P)``."""
+    from ablate.sweeps.engine import tracking
+
+    client = tracking.existing(uri, "--resume")
+    found = []
+    for exp in client.search_experiments():
+        runs = client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"attributes.status != 'FINISHED' and tags.`{tracking.ROLE}` = 'run'",
+            order_by=["attributes.start_time DESC"],
+            max_results=20,
+        )
+        found += [
+            (
+                r.info.start_time,
+                f"{r.info.run_id} ({r.info.run_name}, {r.info.status}, phase {r.data.tags.get(tracking.PHASE, '-')})",
+            )
+            for r in runs
+            if WHERE in r.data.tags
+        ]
+    return [line for _, line in sorted(found, reverse=True)]
+
+
 def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[ExperimentConfig, str]:
     """What ``ablate train --resume RUN_ID`` continues: the run's config (``cfg`` must equal it when
     given) and its ``last.ckpt``.

@@ -58,6 +58,8 @@ class RunContext:
             (``measure``: its parameter, FLOP, latency and memory measurement; ``finisher:<name>``: each
             finisher of its plan; ``run``: the whole run, from its preparation to its end): the benchmark's
             hook, kept by every stage nested in it.
+        started: told the run once it exists (``ablate train`` says its id, store and how to resume it);
+            not kept by the stages nested in it.
     """
 
     tracking_uri: str | None = None
@@ -72,6 +74,7 @@ class RunContext:
     resume: str | bool = False
     reopen: str | None = None
     timed: Callable[[str, float, float], None] | None = None
+    started: Callable[[ActiveRun], None] | None = None
 
     def measure(self, what: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``what(*args, **kwargs)`` (the run's measurement), its start and end told to ``timed``."""
@@ -105,7 +108,7 @@ class RunContext:
         this context's callbacks, checkpoints and resume (a chained trial's pre-training), else none; its
         clocks and ``timed`` hook always; ``reopen``: the stage run of an earlier attempt to continue."""
         stage = dataclasses.replace(
-            self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, reopen=reopen
+            self, parent_run_id=parent_run_id, name=name, tags=dict(tags), params={}, reopen=reopen, started=None
         )
         return stage if trains else dataclasses.replace(stage, callbacks=(), checkpoint=None, resume=False)
 
@@ -233,6 +236,8 @@ def tracked_run(
     else:
         run_id = tracking.start_run(client, exp_id, name, run_tags, ctx.parent_run_id)
     run = ActiveRun(client, run_id, uri, name)
+    if ctx.started is not None:
+        ctx.started(run)
     sigint = signal.getsignal(signal.SIGINT)
     rearm = True  # Lightning ignores SIGINT after an interrupt; ablate's own handler ignores a second signal
     try:
