@@ -35,7 +35,9 @@ def task_data(task: FinetuneConfig, prefix: str = "finetune") -> tuple[TaskData,
 
 
 def check_data(cfg: ExperimentConfig) -> None:
-    """Resolve the data names ``cfg`` reads (see the module's docstring).
+    """Resolve the data names ``cfg`` reads, without reading them: a pre-training run's corpus, a fine-tuning
+    run's ``finetune.train`` and ``finetune.validation``, and the checkpoints and tokenizer it names. Local
+    files and the data catalog's copies must exist; other hub names are checked for their form (no network).
 
     Raises:
         DataError: a local file or the catalog's copy is missing; a hub name is malformed.
@@ -101,7 +103,8 @@ def describe(data: CorpusSpec | TaskData) -> str:
 
 
 def data_tags(cfg: ExperimentConfig) -> dict[str, str]:
-    """MLflow tags saying what the run's data names resolved to (see the module's docstring)."""
+    """MLflow tags saying what the run's data names resolved to: the catalog in effect and, per name, its
+    hub dataset or its files (and the slice of a file the catalog maps a split to)."""
     catalog = active_catalog()
     tags = {CATALOG_TAG: str(catalog.file)} if catalog is not None else {}
     if cfg.regime == "finetune":

@@ -197,7 +197,9 @@ def _max_context(spans: list[tuple[int, int]], n: int) -> list[np.ndarray]:
 
 
 def encode(tok: Tokenizer, questions: list[Question], cfg: FinetuneConfig) -> SpanSplit:
-    """Tokenize ``questions`` into windows (see the module's docstring)."""
+    """Tokenize ``questions`` into windows: ``[CLS] question [SEP] context [SEP]``, the question cut to
+    ``finetune.max_query_length`` tokens, the context read in windows ``finetune.doc_stride`` tokens apart; a
+    training window labelled with the first answer's first and last tokens, or [CLS] where it holds none."""
     sp = special_ids(tok)
     encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
     ids: list[int] = []

@@ -1,43 +1,14 @@
-"""A quantized model as it is deployed: its integer weights and scales, written and read back.
-
-A quantized run logs, beside its float ``model/`` artifacts (``model.safetensors``, ``config.yaml``):
-
-- ``model/quantized.safetensors``: every quantized layer's weight as integers and scales,
-  ``<layer>.weight.qdata`` (int8 codes; ``uint8`` with two 4-bit codes per byte, low nibble first,
-  for layers of 4 bits or fewer), ``<layer>.weight.scale`` and ``<layer>.weight.zero_point`` (torch.ao's
-  dynamic int8 Linear: per output channel, float64 scales and int64 zero points, and its
-  ``<layer>.bias``; torchao's layers: one scale and zero point per group of ``block_size`` weights), and
-  every other tensor of the model (norms, position table, heads, biases) in floating point as it runs.
-  No pickle: safetensors holds the integer dtypes.
-- ``model/quantization.yaml``: the method, ``quant.group_size`` and ``quant.embeddings``, the plan (bits per
-  layer), bits per quantized weight, and per quantized layer its kind (``torch.ao-dynamic`` or
-  ``torchao``), bits, block size, activation quantization and code shape.
-
-Contract of the readers (the ONNX export calls :func:`read_quantized`):
-
-- :func:`read_quantized` (a downloaded ``model/`` folder) returns a :class:`QuantizedModel`: ``cfg``
-  (the run's :class:`ExperimentConfig`), ``model`` (the quantized ``nn.Module`` in eval mode on the CPU:
-  a :class:`~ablate.lightning_modules.model.heads.PretrainingModel`, a
-  :class:`~ablate.lightning_modules.model.classifier.Classifier` or a
-  :class:`~ablate.lightning_modules.model.span.SpanModel`, the same class as the run's float model, its
-  quantized layers as the run scored them), ``plan`` (bits per quantized layer, embedding tables
-  included) and ``layers`` (the per-layer entries of ``quantization.yaml``). Its outputs are those of
-  the model the run scored, bit for bit (the same kernels on the same integers and scales).
-- :func:`dequantized` returns the float model whose quantized layers hold their dequantized weights
-  (``qdata - zero_point) * scale``): what a teacher learns from.
-
-How it is rebuilt: the float architecture from ``config.yaml`` (its float weights from
-``model.safetensors``), quantized as the run's ``quant`` and plan say (the same torch.ao / torchao layers),
-then every quantized layer's integers and scales, and every other tensor, replaced by the stored ones.
-A layer whose stored kind, block size or shape is not what that quantization builds is a DataError
-naming the file (the library changed how it stores it).
-"""
+"""A quantized model as it is deployed: its integer weights and scales, written
+(``model/quantized.safetensors`` and ``model/quantization.yaml``: :class:`QuantMeta`) and read back
+(:func:`read_quantized`: the model the run scored, bit for bit; :func:`dequantized`: its float model
+with dequantized weights). docs/guides/quantization.md, "The quantized model, kept", says what each
+file holds and how the model is rebuilt."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import torch
 import yaml
@@ -59,14 +30,50 @@ INNER = ("qdata", "scale", "zero_point")
 """The tensors of a quantized weight, stored as ``<layer>.weight.<name>``."""
 
 
+class LayerEntry(TypedDict, total=False):
+    """A quantized layer as ``quantization.yaml`` describes it (torch.ao's: ``axis``; torchao's: ``tensor``,
+    ``block_size``, ``activation``, ``packed``)."""
+
+    kind: str
+    bits: int
+    shape: list[int]
+    axis: int
+    tensor: str
+    block_size: list[int]
+    activation: str | None
+    packed: bool
+
+
+class QuantMeta(TypedDict):
+    """``quantization.yaml``: how the run quantized its model, and each quantized layer by name."""
+
+    format: int
+    method: str
+    group_size: int
+    embeddings: str
+    qat_steps: int
+    avg_bits: float | None
+    plan: dict[str, int]
+    layers: dict[str, LayerEntry]
+
+
 @dataclass(frozen=True)
 class QuantizedModel:
-    """A quantized run's model as it was scored (see the module's docstring for the contract)."""
+    """A quantized run's model as it was scored (:func:`read_quantized`).
+
+    Attributes:
+        cfg: The run's config.
+        model: The quantized model in eval mode on the CPU, of the run's float model's class
+            (``PretrainingModel``, ``Classifier`` or ``SpanModel``), its quantized layers as the run
+            scored them: its outputs are the run's, bit for bit (the same kernels on the same integers).
+        plan: Bits per quantized layer, embedding tables included.
+        layers: Each quantized layer's entry of ``quantization.yaml``.
+    """
 
     cfg: ExperimentConfig
     model: nn.Module
     plan: LayerBits
-    layers: dict[str, dict[str, Any]]
+    layers: dict[str, LayerEntry]
 
     @property
     def method(self) -> str:
@@ -95,7 +102,7 @@ def unpack(packed: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return (pairs[:count].to(torch.int16) - 8).to(torch.int8).reshape(shape)
 
 
-def _layer(module: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _layer(module: nn.Module) -> tuple[LayerEntry, dict[str, torch.Tensor]]:
     """A quantized layer's ``quantization.yaml`` entry and its tensors (``weight.qdata`` ...)."""
     weight = getattr(module, "weight")  # noqa: B009 - a method of torch.ao's layer, a tensor of torchao's
     if callable(weight):  # torch.ao dynamic int8: a packed per-channel quantized tensor
@@ -107,22 +114,22 @@ def _layer(module: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
             "weight.zero_point": w.q_per_channel_zero_points(),
             **({"bias": bias.detach()} if bias is not None else {}),
         }
-        entry = {"kind": DYNAMIC, "bits": 8, "axis": int(w.q_per_channel_axis()), "shape": list(w.shape)}
+        entry: LayerEntry = {"kind": DYNAMIC, "bits": 8, "axis": int(w.q_per_channel_axis()), "shape": list(w.shape)}
         return entry, tensors
     names, ctx = weight.__tensor_flatten__()
     if tuple(names) != INNER:
         raise TypeError(f"a torchao weight of {type(weight).__name__} holds {names}, not {INNER}")
     bits = _bits(ctx["target_dtype"])
     qdata = weight.qdata
-    entry = {
-        "kind": TORCHAO,
-        "tensor": type(weight).__name__,
-        "bits": bits,
-        "block_size": list(ctx["block_size"]),
-        "activation": ctx.get("activation_quantization"),
-        "shape": list(qdata.shape),
-        "packed": bits <= 4,
-    }
+    entry = LayerEntry(
+        kind=TORCHAO,
+        tensor=type(weight).__name__,
+        bits=bits,
+        block_size=list(ctx["block_size"]),
+        activation=ctx.get("activation_quantization"),
+        shape=list(qdata.shape),
+        packed=bits <= 4,
+    )
     tensors = {
         "weight.qdata": pack(qdata) if bits <= 4 else qdata,
         "weight.scale": weight.scale,
@@ -131,10 +138,11 @@ def _layer(module: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return entry, tensors
 
 
-def quantized_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+def quantized_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, LayerEntry]]:
     """``model``'s tensors as stored (quantized layers as integers and scales, the rest as it runs) and
     its quantized layers' entries, by layer name."""
-    layers, tensors = {}, {}
+    layers: dict[str, LayerEntry] = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name in quantized_layers(model):
         entry, own = _layer(model.get_submodule(name))
         layers[name] = entry
@@ -156,7 +164,7 @@ def write_quantized(
 
     tensors, layers = quantized_state(model)
     q = cfg.quant
-    meta = {
+    meta: QuantMeta = {
         "format": FORMAT,
         "method": q.method,
         "group_size": q.group_size,
@@ -181,7 +189,7 @@ def _float_model(folder: Path, cfg: ExperimentConfig) -> nn.Module:
     return load_pretrained(folder)[1]
 
 
-def _fill(model: nn.Module, name: str, entry: dict[str, Any], stored: dict[str, torch.Tensor], where: Path) -> None:
+def _fill(model: nn.Module, name: str, entry: LayerEntry, stored: dict[str, torch.Tensor], where: Path) -> None:
     """Layer ``name`` of ``model`` (built quantized as the run's was) given the stored integers and scales."""
     module = model.get_submodule(name)
     built, _ = _layer(module)
@@ -206,7 +214,7 @@ def _fill(model: nn.Module, name: str, entry: dict[str, Any], stored: dict[str, 
             getattr(weight, attr).copy_(value)
 
 
-def read_meta(folder: Path) -> dict[str, Any]:
+def read_meta(folder: Path) -> QuantMeta:
     """``quantization.yaml`` of a ``model/`` folder; DataError when it is missing or unreadable."""
     path = Path(folder) / QUANT_YAML
     try:
@@ -215,18 +223,18 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raise DataError(f"{path}: cannot read the quantized model's description ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("layers"), dict):
         raise DataError(f"{path}: not a quantized model's description (format {FORMAT})")
-    return meta
+    return cast(QuantMeta, meta)  # its form checked above
 
 
 def read_quantized(folder: Path) -> QuantizedModel:
-    """The quantized model a run's ``model/`` folder holds (see the module's docstring); DataError
+    """The quantized model a run's ``model/`` folder holds (:class:`QuantizedModel`); DataError
     when it holds none or its layers are not what the run's quantization builds."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     meta = read_meta(folder)
     cfg = load_config(folder / "config.yaml")
-    layers = cast(dict[str, dict[str, Any]], meta["layers"])
+    layers = meta["layers"]
     plan = {name: int(e["bits"]) for name, e in layers.items()}
     model = quantize(_float_model(folder, cfg), cfg.quant, meta.get("plan") or None)
     built = set(quantized_layers(model))

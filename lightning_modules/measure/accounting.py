@@ -1,20 +1,6 @@
-"""Parameters and FLOPs of a model, counted the same way for every architecture.
-
-Counting rule:
-- ``backbone`` = embeddings (word, position, token type, embedding norm, E->H projection)
-  + encoder blocks; no pooler, no pre-training heads. Shared modules count once.
-- ``heads`` = the MLM head (transform, norm, output bias; its decoder is tied to the word
-  embedding and not counted again) + the sentence head (pooler + classifier).
-- ``paper_count`` = backbone + pooler: the rule behind the ALBERT paper's and Hugging
-  Face's published counts (both keep the pooler in the model).
-- ``flops_per_token``: forward multiply-adds x 2 of the backbone's matrix products for one
-  token in a sequence of ``seq_len`` tokens (every Linear, bottlenecks and the trigram
-  projection included, plus attention scores QK^T and AV); a shared layer costs as much
-  as an unshared one, since it still runs L times. Element-wise work is not counted.
-- ``model_bytes``: what the whole model's weights (backbone and heads) take stored, each
-  tensor at its dtype, tied tensors once; a quantized model's at its quantized size
-  (:func:`stored_bytes`).
-"""
+"""Parameters and FLOPs of a model, counted the same way for every architecture: ``backbone``,
+``heads``, ``paper_count``, ``flops_per_token`` and ``model_bytes`` by the counting rule of
+docs/accounting.md."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""A model's measurement (:func:`~.accounting.metric_counts`: parameters, FLOPs, latency, activation
-memory) done once per model shape and precision on one machine, and reused by every later run of
-the same shape: in the process, and on disk under the tracking root
-(``<tracking.root>/cache/measure/<key>.json``), so that a study's second worker and a second
-invocation reuse it too.
-
-The key is everything the measurement depends on: the model's structure (each parameter's and
-buffer's name, shape and dtype, each module's class: heads, shared layers, a pruned or quantized
-model's modules), its config (the layer plan FLOPs walk), ``data.max_length`` (T),
-``data.batch_size`` (the memory batch), ``trainer.precision`` (the autocast), the fp32 matmul
-precision in force, the device with its name and torch's CPU threads, the host's name and CPU model,
-and the torch version. ``trainer.compile`` is not in it: the measurement runs the model eager.
-
-The cache is per machine (its key names the host and device). A latency measured while the machine
-was busy is reused as it was measured; delete the folder to measure again. A run that reuses an
-entry logs the same metrics and ``measure.device`` as the run that measured, and the params
-:data:`CACHE` (``reused``; ``measured`` on the run that measured) and :data:`CACHED_AT` (when and by
-which worker the entry was measured).
-"""
+"""A model's measurement (:func:`~.accounting.metric_counts`) done once per model shape and precision on
+one machine and reused by every later run of that shape, in the process and under
+``<tracking.root>/cache/measure/``; the key is everything the measurement depends on, and a reusing
+run logs :data:`CACHE` and :data:`CACHED_AT` (docs/performance.md, "A repeat run's start")."""
 
 from __future__ import annotations
 

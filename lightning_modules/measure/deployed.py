@@ -1,23 +1,7 @@
 """Timing a model as it is deployed (``ablate report``'s latency columns): at one thread and at every
-thread, a round at a time, whatever runs it; and the CPU's instruction sets, recorded beside the figures.
-
-A :class:`Target` is what is timed: given a thread count and a batch size, a call that runs one forward
-on random ids. :class:`TorchTarget` is a PyTorch model's; ONNX Runtime's targets are made above this layer
-(:mod:`ablate.reports.deployed`, which exports the graph ``ablate export --format onnx`` writes).
-:class:`Turns` keeps every timed repeat of one target by thread setting and batch size; a report times all
-its targets in turns (:func:`time_round`: one forward of each target after the other), round after round, in
-one process, so that each meets the same machine. As a run times itself
-(:func:`~ablate.lightning_modules.measure.profiling.time_forward`), each repeat is followed by one run of the
-fixed reference workload, at the same thread count. A target timed alone has the fastest repeat as its
-latency (:func:`~ablate.lightning_modules.measure.profiling.latency_metrics`); targets timed in turns have
-:func:`paired_metrics`: each one's median share of a turn, times the quietest turn (on a machine others
-share, the ratios between them then hold to a few percent from one pass to the next).
-
-Metric names: ``latency_ms_b1`` and ``latency_ms_b32`` at one thread (the default a table shows: a figure of
-the model, not of the machine's core count, and one whose ratios between models hold on a machine that others
-share), ``latency_ms_b1_all`` and ``latency_ms_b32_all`` at every thread the process may use (each with its
-``_spread`` and ``_reference``). On a GPU the thread count does not apply: only the default is timed.
-"""
+thread, targets timed in turns a round at a time (:class:`Target`, :class:`TorchTarget`, :class:`Turns`,
+:func:`time_round`, :func:`paired_metrics`), each repeat followed by the reference workload; and the
+CPU's instruction sets beside the figures (docs/reports.md, "Remeasured by default, as deployed")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """FastBERT's evaluation on a dev set: early exit at every speed threshold, timed at batch 1 on the CPU
-with real early exit (:func:`exit_curve`), or at the one speed a fine-tuned classifier is used at
-(:func:`used_at`); the metrics a run logs from them, the curve as CSV and its plot.
-
-For each speed s the metrics are ``<task>/speed_<s>/<metric>`` (the task metric of the early-exit
-predictions), ``.../layers`` (mean layers run), ``.../flops`` (forward FLOPs per example that
-implies) and ``.../latency_ms`` (measured batch-1 latency), with the full model's forward as
-``<task>/full_latency_ms``. The run (:mod:`ablate.sweeps.engine.exits`) logs them and the
-curve's CSV and plot as artifacts; reports plot the same metrics across runs
-(:mod:`ablate.reports.plots`, a plot with ``over``)."""
+with real early exit (:func:`exit_curve`), or at the one speed a classifier is used at
+(:func:`used_at`); the ``<task>/speed_<s>/...`` metrics a run logs from them, the curve as CSV and
+its plot (docs/guides/fastbert.md)."""
 
 from __future__ import annotations
 

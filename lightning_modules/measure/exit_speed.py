@@ -1,21 +1,7 @@
 """FastBERT's early exit measured (Liu et al. 2020): the metric, mean layers run, FLOPs and batch-1
 latency of early exit at a set of speeds (:func:`speed_curve`), the full model timed the same way
 (:func:`full_latency_ms`), the two timed in turns (:func:`latency_ratio`) and where examples leave
-(:func:`exit_counts`). The model side (the exits, :func:`~ablate.lightning_modules.model.early_exit.predict_early_exit`)
-is :mod:`ablate.lightning_modules.model.early_exit`.
-
-Measuring the latency ratio by hand (CPU, batch 1; a random model is fine, speeds force exits)::
-
-    from ablate.lightning_modules.model.early_exit import build_exits
-    from ablate.lightning_modules.measure.exit_speed import full_latency_ms, latency_ratio, speed_curve
-    model.exits = build_exits(width, num_layers, num_labels, dropout=0.0, init_std=1.0)
-    points = speed_curve(model, examples, labels, [0.0, 0.3, 0.5, 0.7], timed=200)
-    full = full_latency_ms(model, examples[:200])  # the model's own forward, timed the same way
-    for p in points:
-        print(p.speed, p.mean_layers, p.latency_ms, p.latency_ms / full)
-    r = latency_ratio(model, examples[:200], 0.5)  # robust on a busy machine: the two timed in turns
-    print(r.mean_layers, r.early_ms, r.full_ms, r.ratio)
-"""
+(:func:`exit_counts`). The model side is :mod:`ablate.lightning_modules.model.early_exit`."""
 
 from __future__ import annotations
 

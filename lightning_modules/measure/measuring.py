@@ -1,9 +1,7 @@
-"""How a measurement runs a model: on which device (:func:`training_device`, as Lightning resolves
-``trainer.accelerator``), described how for the record (:func:`describe_device`,
-:func:`describe_machine`), in which mode and uncompiled (:func:`placed`), under the autocast its
-training runs with (:func:`autocast_for`), on which inputs (:func:`random_batch`), and without
-shifting a seeded run's random streams (:func:`forked_rng`). :mod:`.profiling` (latency) and
-:mod:`.memory` (activation memory) measure with these."""
+"""How a measurement runs a model: on which device (:func:`training_device`), described how
+(:func:`describe_device`, :func:`describe_machine`), in which mode and uncompiled (:func:`placed`),
+under its training's autocast (:func:`autocast_for`), on which inputs (:func:`random_batch`), and
+without shifting a seeded run's random streams (:func:`forked_rng`); for :mod:`.profiling` and :mod:`.memory`."""
 
 from __future__ import annotations
 

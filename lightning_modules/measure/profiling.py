@@ -1,20 +1,7 @@
-"""Measured cost of a model (it runs the model; accounting.py counts without running it): its
-latency here, its activation memory in :mod:`.memory`, both by :func:`measure`.
-
-A run measures on the device it trains on (:func:`~.measuring.training_device` resolves
-``trainer.accelerator`` as Lightning does) and under the autocast it trains with
-(``trainer.precision``), and logs where (:func:`~.measuring.describe_device`). Inputs come from a
-private generator and every measurement runs under :func:`torch.random.fork_rng` over the CPU
-generator and the measured CUDA device's: measuring never shifts a seeded run's random streams.
-
-Latency is the minimum of timed repeats after untimed warm-up runs (:func:`time_forward`): a busy
-machine only ever adds time, so the fastest repeat is the least disturbed figure. Beside it goes
-its spread, ``(median - min) / min``: near 0 on a quiet machine, large when something else was
-running (:func:`measure_latencies` names them ``latency_ms_b1`` and ``latency_ms_b1_spread``, ...).
-A machine busy the whole time gives repeats that agree, all slow: so a fixed reference workload
-runs after every timed repeat (:mod:`~ablate.lightning_modules.measure.reference_load`), and its median
-time goes beside the latency (``latency_ms_b1_reference``), for a report to compare across runs.
-"""
+"""Measured cost of a model (it runs the model; accounting.py counts without running it): its latency
+here, its activation memory in :mod:`.memory`, both by :func:`measure`, on the run's device, under its
+autocast, never shifting its random streams. A latency is the fastest timed repeat, with its spread and
+the reference workload's median beside it (docs/accounting.md, "Measured latency and memory")."""
 
 from __future__ import annotations
 

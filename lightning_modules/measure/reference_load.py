@@ -1,21 +1,7 @@
-"""A fixed reference workload, timed beside every latency: was the machine slow while it measured?
-
-A busy machine does not always show in a latency's spread: a model timed entirely beside someone
-else's job gets repeats that agree with each other, all of them slow (a 2-core machine logged
-724 ms and 98 ms for models an idle one times at 39 and 25). So
-:func:`ablate.lightning_modules.measure.profiling.time_forward` runs this workload once after every
-timed repeat of the model, on the same device and threads, and keeps its times. The workload never
-changes: a small fixed encoder-like stack (matrix products, GELU, residual adds and LayerNorms on the
-same inputs every time, float32, no autocast), many short parallel operations like a model's
-forward, so that it slows down as a forward does when other work takes the cores (on a loaded
-2-core machine the fastest of four 256 x 256 products stayed at 1.9 ms beside a forward twelve
-times slower than idle). On one machine its time only
-changes with what else runs there: a run logs the median of its runs as
-``latency_ms_b32_reference`` beside ``latency_ms_b32`` (the median: a short workload can slip
-into a quiet moment, and its fastest run would not show the load the forwards met), and a report
-marks a latency whose reference ran much slower than beside the table's quietest run
-(``ablate.reports.tables.REFERENCE_LIMIT``).
-"""
+"""A fixed reference workload, timed beside every latency: was the machine slow while it measured? A
+machine busy the whole time gives repeats that agree, all slow, so
+:func:`ablate.lightning_modules.measure.profiling.time_forward` runs this never-changing workload after
+every timed repeat (docs/reports.md, "The reference marker", says why it is built as it is)."""
 
 from __future__ import annotations
 

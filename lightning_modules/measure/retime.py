@@ -1,11 +1,7 @@
-"""Timing a run's model again, long after the run (``ablate report --remeasure``): the model rebuilt
-from the run's config with random weights (timing depends on the architecture, not the values),
-quantized as the run's model was, on the device the run measured on, and timed as runs time
-themselves (:func:`~ablate.lightning_modules.measure.profiling.time_forward`), a round at a time.
-
-Quantizing belongs to the methods layer above this one: the caller hands its quantizer in
-(:class:`Quantizer`, e.g. :func:`ablate.lightning_modules.methods.quantization.apply.quantized_like`).
-"""
+"""Timing a run's model again, long after the run (``ablate report --remeasure``): rebuilt from the run's
+config with random weights, quantized as the run's was by a :class:`Quantizer` the caller hands in
+(quantizing belongs to the methods layer above), and timed as runs time themselves, a round at a
+time (docs/reports.md)."""
 
 from __future__ import annotations
 

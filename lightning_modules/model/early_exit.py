@@ -1,19 +1,8 @@
-"""FastBERT's early exit (Liu et al. 2020, "FastBERT: a Self-distilling BERT with Adaptive
-Inference Time"), the model side.
-
-A :class:`~ablate.lightning_modules.model.classifier.Classifier` with ``exits`` has one exit classifier
-after every layer but the last (layer i's exit reads layer i's [CLS] vector); the last layer's
-exit is the final ``head``. The exits learn from the final classifier by self-distillation
-(:func:`self_distillation_loss`, the backbone and final head frozen); at inference an example
-leaves at the first layer whose exit is sure enough: its normalized entropy
-(:func:`normalized_entropy`) below the ``speed`` threshold (:func:`predict_early_exit`, batch 1;
-the layers after are not run). Measuring it (the metric, mean layers, FLOPs and batch-1 latency
-of a set of speeds) is :mod:`ablate.lightning_modules.measure.exit_speed`.
-
-The exits are BERT's pooler head (``classifier(dropout(tanh(pooler(h_cls))))``, a fresh pooler
-each, :func:`build_exits`); the paper's student classifiers put a small self-attention layer
-before their pooler and classifier, which we leave out.
-"""
+"""FastBERT's early exit (Liu et al. 2020), the model side: an exit classifier (BERT's pooler head,
+:func:`build_exits`) after every layer but the last, trained from the final classifier by
+self-distillation (:func:`self_distillation_loss`); at inference an example leaves at the first layer
+whose normalized entropy is below the ``speed`` threshold (:func:`predict_early_exit`). Measuring it:
+:mod:`ablate.lightning_modules.measure.exit_speed` (docs/guides/fastbert.md)."""
 
 from __future__ import annotations
 

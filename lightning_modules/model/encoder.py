@@ -1,16 +1,6 @@
-"""The encoder: embeddings and a stack of post-norm transformer blocks.
-
-A block is: (optional bottleneck in) -> attention sub-layer -> F feed-forward
-sub-layers -> (optional bottleneck out), every sub-layer ``norm(x + dropout(f(x)))``.
-
-Cross-layer sharing is resolved in one place, :func:`layer_plan`: the encoder keeps only
-the unique attention, feed-forward and bottleneck modules, and the plan says which of
-them layer i runs. Shared layers are therefore the same tensors, and their gradients
-accumulate.
-
-A layer runs through one stateless :class:`LayerBlock` handed its modules: compiled
-(:meth:`Encoder.compile_layers`), one graph serves every layer of one shape, of every encoder.
-"""
+"""The encoder: embeddings and a stack of post-norm transformer blocks, cross-layer sharing resolved in
+one place (:func:`layer_plan`: the unique modules and which of them layer i runs), each layer run by
+one stateless :class:`LayerBlock` that compiles once per layer shape (docs/development.md, "Layout")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""Where a pre-training model keeps its parameters: the dotted module names that pruning gates,
-layer surgery and checkpoint interop address, written once here.
-
-They follow the attributes of :class:`~ablate.lightning_modules.model.heads.PretrainingModel`
-(``encoder``, ``mlm_head``, ``sentence_head``) and of
-:class:`~ablate.lightning_modules.model.encoder.Encoder` (``embeddings``, ``attentions``,
-``ffn_stacks``, ``bottlenecks``, indexed by the *unique* module, as :func:`layer_plan` lays them
-out); ``tests/lightning_modules/model/test_names.py`` checks every family's model against them.
-
-Each function takes an optional ``part`` (``"inner.qkv"``, ``"norm.weight"``) appended to the name::
-
-    attention(2, "inner.qkv")  # 'encoder.attentions.2.inner.qkv'
-    ffn(0, 1, "norm")          # 'encoder.ffn_stacks.0.1.norm'
-"""
+"""Where a pre-training model keeps its parameters: the dotted module names that pruning gates, layer
+surgery and checkpoint interop address, written once here, after the attributes of
+:class:`~ablate.lightning_modules.model.heads.PretrainingModel` and
+:class:`~ablate.lightning_modules.model.encoder.Encoder` (unique modules, as :func:`layer_plan` lays
+them out); each takes an optional ``part``: ``attention(2, "inner.qkv")`` is ``'encoder.attentions.2.inner.qkv'``."""
 
 from __future__ import annotations
 

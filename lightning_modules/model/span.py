@@ -1,10 +1,7 @@
 """The model a span task (SQuAD) fine-tunes and keeps: an encoder and BERT's question-answering head,
-one linear layer H -> 2 over every token (``qa_outputs``: start and end logits).
-
-``SpanModel(batch)`` gives (B, T, 2) logits; ``SpanModel(batch, trace)`` records the encoder's
-internals (task distillation reads them). transformers' ``BertForQuestionAnswering`` has the same
-head under the same name.
-"""
+one linear layer H -> 2 over every token (``qa_outputs``: start and end logits, the name
+transformers' ``BertForQuestionAnswering`` gives it). ``SpanModel(batch)`` gives (B, T, 2) logits;
+``SpanModel(batch, trace)`` records the encoder's internals (task distillation reads them)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""A student with its own, smaller vocabulary, taught through it: the dual training of Zhao et al.
-(2019), "Extreme Language Model Compression with Optimal Subwords and Shared Projections".
-
-- :class:`VocabMap`: for each student token id, the teacher token with the same string (-1: none)
-  and whether the token continues a word (``##``); built once by the run from the two tokenizers
-  (:func:`ablate.datamodules.tokenizer.vocabulary_map`).
-- :class:`VocabBridge`: the frozen teacher reads a **mixed sequence** aligned position by position
-  with the student's. A position whose token has a teacher counterpart (and is a whole word: one
-  student piece) is given in the teacher's vocabulary with probability ``1 - mix_prob``, through
-  the teacher's word table; every other position in the student's, through the **student's own
-  word table** projected to the teacher's embedding width by a learned linear map (the bridge).
-  The teacher predicts the masked positions over the **student vocabulary**: its MLM head's
-  transform, then a decoder whose output embedding is the bridged student table (V_s x E_t). Its
-  cross-entropy is the ``dual`` term: the teacher's weights stay frozen, but the gradient flows
-  through it into the student's word table and the bridge, which is what puts the student's
-  embeddings in the teacher's space (Zhao's "optimal word embeddings" for the student vocabulary).
-
-Everything happens on the device (a Bernoulli draw, a gather through the id map, a ``torch.where``
-between the two embedded sequences): no host sync, one compiled graph.
-"""
+"""A student with its own, smaller vocabulary, taught through it: Zhao et al.'s (2019) dual training.
+:class:`VocabMap` pairs each student token with the teacher's of the same string; :class:`VocabBridge`
+has the frozen teacher read a sequence mixing both vocabularies and predict over the student's, all on
+the device (docs/guides/distillation.md, "A student with its own vocabulary")."""
 
 from __future__ import annotations
 
