@@ -125,11 +125,19 @@ def cmd_train_print_config(args: argparse.Namespace) -> None:
 
 
 def cmd_train_print_plan(args: argparse.Namespace) -> None:
-    """``ablate train print-plan CONFIG``: the phases and finishers the config makes, nothing run."""
+    """``ablate train print-plan CONFIG``: the phases and finishers the config makes, nothing run; after
+    every check ``ablate train`` makes before it writes (a plan that prints is a run that starts)."""
     cfg = _config(args.config, args.overrides)
     from ablate.sweeps.engine import runner
+    from ablate.sweeps.plan import Machine, check_run
 
-    print(f"{cfg.name}: regime {cfg.regime}")
+    check_run(cfg, None, None)  # names, folders, data files, columns and labels, sources named
+    try:  # a config for another machine (a GPU profile) still prints; it says why it would not run here
+        check_run(cfg, None, Machine.here())
+        here = ""
+    except ConfigError as exc:
+        here = f" (not runnable on this machine: {exc})"
+    print(f"{cfg.name}: regime {cfg.regime}{here}")
     print(runner.plan(cfg).describe())
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import yaml
+
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.engine import runner
@@ -69,3 +71,21 @@ def test_the_runner_executes_the_plan_it_prints(tmp_path, wiki_validation, monke
     assert all(
         f.name != "weights" for f in runner.REGIMES["pretrain"].plan(cfg).finishers
     )  # the runner's, not the regime's
+
+
+def test_print_plan_runs_the_checks_the_run_makes_first(tmp_path, capsys):
+    """A plan that prints is a run that starts: a column the task's file lacks is refused by both."""
+    from tests.conftest import SHARED_DATA
+
+    rte = SHARED_DATA / "glue" / "rte"
+    finetune = {"source": str(tmp_path), "task": "rte", "train": str(rte / "train.tsv")}
+    tree = {**finetune, "validation": str(rte / "validation.tsv"), "text_fields": ["question", "sentence2"]}
+    path = tmp_path / "ft.yaml"
+    path.write_text(yaml.safe_dump({"regime": "finetune", "finetune": tree}), encoding="utf-8")
+    os.chdir(tmp_path)
+    for command in (["train", "print-plan", str(path)], ["train", str(path)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: finetune.text_fields: 'question' is not a column of {rte / 'train.tsv'} "
+                       "(columns: sentence1, sentence2, label)"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml"]  # nothing written
