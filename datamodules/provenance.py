@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.datamodules.catalog import ENV, active_catalog, check_model
+from ablate.datamodules.hub_reach import check_reachable
 from ablate.datamodules.sources import CorpusSpec, TaskData, resolve_corpus, resolve_task
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
@@ -34,6 +35,15 @@ def task_data(task: FinetuneConfig, prefix: str = "finetune") -> tuple[TaskData,
     return train, val
 
 
+def check_task_reachable(task: FinetuneConfig, prefix: str = "finetune") -> None:
+    """A task's data resolved (:func:`task_data`), and its hub datasets the catalog does not map cached
+    or the hub reachable (:func:`~ablate.datamodules.hub_reach.check_reachable`)."""
+    found = task_data(task, prefix)
+    for key, data in zip(("train", "validation"), found or (), strict=False):
+        if not data.files:
+            check_reachable(f"{prefix}.{key}", data.name)
+
+
 def check_data(cfg: ExperimentConfig) -> None:
     """Resolve the data names ``cfg`` reads, without reading them: a pre-training run's corpus, a fine-tuning
     run's ``finetune.train`` and ``finetune.validation``, and the checkpoints and tokenizer it names. Local
@@ -44,9 +54,11 @@ def check_data(cfg: ExperimentConfig) -> None:
         ConfigError: ``ABLATE_DATA_CATALOG`` names a missing or malformed catalog.
     """
     if cfg.regime == "finetune":
-        task_data(cfg.finetune)
+        check_task_reachable(cfg.finetune)
     else:
-        resolve_corpus(cfg.data.corpus, cfg.data.text_field)
+        corpus = resolve_corpus(cfg.data.corpus, cfg.data.text_field)
+        if not corpus.files:  # a hub dataset the catalog does not map
+            check_reachable("data.corpus", cfg.data.corpus)
     for field, name in checkpoint_names(cfg).items():
         check_model(name, field)
 

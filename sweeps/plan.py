@@ -1,12 +1,7 @@
-"""A run's plan: what a config asks of this machine, of MLflow and of the file system, checked
-before anything is written.
-
-``ablate train`` and ``ablate sweep`` (for every trial a study can produce) call
-:func:`check_run` after the config is built and before a folder, store or run exists. What
-the config validation cannot know is checked here: the accelerator, device and node counts
-this machine has, launch strategies that cannot work with ablate's runner, a model too large
-to train in this machine's memory, names past MLflow's limits, and the folders the run writes.
-"""
+"""A run's plan: what a config asks of this machine, of MLflow and of the file system, checked by
+:func:`check_run` (``ablate train``, and ``ablate sweep`` for every trial a study can produce) before a
+folder, store or run exists: device and node counts, launch strategies, a model too large for this
+machine's memory, names past MLflow's limits, the folders the run writes."""
 
 from __future__ import annotations
 
@@ -15,10 +10,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ablate.datamodules.catalog import active_catalog, check_model
-from ablate.datamodules.provenance import check_data, task_data
+from ablate.datamodules.provenance import check_data, check_task_reachable
 from ablate.datamodules.task_rows import check_task_data
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import MAX_SEED, ExperimentConfig
@@ -32,7 +26,7 @@ from ablate.lightning_modules.config.metric_names import (
 from ablate.lightning_modules.config.paths import output_file, output_folder
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.sweeps.guard import reference_task
-from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
 MLFLOW_NAME = 250
@@ -195,7 +189,7 @@ def check_optimized_metric(
         raise ConfigError(f"{key}: {metric!r} is not logged by this study's trials{hint}")
 
 
-def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machine: Machine | None) -> None:
+def check_study(spec: StudySpec, base: BaseTree, where: Path | str, machine: Machine | None) -> None:
     """Every trial the study can produce (each grid point or range corner, variant and seed, its
     study model) checked as :func:`check_run` checks one run; and the metric it optimizes against them.
     ``machine`` None leaves out what the trials ask of the machine (``sweep --check``)."""
@@ -223,7 +217,7 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
         _check_guard_reference(spec, base, where)
     for i, task in enumerate(spec.tasks):  # each task's data, as check_data checks a run's
         try:
-            task_data(task, f"tasks[{i}]")
+            check_task_reachable(task, f"tasks[{i}]")
             if task.kind != "span":
                 check_task_data(task, f"tasks[{i}]")  # columns and labels of the local copies
         except (ConfigError, DataError) as exc:
@@ -255,7 +249,7 @@ def check_study(spec: StudySpec, base: dict[str, Any], where: Path | str, machin
             )
 
 
-def _check_guard_reference(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
+def _check_guard_reference(spec: StudySpec, base: BaseTree, where: Path | str) -> None:
     """A guard whose reference is the study model's value: its model logs the guard's metric (a
     pre-trained model its validation and accounting; a task's metric, the model fine-tuned on a task
     that distils from it)."""

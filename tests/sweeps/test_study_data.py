@@ -1,6 +1,6 @@
 """Studies that run anywhere: every shipped study names its data by hub name, checks with the data
 catalog (its names resolved to the local copies) and without it (hub names checked for their form,
-offline), and a run through the catalog says which files it read."""
+and found in the hub cache), and a run through the catalog says which files it read."""
 
 from __future__ import annotations
 
@@ -26,6 +26,25 @@ SHIPPED = ["sweeps", "docs", "reports", "lightning_modules", "datamodules", "ben
 SHIPPED_FILES = ["README.md", "Makefile", "mkdocs.yml", "pyproject.toml"]
 
 
+def _hub_cache(path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub cache at ``cache``, holding the hub datasets study ``path`` reads (offline: the hub
+    cannot be asked, and a hub name neither mapped nor cached is refused before anything runs)."""
+    from huggingface_hub import constants
+
+    from ablate.datamodules import hub_reach
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_reach.hub_answers.cache_clear()
+    monkeypatch.delenv(ENV, raising=False)
+    spec, base = load_study(path)
+    cfg = corner_configs(spec, base)[0]
+    names = [t.name for i, task in enumerate(spec.tasks) for t in task_data(task, f"tasks[{i}]") or ()]
+    for name in [cfg.data.corpus, *names]:
+        if "/" in name and not Path(name).exists():
+            (cache / f"datasets--{name.split(':')[0].replace('/', '--')}").mkdir(exist_ok=True)
+
+
 @pytest.mark.parametrize("with_catalog", [True, False], ids=["catalog", "hub"])
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_every_shipped_study_checks_with_and_without_the_catalog(
@@ -33,13 +52,15 @@ def test_every_shipped_study_checks_with_and_without_the_catalog(
     with_catalog: bool,
     data_catalog: Path | None,
     tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     if with_catalog and data_catalog is None:
         pytest.skip(f"no local copies at {SHARED_DATA} for the catalog to map the hub names to")
-    if not with_catalog:
+    if not with_catalog:  # a user elsewhere, who has read these hub datasets once: in the hub cache
         monkeypatch.delenv(ENV, raising=False)
+        _hub_cache(path, tmp_path_factory.mktemp("hub"), monkeypatch)
     monkeypatch.chdir(tmp_path)
     code = main(["sweep", "--check", str(path)])
     out, err = capsys.readouterr()
