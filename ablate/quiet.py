@@ -41,6 +41,7 @@ HIDDEN: dict[str, str] = {
     "lightning_utilities.core.rank_zero": LIGHTNING,  # whichever Lightning set last
     "lightning.pytorch.accelerators.cuda": r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: ",
     "lightning.pytorch.trainer.connectors.signal_connector": r"Received SIGTERM: ",
+    "root": r"^Please consider (to run )?pre-processing before quantization",  # onnxruntime's, on --quantize
 }
 
 

@@ -40,3 +40,15 @@ def test_lightning_notes_are_hidden_and_its_other_lines_are_not() -> None:
     hidden = _stderr(HIDE + trainer)
     assert "Tip" not in hidden and "available" not in hidden and "configured so" not in hidden
     assert "a real note" in hidden
+
+
+def test_onnxruntime_pre_processing_advice_is_hidden_and_other_root_warnings_are_not() -> None:
+    """onnxruntime's quantizer logs its pre-processing advice on the root logger at every
+    ``export --quantize``: hidden; another root warning still shows."""
+    advice = (
+        "import logging; logging.warning('Please consider to run pre-processing before quantization. Refer to x'); "
+        "logging.warning('a real warning')"
+    )
+    assert "Please consider" in _stderr(advice)
+    hidden = _stderr(HIDE + advice)
+    assert "Please consider" not in hidden and "a real warning" in hidden

@@ -175,9 +175,11 @@ def exists(path: str) -> bool:
 
 def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -> str | None:
     """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none."""
+    from ablate.sweeps.engine import tracking
+
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp, tracking.quiet_downloads():
             got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{name}", tmp))
             return str(got.replace(Path(folder) / name))
     except (MlflowException, OSError):

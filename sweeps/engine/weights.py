@@ -60,7 +60,10 @@ def run_tokenizer(client: MlflowClient, run_id: str, workdir: Path) -> Path | No
         files = [a.path for a in client.list_artifacts(run_id, TOKENIZER_ARTIFACT) if a.path.endswith(".json")]
         if not files:
             files = [a.path for a in client.list_artifacts(run_id, ARTIFACT) if Path(a.path).name == TOKENIZER_FILE]
-        return Path(client.download_artifacts(run_id, files[0], str(workdir))) if files else None
+        if not files:
+            return None
+        with tracking.quiet_downloads():  # a small file: no progress bar
+            return Path(client.download_artifacts(run_id, files[0], str(workdir)))
     except MlflowException as exc:
         raise StorageError(f"run {run_id}: cannot download its tokenizer ({exc.message})") from None
 
@@ -131,7 +134,8 @@ def _download_model(uri: str, run_id: str, tmp: str) -> Path:
         what = "is not quantized" if regime == "none" else "saved no quantized model"
         raise ConfigError(f"{RUNS}{run_id} {what} (no {ARTIFACT}/{QUANTIZED} artifact beside its weights)")
     try:
-        return Path(client.download_artifacts(run_id, ARTIFACT, tmp))
+        with tracking.quiet_downloads():  # a few small files: no progress bar between the run's status lines
+            return Path(client.download_artifacts(run_id, ARTIFACT, tmp))
     except MlflowException as exc:
         raise StorageError(f"run {run_id}: cannot download its {ARTIFACT}/ artifacts ({exc.message})") from None
 
@@ -228,7 +232,8 @@ def _load_run(
         raise ConfigError(f"run {run_id}: saved no weights (no {ARTIFACT}/{WEIGHTS} artifact)")
     tmp = tempfile.mkdtemp(prefix="ablate-weights-")
     try:
-        local = Path(client.download_artifacts(run_id, ARTIFACT, tmp))
+        with tracking.quiet_downloads():  # a run's model: no progress bar between the run's status lines
+            local = Path(client.download_artifacts(run_id, ARTIFACT, tmp))
         cfg = load_config(local / "config.yaml")
         if want == "classifier" and cfg.regime != "finetune":
             raise _not_a_classifier(run_id, cfg.regime or "pretrain")
