@@ -1,30 +1,13 @@
-"""Every arm of a study, built on the meta device: the models its runs would make, at the study's own
-shapes, with what each method asks of its model checked, in well under a second and without memory.
-
-``ablate sweep --check`` and every sweep do this before anything is written, and ``--smoke`` does it
-instead of running a study this machine cannot run (a GPU study on a CPU machine). Per trial (every
-grid point or range corner and variant), by its regime (:data:`ARMS`):
-
-- pre-training: the model;
-- distillation: the student, joined to the study's teacher (layer and head maps, projections, the
-  layers and embeddings it starts from) unless the student has a vocabulary of its own (its map to the
-  teacher's is made from the two tokenizers, at run time);
-- pruning: the source can be pruned by the method (per-layer modules);
-- quantization: the group size fits the source, and the source has layers the method quantizes;
-- a quantized trial of another regime: its model has layers to quantize;
-- each fine-tuning task: the classifier (with FastBERT's exits), joined to its fine-tuned teacher
-  where it distils from the study's model.
-
-The study's model (teacher, prune_source, reference) is built once; a model given as a ``source``
-exists already and is checked when it is loaded, before its runs exist.
-"""
+"""Every arm of a study, built on the meta device (:func:`check_arms`): the models its runs would make at
+the study's own shapes, with what each method asks of its model checked (:data:`ARMS`, by regime), in
+well under a second and without memory; before every sweep, and by ``ablate sweep smoke`` instead of
+running a study this machine cannot run (docs/studies.md, "Checking a study, and its smoke run")."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -41,7 +24,7 @@ from ablate.lightning_modules.model.heads import PretrainingModel, build_pretrai
 from ablate.lightning_modules.model.span import build_span_model
 from ablate.lightning_modules.model.vocab_bridge import own_vocabulary
 from ablate.sweeps.engine.runner import run_name
-from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask
 
 
@@ -123,13 +106,22 @@ NOT_BUILT = ("optim.", "seed", "name", "tracking.")
 """Fields no module or model of an arm is built from: arms differing only in them are built once."""
 
 
-def _arm_fields(cfg: ExperimentConfig) -> dict[str, Any]:
+def _arm_fields(cfg: ExperimentConfig) -> dict[str, object]:
     return {k: v for k, v in flatten(cfg).items() if not k.startswith(NOT_BUILT)}
 
 
-def check_arms(spec: StudySpec, base: dict[str, Any], where: str) -> int:
-    """Build every arm of the study on the meta device as the module's docstring says; the number of
-    trials checked. ConfigError (naming the study file, the trial and the field) for an arm that cannot run."""
+def check_arms(spec: StudySpec, base: BaseTree, where: str) -> int:
+    """Build every arm of the study on the meta device; the number of trials checked. Per trial (every
+    grid point or range corner and variant), by its regime: pre-training, the model; distillation, the
+    student joined to the study's teacher (layer and head maps, projections, the layers it starts from)
+    unless it has a vocabulary of its own; pruning, a source the method can prune; quantization, a group
+    size that fits the source and layers the method quantizes (a quantized trial of another regime: layers
+    to quantize); each fine-tuning task, the classifier with its exits, joined to its fine-tuned teacher.
+    The study's model is built once; one given as a ``source`` is checked when it is loaded.
+
+    Raises:
+        ConfigError: naming the study file, the trial and the field, for an arm that cannot run.
+    """
     model = spec.study_model
     with torch.device("meta"):
         source = Source(None, None)

@@ -1,27 +1,24 @@
-"""A trial's earlier attempts: the run a retried trial goes on in.
-
-A trial stopped by a signal (or whose worker died) leaves its MLflow run KILLED and, once it had
-validated, a ``last.ckpt`` in the folder of its config (:func:`ablate.sweeps.engine.checkpoints.trial_plan`).
-Its retry resumes from that checkpoint and goes on in the same run, so that the trial's curves are one
-curve: the run becomes RUNNING again, tagged with the new trial number and ``ablate.resumed_from``, and
-ends as the retry ends. A chained trial goes on in its trial run and its pre-training stage run; a
-task's stage that was stopped stays KILLED beside the new one. An attempt stopped before its first
-validation left no checkpoint: the retry starts a new run, and the KILLED one stays (outside the
-study's link, which lists the finished trials).
-"""
+"""A trial's earlier attempts: the run a retried trial goes on in (:func:`stopped_attempt`: a KILLED run
+of the same config that kept a checkpoint, RUNNING again, tagged ``ablate.resumed_from``), or the run of
+an attempt that finished before its worker died (:func:`finished_attempt`); docs/studies.md,
+"Stopping and resuming"."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.checkpoints import Plan
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 FINISHED_BEFORE = "ablate.finished_before_retry"
 """On a run whose trial's worker died after it finished, taken by the retry: the dead trial's number."""
 
 
-def _killed_with(client: Any, exp_id: str, digest: str) -> list[Any]:
+def _killed_with(client: MlflowClient, exp_id: str, digest: str) -> list[Run]:
     """The KILLED runs that kept checkpoints of config ``digest``, newest first."""
     return list(
         client.search_runs(
@@ -32,14 +29,14 @@ def _killed_with(client: Any, exp_id: str, digest: str) -> list[Any]:
     )
 
 
-def _has_checkpoint(plan: Plan, client: Any, run_id: str) -> bool:
+def _has_checkpoint(plan: Plan, client: MlflowClient, run_id: str) -> bool:
     """Whether the run's ``last.ckpt`` is where a retry looks: the plan's folder, or its upload."""
     if not plan.mirror:
         return bool(checkpoints.resume_path(plan, client, run_id))
     return checkpoints.resumable(client, run_id)
 
 
-def stopped_attempt(client: Any, exp_id: str, plan: Plan | None, *, chained: bool) -> str | None:
+def stopped_attempt(client: MlflowClient, exp_id: str, plan: Plan | None, *, chained: bool) -> str | None:
     """The run (a trial's, in experiment ``exp_id``) that a retry of the trial checkpointed by ``plan``
     goes on in: the newest KILLED run of the same config that left a checkpoint (for a ``chained`` trial
     the checkpoint is its pre-training stage's, and the run its parent, the trial run); None: a new run."""
@@ -56,7 +53,7 @@ def stopped_attempt(client: Any, exp_id: str, plan: Plan | None, *, chained: boo
     return None
 
 
-def stopped_stage(client: Any, trial_run: str) -> str | None:
+def stopped_stage(client: MlflowClient, trial_run: str) -> str | None:
     """The KILLED pre-training stage run of a chained trial's run, to go on in (None: none)."""
     exp_id = client.get_run(trial_run).info.experiment_id
     found = client.search_runs(
@@ -71,7 +68,9 @@ def stopped_stage(client: Any, trial_run: str) -> str | None:
     return str(found[0].info.run_id) if found else None
 
 
-def finished_attempt(client: Any, exp_id: str, study: str, numbers: list[int], metric: str) -> tuple[str, float] | None:
+def finished_attempt(
+    client: MlflowClient, exp_id: str, study: str, numbers: list[int], metric: str
+) -> tuple[str, float] | None:
     """The run of an earlier attempt of a retried trial (trial ``numbers``, newest last) that FINISHED
     with ``metric`` logged before its worker died, its Optuna outcome never recorded (a SIGKILL between
     the run's end and the trial's): the run and its value, which the retry takes instead of training

@@ -1,19 +1,7 @@
-"""Chained trials: pre-train, score intrinsically, fine-tune on each task, as one trial.
-
-The trial is an MLflow run (nested under the study's parent) whose stages are runs nested
-under it, tagged ``ablate.stage`` (``pretrain``, ``finetune:<task>``) and linked by
-``ablate.pretrain_run``; the trial run carries every stage's final metrics plus
-``downstream/avg`` (the mean over tasks of each task's best ``finetune.metric``) and, when it
-fine-tunes GLUE tasks (a study's ``glue:`` tasks), ``glue/score`` (the mean over them of each task's
-score at its best validation, ``<task>/best_score``; WNLI only with the study's ``glue_wnli``) and
-``glue/tasks`` (how many it averages), so the study can optimize (``optimize.metric``) and report
-any of them, and the params ``technique.<name>``: the compression techniques its stages apply, read
-from their configs (:mod:`~ablate.lightning_modules.methods.techniques`).
-
-A task may list fine-tuning ``seeds`` (e.g. ``[0, 1, 2]``): the pre-trained model is then
-fine-tuned once per seed (one stage run each) and the trial carries each ``<task>/...``
-metric's mean over them, plus ``<task>/best_<metric>_std`` (sample standard deviation).
-"""
+"""Chained trials: pre-train, score intrinsically, fine-tune on each task (once per task seed), as one
+trial: a trial run with its stages nested under it, carrying every stage's final metrics,
+``downstream/avg``, ``glue/score`` where it fine-tunes GLUE tasks, and the ``technique.<name>``
+params (docs/guides/finetuning.md, "Chained studies")."""
 
 from __future__ import annotations
 

@@ -1,47 +1,36 @@
-"""What a study's trials are made of, recorded with the study, so that an edited study is never run
-on top of trials of its earlier self.
-
-A study's *definition* is everything its trials' configs and its ranking follow from: the base config
-and the study's fixed ``overrides``, the search space, the variants, the seeds, the fine-tuning tasks,
-the study's own model (teacher, prune_source or reference), the metric it optimizes and how it
-samples. It is stored in the Optuna study (user attribute ``ablate.definition``) when the study is
-created. Running the same study name again with another definition is refused, naming the first
-difference: its finished trials would otherwise be counted as the new study's (a study whose
-``trainer.max_steps`` went from 300 to 50 would train nothing and report the 300-step runs). To run
-the edited study, give it a new ``name:``; the old one's runs stay as they were.
-
-What may change without a new name: the report, the pruner (it only stops trials yet to run), the
-heartbeat and where checkpoints go.
-"""
+"""What a study's trials are made of (:func:`definition`), recorded in the Optuna study when it is
+created (``ablate.definition``), so that an edited study is never run on top of trials of its earlier
+self: :func:`check_unchanged` refuses another definition under the same name, naming the first
+difference (docs/studies.md, "An edited study")."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 import optuna
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.sweeps.spec import StudySpec
+from ablate.lightning_modules.config.yamlio import Json
+from ablate.sweeps.spec import BaseTree, StudySpec
 
 KEY = "ablate.definition"
 """The Optuna study's user attribute holding the definition (JSON)."""
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+def _flat(tree: object, prefix: str = "") -> dict[str, object]:
     """A nested mapping as dotted keys (lists and scalars as leaves)."""
     if not isinstance(tree, dict):
         return {prefix: tree}
     if not tree:
         return {prefix: {}} if prefix else {}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in tree.items():
         out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
-def definition(spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
+def definition(spec: StudySpec, base: BaseTree) -> dict[str, Json]:
     """The study's definition: each part as JSON-ready data (dotted keys where it is a config tree)."""
     model = spec.study_model
     parts = {
@@ -56,11 +45,11 @@ def definition(spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
         "n_trials": spec.n_trials,
         **({"source": spec.source} if spec.source is not None else {}),  # absent before studies had one
     }
-    parsed: dict[str, Any] = json.loads(json.dumps(parts, default=str))  # tuples as lists, as they come back
+    parsed: dict[str, Json] = json.loads(json.dumps(parts, default=str))  # tuples as lists, as they come back
     return parsed
 
 
-def _first_change(part: str, old: Any, new: Any) -> str:
+def _first_change(part: str, old: object, new: object) -> str:
     """The first difference of one part, as ``part key: NEW here, OLD when ...``."""
     if isinstance(old, dict) and isinstance(new, dict):
         flat_old, flat_new = _flat(old), _flat(new)
@@ -70,7 +59,7 @@ def _first_change(part: str, old: Any, new: Any) -> str:
     return f"{part}: {new!r} here, {old!r}"
 
 
-def check_unchanged(study: optuna.Study, spec: StudySpec, base: dict[str, Any], where: str) -> None:
+def check_unchanged(study: optuna.Study, spec: StudySpec, base: BaseTree, where: str) -> None:
     """Record the study's definition in a study that has none (new, or made before definitions were
     kept); else refuse one that differs (ConfigError naming the first change and the trials it would
     mix with)."""

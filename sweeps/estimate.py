@@ -1,26 +1,7 @@
-"""A GPU study's estimated wall time, said before it starts (``ablate sweep``, and ``--check``).
-
-One line, ``estimated wall time: ~N min (T trials x S steps x M ms/step + R runs x F s fixed cost)``:
-
-- **T trials x S steps**: the study's trials, and the optimizer steps of a trial on average (every
-  phase of its run, :func:`ablate.sweeps.engine.runner.plan`, and of its fine-tuning tasks); the
-  runs the study trains once (its teacher, prune_source or reference; the study's model fine-tuned
-  to teach a task) are counted in S and R too;
-- **M ms/step**: measured here, now: :data:`TIMED_STEPS` pre-training steps (after
-  :data:`WARMUP_STEPS`, compilation included) of the study's largest model shape (parameters x
-  tokens per batch) at its batch and sequence length, on the study's device, in its precision and
-  compiled as it says, on random tokens. Every step of the study is counted at that one time: a
-  smaller arm's step is shorter, a distillation's (the teacher's forward besides) and a fine-tuning
-  step at another length differ;
-- **R runs x F s**: every run's fixed cost (start-up, validation, measurement, teardown) from the
-  per-device table :data:`FIXED_COST_S`;
-- **C shapes x K s**: a compiled study (``trainer.compile``) compiles each configuration once (its seeds'
-  runs and later workers' take the graphs from PyTorch's caches): :data:`COMPILE_S` per configuration.
-
-A study is estimated when its file is a GPU study (``*_gpu.yaml``) or it trains on a GPU
-(``trainer.accelerator: gpu`` or ``cuda``). Where this machine lacks the study's device the line says
-that it cannot estimate, and why.
-"""
+"""A GPU study's estimated wall time, said before it starts (``ablate sweep``, ``sweep check``):
+``~N min (T trials x S steps x M ms/step + R runs x F s fixed cost + C configurations x K s
+compiling)``, M timed here and now (:data:`TIMED_STEPS` after :data:`WARMUP_STEPS`), F from
+:data:`FIXED_COST_S`, K :data:`COMPILE_S` (docs/studies.md, "Shipped studies")."""
 
 from __future__ import annotations
 
@@ -33,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
 if TYPE_CHECKING:  # torch and the engine are imported when a study is estimated: ``ablate sweep``'s errors come first
@@ -69,9 +50,10 @@ class Workload:
     """Runs that compile a shape of their own (the runs over the seeds: a seed's repeat reuses the graphs)."""
 
 
-def wants_estimate(spec: StudySpec, base: dict[str, Any], where: str | Path) -> bool:
+def wants_estimate(spec: StudySpec, base: BaseTree, where: str | Path) -> bool:
     """Whether the study is a GPU study: its file is ``*_gpu.yaml`` or it trains on a GPU."""
-    accelerator = str((base.get("trainer") or {}).get("accelerator", "auto")).lower()
+    trainer: Any = base.get("trainer") or {}  # a mapping: the base is validated
+    accelerator = str(trainer.get("accelerator", "auto")).lower()
     return str(where).endswith("_gpu.yaml") or accelerator in GPU_ACCELERATORS
 
 
@@ -92,7 +74,7 @@ def _size(cfg: ExperimentConfig) -> int:
     return params * cfg.data.batch_size * cfg.data.max_length
 
 
-def workload(spec: StudySpec, base: dict[str, Any]) -> Workload:
+def workload(spec: StudySpec, base: BaseTree) -> Workload:
     """The study's trials, steps and runs (its trials' average times their number, plus the runs it trains once)."""
     trials = corner_trials(spec, base)
     shapes = [cfg for _, cfg in trials]
@@ -122,7 +104,7 @@ def workload(spec: StudySpec, base: dict[str, Any]) -> Workload:
     return Workload(total, steps, runs, largest, round(runs / len(spec.seeds)) if largest.trainer.compile else 0)
 
 
-def _autocast(cfg: ExperimentConfig, device: torch.device) -> AbstractContextManager[Any]:
+def _autocast(cfg: ExperimentConfig, device: torch.device) -> AbstractContextManager[object]:
     import torch
 
     dtype = AUTOCAST.get(cfg.trainer.precision)
@@ -168,7 +150,7 @@ def step_seconds(cfg: ExperimentConfig, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def estimate_line(spec: StudySpec, base: dict[str, Any]) -> str:
+def estimate_line(spec: StudySpec, base: BaseTree) -> str:
     """The line, measured on this machine (or saying why it cannot be)."""
     from ablate.lightning_modules.measure.measuring import training_device
 
@@ -193,7 +175,7 @@ def estimate_line(spec: StudySpec, base: dict[str, Any]) -> str:
     )
 
 
-def print_estimate(spec: StudySpec, base: dict[str, Any], where: str | Path) -> None:
+def print_estimate(spec: StudySpec, base: BaseTree, where: str | Path) -> None:
     """Print the estimate of a GPU study (:func:`wants_estimate`); nothing for another study."""
     if wants_estimate(spec, base, where):
         print(estimate_line(spec, base), flush=True)

@@ -1,33 +1,13 @@
 """An accuracy guard on a study's objective (``optimize.guard``): the fastest or smallest configuration
-whose task metric stays within a bound of a reference, as an Optuna constraint.
-
-Example::
-
-    optimize:
-      metric: model_bytes            # what to minimize: latency_ms_b1, params.backbone, model_bytes ...
-      direction: minimize
-      guard:
-        metric: sst2/final_accuracy  # the metric that must hold
-        max_drop: 0.01               # absolute; or max_relative_drop: 0.01 (1% of the reference)
-        # reference: 0.92            # given; left out: the study model's value (its run's, or for a task's
-                                     # metric its fine-tuned copy's: a task that distils from it)
-
-Each trial's constraint (Optuna's ``trial.set_constraint("guard", ...)``) is ``bound - value`` (a
-``direction: minimize`` guard metric such as a loss: ``value - bound``), feasible at 0 or below, as
-Optuna expects. Samplers that use constraints (TPE) steer by it; the grid and random samplers record
-it. The chosen configuration is the best feasible trial; when none is feasible, the trial closest to
-the bound is still chosen and said to miss it (:func:`choose`).
-
-Each trial's MLflow run gets ``guard/value``, ``guard/reference``, ``guard/bound``, ``guard/violation``
-and the tag ``ablate.guard`` (``met`` or ``missed``); the study's parent run the tags the report reads
-(:data:`PARENT_TAGS`).
-"""
+whose task metric stays within a bound of a reference, as the Optuna constraint :data:`GUARD`; the
+chosen configuration the best feasible trial, else the closest to the bound (:func:`choose`); the
+tags the report reads, :data:`PARENT_TAGS` (docs/guides/quantization.md, "Accuracy-guarded compression")."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass as plain_dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -36,6 +16,7 @@ from ablate.lightning_modules.config.errors import STRICT, ConfigError, FieldErr
 
 if TYPE_CHECKING:
     import optuna
+    from mlflow import MlflowClient
 
     from ablate.sweeps.study_models import FinetuneTask, StudyModel
 
@@ -137,7 +118,11 @@ class Reference:
 
 
 def reference_of(
-    guard: GuardSpec, client: Any, study_model: str | None, tasks: Sequence[FinetuneTask], task_teachers: dict[int, str]
+    guard: GuardSpec,
+    client: MlflowClient,
+    study_model: str | None,
+    tasks: Sequence[FinetuneTask],
+    task_teachers: dict[int, str],
 ) -> Reference:
     """The guard's reference: given, else read from the run of the task teacher of the guard
     metric's task (:func:`reference_task`) or of the study model.
@@ -214,7 +199,7 @@ class GuardRun:
         value, ref = float(metrics[self.guard.metric]), self.reference.value
         return Verdict(value, self.guard.bound(ref), self.guard.violation(value, ref))
 
-    def record(self, trial: optuna.Trial, client: Any, run_id: str, metrics: dict[str, float]) -> Verdict:
+    def record(self, trial: optuna.Trial, client: MlflowClient, run_id: str, metrics: dict[str, float]) -> Verdict:
         """Set the trial's constraint and attrs, and the guard's metrics and tag on its MLflow run."""
         verdict = self.verdict(metrics)
         trial.set_constraint(GUARD, verdict.violation)
@@ -247,7 +232,7 @@ class Guarded(Protocol):
 
 
 def start_guard(
-    spec: Guarded, client: Any, parent: str, study_model: str | None, task_teachers: dict[int, str]
+    spec: Guarded, client: MlflowClient, parent: str, study_model: str | None, task_teachers: dict[int, str]
 ) -> GuardRun | None:
     """A guarded study's :class:`GuardRun` (its reference read now, after the study model trained), its
     tags set on the study's ``parent`` run; None for a study without ``optimize.guard``."""

@@ -1,20 +1,7 @@
 """``ablate sweep STUDY key=value ...``: a study run with changes to its base config, without editing
-its file (a quick run of a shipped study: ``trainer.max_steps=50``), as ``ablate train CONFIG key=value``
-changes a config.
-
-An override sets the field in the study's base config: in every trial, and in the base that the study's
-own model (teacher, prune_source, reference) is built from, where its own ``overrides:`` still win. It
-replaces the study's fixed ``overrides:`` of the same key. Refused, with one line and nothing written:
-a key that is not a config field (with the closest one), a field the study's search sets in each trial
-(:func:`~ablate.sweeps.reach.check_not_searched`: the override would be dropped), a field the sweep itself
-sets (the study model's source, the experiment and run names) and a chained study's ``finetune.*`` (its
-``tasks:`` are its fine-tuning).
-
-An overridden study is a study of its own, so that its trials are never mixed with the unchanged
-study's in one Optuna store or MLflow experiment: it is named ``NAME-<8 hex digits>``, a digest of its
-overrides (the same overrides give the same name, so the same command resumes it), or ``name=NEW``. Its
-parent run carries the overrides as the tag :data:`TAG`; every trial's params show the values.
-"""
+its file; refused where a key is not a config field, is searched, is set by the sweep, or is a
+chained study's ``finetune.*``. The changed study is a study of its own, ``NAME-<8 hex digits>``, its
+overrides on its parent run as :data:`TAG` (docs/studies.md, "Overrides on the command line")."""
 
 from __future__ import annotations
 
@@ -23,12 +10,12 @@ import dataclasses
 import hashlib
 import json
 import shlex
-from typing import Any
+from collections.abc import Mapping
 
 from ablate.lightning_modules.config.errors import ConfigError, did_you_mean
 from ablate.lightning_modules.config.load import config_keys, parse_override, set_dotted
 from ablate.sweeps.reach import check_not_searched
-from ablate.sweeps.spec import StudySpec
+from ablate.sweeps.spec import BaseTree, StudySpec
 
 TAG = "ablate.overrides"
 """The tag of an overridden study's parent run: its overrides as given (``trainer.max_steps=20``)."""
@@ -52,7 +39,7 @@ class Overridden:
     """
 
     spec: StudySpec
-    base: dict[str, Any]
+    base: BaseTree
     given: tuple[str, ...]
     original: str
 
@@ -62,13 +49,13 @@ class Overridden:
         return " ".join(shlex.quote(text) for text in self.given)
 
 
-def study_name(name: str, changes: dict[str, Any]) -> str:
+def study_name(name: str, changes: Mapping[str, object]) -> str:
     """``NAME-<8 hex digits>``: the name of study ``name`` with ``changes`` (the same changes, the same name)."""
     digest = hashlib.sha256(json.dumps(changes, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{name}-{digest}"
 
 
-def override_study(spec: StudySpec, base: dict[str, Any], texts: list[str]) -> Overridden:
+def override_study(spec: StudySpec, base: BaseTree, texts: list[str]) -> Overridden:
     """Apply ``key=value`` overrides to a validated study (raising ConfigError naming the key, before
     anything exists). The caller validates the result again (:func:`~ablate.sweeps.spec.validate_study`).
     """

@@ -1,22 +1,13 @@
-"""A searched key reaches every trial it is sampled for: nothing the study itself fixes replaces the
-sampled value, and the trial reads it. Otherwise the search would run silently without it (trials
-that differ only in a value nobody reads). Checked by :func:`~ablate.sweeps.spec.validate_study`.
-
-A searched key is refused (one ``error:`` line naming it and what overrides it) when:
-
-* the study fixes it too: in its ``overrides:`` (:func:`check_not_searched`, as a
-  command-line override is) or in a variant (the sampled value would replace the variant's);
-* it is ``seed`` (the study's ``seeds:`` set each trial's) or ``name`` (the study's own name);
-* no trial of the study reads it: another setting makes it moot
-  (:data:`MOOT`), or the trial's regime or quantization method does not use it (what a run logs as
-  its params, :func:`~ablate.lightning_modules.config.experiment.run_params`).
-"""
+"""A searched key reaches every trial it is sampled for (:func:`check_search_reaches`, from
+:func:`~ablate.sweeps.spec.validate_study`): refused when the study fixes it too (``overrides:``,
+:func:`check_not_searched`; a variant), when it is ``seed`` or ``name``, or when no trial reads it
+(:data:`MOOT`, or a regime or quantization method that does not use it); docs/configuration.md."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, run_params
@@ -26,11 +17,11 @@ class Searched(Protocol):
     """What these checks read of a study (:class:`~ablate.sweeps.spec.StudySpec`)."""
 
     @property
-    def search(self) -> Mapping[str, Any]: ...
+    def search(self) -> Mapping[str, object]: ...
     @property
-    def variants(self) -> Mapping[str, Mapping[str, Any]]: ...
+    def variants(self) -> Mapping[str, Mapping[str, object]]: ...
     @property
-    def overrides(self) -> Mapping[str, Any]: ...
+    def overrides(self) -> Mapping[str, object]: ...
 
 
 SET_BY_STUDY = {
@@ -64,10 +55,13 @@ def _unread(key: str, cfg: ExperimentConfig) -> str | None:
 
 
 def check_search_reaches(
-    spec: Searched, trials: Sequence[tuple[dict[str, Any], ExperimentConfig]], where: Path | str
+    spec: Searched, trials: Sequence[tuple[Mapping[str, object], ExperimentConfig]], where: Path | str
 ) -> None:
-    """Refuse a searched key that the study's own settings override or that no trial reads (see the
-    module's docstring); ``trials``: the checked trials (:func:`~ablate.sweeps.spec.corner_trials`)."""
+    """Refuse a searched key that the study's own settings override or that no trial reads: one the study
+    fixes too (in its ``overrides:``, or a variant, whose value the sampled one would replace), ``seed`` or
+    ``name`` (the study sets them), or one no trial reads (:data:`MOOT`, or its regime or quantization
+    method does not use it: not among its :func:`~ablate.lightning_modules.config.experiment.run_params`).
+    ``trials``: the checked trials (:func:`~ablate.sweeps.spec.corner_trials`)."""
 
     for key in spec.search:
         if key in SET_BY_STUDY:

@@ -1,19 +1,7 @@
-"""``ablate sweep STUDY --smoke``: the whole study, every arm, task, teacher and phase, for a handful of
-steps on a few hundred documents, with the study's own model shapes, in a store of its own.
-
-The smoke study is the study scaled down field by field (:data:`RULES`): every step count (training,
-validation interval, warm-up, distillation stages, pruning's gate and re-training phases, QAT, FastBERT's
-exits, fine-tuning) by one factor, chosen so that the longest training phase of the study takes about
-:data:`STEPS` steps (more where the study's schedules need more to stay valid: a progressive distillation
-needs a step per layer); the data it reads cut to what a few steps need (tokenizer documents, validation
-batches, fine-tuning examples, calibration batches, augmented copies). Its runs go to
-``<tracking.root>/smoke/<study>/`` (MLflow, Optuna and checkpoints), made afresh each time, so the
-study's own store is untouched and a smoke never resumes an earlier one. Every trial runs even when one
-fails; the command ends with the runs that failed and why, and exits 1 if any did.
-
-A study for a machine this one is not (its trials ask for a GPU it lacks) is not run: each of its models
-is built on the meta device instead and what its method needs of it checked (:mod:`ablate.sweeps.arms`).
-"""
+"""``ablate sweep smoke STUDY``: the whole study, every arm, task, teacher and phase, for a handful of
+steps on a little data, with the study's own model shapes, in a store of its own
+(``<tracking.root>/smoke/<study>/``): every step count scaled by one factor (:data:`RULES`) so that
+its longest phase takes about :data:`STEPS` steps (docs/studies.md, "Checking a study, and its smoke run")."""
 
 from __future__ import annotations
 
@@ -25,29 +13,30 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ablate.lightning_modules.config.distill import schedule
 from ablate.lightning_modules.config.errors import ConfigError, FieldError
 from ablate.lightning_modules.config.experiment import flatten
 from ablate.lightning_modules.config.load import build_config, set_dotted
-from ablate.sweeps.spec import PrunerSpec, StudySpec, corner_trials, validate_study
+from ablate.lightning_modules.config.yamlio import Json
+from ablate.sweeps.spec import BaseTree, PrunerSpec, StudySpec, corner_trials, validate_study
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask, StudyModel
 
 STEPS = 4
 """About how many steps the longest training phase of a smoke study takes."""
-Rule = Callable[[Any, float], Any]
+Rule = Callable[[Json, float], Json]
 """A field's smoke value from its value and the study's step factor."""
 
 
-def _steps(value: Any, k: float) -> Any:
+def _steps(value: Json, k: float) -> Json:
     """A step count scaled by ``k`` (at least 1; 0 stays 0: a phase that is off stays off)."""
     return max(1, math.ceil(value * k)) if isinstance(value, int) and value > 0 else value
 
 
 def _at_most(n: int) -> Rule:
     """The value, at most ``n`` (None, which means all of it, becomes ``n``)."""
-    return lambda value, k: n if value is None else min(value, n)
+    return lambda value, k: n if value is None else min(cast(int, value), n)  # a count
 
 
 RULES: Mapping[str, Rule] = {
@@ -78,7 +67,7 @@ RULES: Mapping[str, Rule] = {
 """The fields a smoke study changes, and how (a model's shape is never among them)."""
 
 
-def _changes(values: Mapping[str, Any], k: float) -> dict[str, Any]:
+def _changes(values: Mapping[str, Json], k: float) -> dict[str, Json]:
     """Dotted changes (a study's overrides, a variant's) with :data:`RULES` applied."""
     return {key: RULES[key](value, k) if key in RULES else value for key, value in values.items()}
 
@@ -87,11 +76,11 @@ ALWAYS = ("trainer", "optim", "data")
 """The sections every run reads: their defaults are scaled too (a method's section only where it is set)."""
 
 
-def _base(base: dict[str, Any], k: float) -> dict[str, Any]:
+def _base(base: BaseTree, k: float) -> BaseTree:
     """The base config tree with :data:`RULES` applied to what it sets, and to the defaults it leaves in
     the sections every run reads (a method's section is scaled where the base sets it: its fields are
     refused in a run that does not use it)."""
-    defaults = flatten(build_config({}))
+    defaults: dict[str, Any] = flatten(build_config({}))  # a config's values: plain data
     tree = copy.deepcopy(base)
     for key, rule in RULES.items():
         section, _, name = key.partition(".")
@@ -107,7 +96,7 @@ def _task(task: FinetuneTask, k: float) -> FinetuneTask:
     (four tasks of three seeds would be twelve fine-tunings per trial; the seeds' mean and spread are
     tested apart)."""
     fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
-    changed = {
+    changed: dict[str, Any] = {  # validated by FinetuneTask
         name: RULES[f"finetune.{name}"](value, k) for name, value in fields.items() if f"finetune.{name}" in RULES
     }
     distill = dict(task.distill) if task.distill is not None else None
@@ -125,7 +114,7 @@ def _model(section: M | None, k: float) -> M | None:
     return None if section is None else dataclasses.replace(section, overrides=_changes(section.overrides, k))
 
 
-def scaled(spec: StudySpec, base: dict[str, Any], k: float, root: Path) -> tuple[StudySpec, dict[str, Any]]:
+def scaled(spec: StudySpec, base: BaseTree, k: float, root: Path) -> tuple[StudySpec, BaseTree]:
     """``spec`` and ``base`` with every step count scaled by ``k`` and the data cut (:data:`RULES`),
     the first seed only, no pruner, its runs under ``root``."""
     tree = _base(base, k)
@@ -155,11 +144,11 @@ def scaled(spec: StudySpec, base: dict[str, Any], k: float, root: Path) -> tuple
     return smoke, tree
 
 
-def _longest(spec: StudySpec, base: dict[str, Any]) -> int:
+def _longest(spec: StudySpec, base: BaseTree) -> int:
     """The most training steps any run of the study takes (its trials', its study model's)."""
     trainer = base.get("trainer")
     default: int = build_config({}).trainer.max_steps
-    found = [trainer.get("max_steps", default) if isinstance(trainer, dict) else default]
+    found: list[Any] = [trainer.get("max_steps", default) if isinstance(trainer, dict) else default]  # int() below
     model = [spec.study_model.overrides] if spec.study_model is not None else []
     for changes in (spec.overrides, *spec.variants.values(), *model):
         if isinstance(changes.get("trainer.max_steps"), int):
@@ -170,7 +159,7 @@ def _longest(spec: StudySpec, base: dict[str, Any]) -> int:
     return max(int(n) for n in found)
 
 
-def _check_task_schedules(spec: StudySpec, base: dict[str, Any]) -> None:
+def _check_task_schedules(spec: StudySpec, base: BaseTree) -> None:
     """A task that distils in stages still has steps for each stage and for the prediction layer."""
     for params, cfg in corner_trials(spec, base):
         for task in spec.tasks:
@@ -183,7 +172,7 @@ def _check_task_schedules(spec: StudySpec, base: dict[str, Any]) -> None:
                 raise ConfigError(str(exc)) from None
 
 
-def smoke_study(spec: StudySpec, base: dict[str, Any], root: Path, where: str) -> tuple[StudySpec, dict[str, Any]]:
+def smoke_study(spec: StudySpec, base: BaseTree, root: Path, where: str) -> tuple[StudySpec, BaseTree]:
     """The smoke study of ``spec`` (runs under ``root``): steps scaled to about :data:`STEPS` for its longest
     phase, doubled until every schedule of the study is valid again (at most the study's own)."""
     longest = _longest(spec, base)
@@ -216,7 +205,7 @@ class Place:
         return f"sqlite:///{self.folder.resolve() / 'optuna.db'}"
 
     @classmethod
-    def of(cls, spec: StudySpec, base: dict[str, Any]) -> Place:
+    def of(cls, spec: StudySpec, base: BaseTree) -> Place:
         """``<tracking.root>/smoke/<study>``: the study's own root (``ablate-runs`` by default)."""
         root = build_config({"tracking": base.get("tracking", {})}).tracking.root
         return cls(Path(root) / "smoke" / spec.name)
@@ -227,7 +216,7 @@ class Place:
         self.folder.mkdir(parents=True)
 
 
-def run_smoke(spec: StudySpec, base: dict[str, Any], where: str) -> int:
+def run_smoke(spec: StudySpec, base: BaseTree, where: str) -> int:
     """Run the smoke study of ``spec`` to its end (every trial, whatever fails) and say how each run
     ended; 0 when every run finished, else 1."""
     from mlflow.tracking import MlflowClient

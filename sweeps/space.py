@@ -1,31 +1,19 @@
-"""The values a study's search can sample, and the combinations of them that are checked before
-anything runs (:func:`~ablate.sweeps.spec.corner_trials`).
-
-* A list of ``choices`` is checked at every choice.
-* An ``int`` range (and a ``float`` range with a ``step``) is checked at every value it can sample,
-  up to :data:`MAX_VALUES` of them; a longer one at its ends, the values next to them, evenly spaced
-  values between and every power of two in it (where divisibility changes most).
-* A continuous ``float`` range at its ends, :data:`INTERIOR` evenly spaced points between (in log
-  space for ``log``) and, where it spans a few integers, at each integer and halfway between (where a
-  value read as a whole number changes).
-
-A range is checked at its ends first, so the first value refused is an end where an end is bad.
-Every combination of the keys' values is checked where there are at most :data:`MAX_POINTS` (a grid
-always: its combinations are its trials); beyond that, every value of each key, and pairs of values
-of two keys (:data:`PAIRED` of each: ends and evenly spaced), the other keys at their first values.
-
-A study run again in the same store samples the same space (:func:`ablate.sweeps.search_changes.check_search_space`).
-"""
+"""The values a study's search can sample, and the combinations of them checked before anything runs
+(:func:`~ablate.sweeps.spec.corner_trials`): every choice, every value of a short range (at most
+:data:`MAX_VALUES`), else its ends first and chosen values between (:func:`range_values`); every
+combination up to :data:`MAX_POINTS` (a grid always), beyond that each value and pairs of values (:func:`points`)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    pass
+from ablate.lightning_modules.config.yamlio import Json
+
+T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 MAX_VALUES = 64
 """The most values of one range checked one by one; a longer range is checked at chosen values."""
@@ -39,8 +27,14 @@ MAX_INTEGERS = 16
 """A continuous range spanning at most this many integers is also checked at each of them, and halfway."""
 
 
-def range_values(low: float, high: float, *, step: float | None, log: bool, is_int: bool) -> list[Any]:
-    """The values of a numeric range that are checked, ends first (see the module's docstring)."""
+def range_values(low: float, high: float, *, step: float | None, log: bool, is_int: bool) -> list[int] | list[float]:
+    """The values of a numeric range that are checked, ends first (so that the first value refused is an end
+    where an end is bad): an ``int`` range (or a ``float`` one with a ``step``) at every value it can sample, up
+    to :data:`MAX_VALUES` of them, a longer one at its ends, the values next to them, evenly spaced values
+    between and every power of two in it (where divisibility changes most); a continuous range at its ends,
+    :data:`INTERIOR` evenly spaced points between (in log space for ``log``) and, where it spans at most
+    :data:`MAX_INTEGERS` integers, each of them and halfway between. A study run again in the same store
+    samples the same space (:func:`ablate.sweeps.search_changes.check_search_space`)."""
     if is_int:
         lo, stride = int(low), int(step or 1)
         count = (int(high) - lo) // stride + 1  # Optuna's suggest_int: high rounded down onto the steps
@@ -57,7 +51,7 @@ def range_values(low: float, high: float, *, step: float | None, log: bool, is_i
     return _ends_first(sorted({*inside, *(float(k) for k in integers), *halves, low, high}))
 
 
-def _on_grid(count: int, log: bool, value: Callable[[int], Any]) -> list[Any]:
+def _on_grid(count: int, log: bool, value: Callable[[int], N]) -> list[N]:
     """Every value of a grid of ``count`` values, or (a longer one) the chosen ones, ascending."""
     if count <= MAX_VALUES:
         return [value(i) for i in range(count)]
@@ -87,13 +81,13 @@ def _rounded(value: float, step: float) -> float:
     return round(value, places)
 
 
-def _ends_first(values: list[Any]) -> list[Any]:
+def _ends_first(values: list[T]) -> list[T]:
     if len(values) <= 2:
         return values
     return [values[0], values[-1], *values[1:-1]]
 
 
-def points(values: dict[str, list[Any]], *, full: bool) -> Iterator[dict[str, Any]]:
+def points(values: Mapping[str, Sequence[Json]], *, full: bool) -> Iterator[dict[str, Json]]:
     """The combinations checked: every one (``full``, or at most :data:`MAX_POINTS`), else the first
     values, each value of each key and pairs of values of two keys (the others at their first)."""
     keys = list(values)
@@ -111,7 +105,7 @@ def points(values: dict[str, list[Any]], *, full: bool) -> Iterator[dict[str, An
             yield first | {a: x, b: y}
 
 
-def _few(values: list[Any]) -> list[Any]:
+def _few(values: Sequence[T]) -> Sequence[T]:
     """Of a key's checked values (ends first), at most :data:`PAIRED` to pair with another key's: its
     ends and evenly spaced ones between (each value is checked alone too)."""
     if len(values) <= PAIRED:
@@ -121,7 +115,9 @@ def _few(values: list[Any]) -> list[Any]:
     return [*values[:2], *(inside[int(i * step)] for i in range(PAIRED - 2))]
 
 
-def culprits(point: dict[str, Any], values: dict[str, list[Any]], valid: Callable[[dict[str, Any]], bool]) -> list[str]:
+def culprits(
+    point: dict[str, Json], values: Mapping[str, Sequence[Json]], valid: Callable[[dict[str, Json]], bool]
+) -> list[str]:
     """The keys of an invalid ``point`` whose value makes it invalid: those where another of their
     values makes the point valid (all of the point's keys where no single change does)."""
     found = []

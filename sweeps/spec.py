@@ -1,55 +1,17 @@
-"""Study specs: a base experiment, a search space over config fields, seeds, the metric to
-optimize, sampler, pruner and the report to regenerate. Read from YAML and fully validated (every
-grid point builds a valid config) before anything runs.
-
-Example::
-
-    name: quickstart
-    base: {model: {preset: albert-tiny}, trainer: {max_steps: 200}}   # or a path to a config YAML
-    search:
-      model.embed_dim: {choices: [32, 128]}
-      model.sharing: {choices: [all, none]}
-      optim.lr: {low: 1.0e-4, high: 1.0e-2, log: true}      # float range (not for grid)
-    variants:                                               # optional named arms, each a set of overrides
-      tall-narrow: {model.num_layers: 8, model.hidden_dim: 96}
-      short-wide: {model.num_layers: 2, model.hidden_dim: 192}
-    seeds: [0, 1]
-    sampler: grid
-    pruner: {type: median, n_warmup_steps: 100}
-    optimize: {metric: val/loss, direction: minimize}      # Optuna's metric (base.objective: pre-training's)
-    # optimize: {metric: model_bytes, direction: minimize,   # or: the smallest (fastest) within an accuracy
-    #            guard: {metric: val/mlm_acc, max_drop: 0.01}}  # bound of the study model's (sweeps/guard.py)
-    teacher:                                                # optional: every trial distils from one teacher
-      model: {preset: bert-tiny}                            # trained once per study (or source: runs:/ID | DIR)
-      overrides: {trainer.max_steps: 600}                   # the teacher's own changes to the base
-    # prune_source: {model: ..., overrides: ...}            # or: the one model every trial prunes (schuBERT)
-    # reference: {model: ..., overrides: ...}               # or: the model every trial compresses, each by its
-                                                            # own regime (distill, prune, quant: five-families)
-    tasks:                                                  # optional: chained trials, pretrain -> fine-tune
-      - {task: sst2, train: data/sst2/train.tsv, validation: data/sst2/validation.tsv, max_steps: 800}
-                                                            # a whole finetune section each, plus seeds: [0, 1, 2]
-      - {glue: mrpc, max_steps: 300}                        # a GLUE task: the GLUE table's settings, overridable
-    # tasks: glue                                           # or: the GLUE benchmark, every task but WNLI
-    # source: runs:/RUN_ID                                  # or: no pre-training; fine-tune this model on the
-                                                            # tasks, a trial per seed (no search, no variants)
-    glue_wnli: false                                        # WNLI in tasks: glue and in glue/score (papers: out)
-    heartbeat: 10                                           # s between a running trial's heartbeats; silent
-                                                            # for 3x that = its worker died: retried
-    checkpoints: mlflow                                     # where trials keep last.ckpt for a retry: a folder or
-                                                            # fsspec URL all workers see, or mlflow (artifacts);
-                                                            # default: beside the MLflow store (sweeps.checkpoints)
-    report: albert-table3                                   # a shipped spec (reports/specs/), a REPORT.yaml path
-                                                            # relative to this file, or inline: see ReportSpec
-"""
+"""Study specs: a base experiment, a search space over config fields, seeds, the metric to optimize,
+sampler, pruner and the report to regenerate; read from YAML and fully validated (every grid point
+builds a valid config) before anything runs (:func:`load_study`). Every key, in one commented example:
+docs/studies.md, "A study file"."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
+from optuna.distributions import CategoricalChoiceType
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
@@ -65,6 +27,7 @@ from ablate.lightning_modules.config.experiment import REGIME_SOURCE, Experiment
 from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
+from ablate.lightning_modules.config.yamlio import Json
 from ablate.sweeps.guard import GuardSpec, check_reference
 from ablate.sweeps.reach import check_search_reaches
 from ablate.sweeps.space import culprits, points, range_values
@@ -90,6 +53,12 @@ TOKENIZER_FIELDS = (
     "data.tokenizer_docs",
 )
 """What determines the WordPiece tokenizer: the study's model and its trials must agree on all of it."""
+
+BaseTree = dict[str, Json]
+"""A study's base config tree as parsed (``base:`` inline, or the config file it names): what every
+trial's config is built from (:func:`trial_config`)."""
+Params = dict[str, Json]
+"""A trial's parameters: searched dotted fields, ``variant`` and ``seed``, by name."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -124,16 +93,17 @@ class ParamSpace:
             self.type is None and float(self.low).is_integer() and float(self.high).is_integer() and not self.log
         )
 
-    def suggest(self, trial: optuna.Trial, name: str) -> Any:
+    def suggest(self, trial: optuna.Trial, name: str) -> CategoricalChoiceType:
         """Sample this field for ``trial`` under its dotted name."""
         if self.choices is not None:
-            return trial.suggest_categorical(name, self.choices)
+            chosen: CategoricalChoiceType = trial.suggest_categorical(name, self.choices)
+            return chosen
         assert self.low is not None and self.high is not None  # checked: choices, or both low and high
         if self.is_int:
             return trial.suggest_int(name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
 
-    def corners(self) -> list[Any]:
+    def corners(self) -> Sequence[Json]:
         """The values checked before running: every value it can sample, or for a longer or continuous
         range its ends and chosen values between (:mod:`~ablate.sweeps.space`), ends first."""
         if self.choices is not None:
@@ -244,7 +214,7 @@ class StudySpec:
 
     @field_validator("tasks", mode="before")
     @classmethod
-    def _suite(cls, value: Any, info: ValidationInfo) -> Any:
+    def _suite(cls, value: object, info: ValidationInfo) -> object:
         """``tasks: glue``: every GLUE task (WNLI only with ``glue_wnli``), each with the table's settings."""
         if not isinstance(value, str):
             return value
@@ -270,7 +240,7 @@ class StudySpec:
         arms = {"variant": ParamSpace(choices=list(self.variants))} if self.variants else {}
         return {**self.search, **arms, "seed": ParamSpace(choices=list(self.seeds))}
 
-    def grid(self) -> dict[str, list[Any]]:
+    def grid(self) -> dict[str, list[CategoricalChoiceType]]:
         """The grid for Optuna's GridSampler."""
         return {k: list(v.choices or ()) for k, v in self.space.items()}
 
@@ -291,7 +261,7 @@ RENAMED = {
 """Study keys renamed, and what their new names say (a study that still names them is refused)."""
 
 
-def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
+def load_study(path: str | Path) -> tuple[StudySpec, BaseTree]:
     """Read and validate a study YAML; return the spec and the resolved base config tree."""
     path = Path(path)
     raw: dict[str, Any] = read_yaml(path)  # validated by StudySpec
@@ -311,7 +281,7 @@ def load_study(path: str | Path) -> tuple[StudySpec, dict[str, Any]]:
     return spec, base
 
 
-def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> None:
+def validate_study(spec: StudySpec, base: BaseTree, where: Path | str) -> None:
     """Fail before anything runs: unknown fields, grids without choices, impossible configs."""
     known = field_names()
     sections = {
@@ -349,7 +319,7 @@ def validate_study(spec: StudySpec, base: dict[str, Any], where: Path | str) -> 
 
 
 def _validate_study_model(
-    study_model: StudyModel, spec: StudySpec, base: dict[str, Any], students: list[ExperimentConfig], where: Path | str
+    study_model: StudyModel, spec: StudySpec, base: BaseTree, students: list[ExperimentConfig], where: Path | str
 ) -> None:
     """The study model's overrides name config fields, its config is valid and it shares the trials' tokenizer."""
     known, section = field_names(), study_model.SECTION
@@ -378,7 +348,7 @@ def _validate_study_model(
                 )
 
 
-def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConfig]:
+def corner_configs(spec: StudySpec, base: BaseTree) -> list[ExperimentConfig]:
     """The configs at the corners of the search space (every grid point for a grid).
 
     With a study model they name a placeholder as its source, so that the ``distill`` (``prune``,
@@ -387,7 +357,7 @@ def corner_configs(spec: StudySpec, base: dict[str, Any]) -> list[ExperimentConf
     return [cfg for _, cfg in corner_trials(spec, base)]
 
 
-def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str, Any], ExperimentConfig]]:
+def corner_trials(spec: StudySpec, base: BaseTree) -> list[tuple[Params, ExperimentConfig]]:
     """:func:`corner_configs` with each one's params (``variant`` included, the first seed). A point
     whose config is invalid raises a ConfigError naming its searched values (``search.model.num_heads=3:``)."""
     space = {k: v for k, v in spec.space.items() if k != "seed"}
@@ -408,11 +378,11 @@ def corner_trials(spec: StudySpec, base: dict[str, Any]) -> list[tuple[dict[str,
 
 
 def _searched_culprits(
-    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], values: dict[str, list[Any]], study_model: str | None
+    base: BaseTree, spec: StudySpec, params: Params, values: Mapping[str, Sequence[Json]], study_model: str | None
 ) -> list[str]:
     """The searched keys whose values make the invalid trial ``params`` invalid (:func:`culprits`)."""
 
-    def valid(changed: dict[str, Any]) -> bool:
+    def valid(changed: Params) -> bool:
         try:
             trial_config(base, spec, changed, study_model)
         except ConfigError:
@@ -422,9 +392,7 @@ def _searched_culprits(
     return [k for k in culprits(params, values, valid) if k in spec.search] or list(spec.search)
 
 
-def trial_config(
-    base: dict[str, Any], spec: StudySpec, params: dict[str, Any], study_model: str | None = None
-) -> ExperimentConfig:
+def trial_config(base: BaseTree, spec: StudySpec, params: Params, study_model: str | None = None) -> ExperimentConfig:
     """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params.
 
     Args:
@@ -437,7 +405,7 @@ def trial_config(
     """
     params = dict(params)
     name = params.pop("variant", None)
-    variant = spec.variants.get(name, {})
+    variant = spec.variants.get(name, {}) if isinstance(name, str) else {}  # a variant is named by its key
     try:
         field: str | None = spec.study_model.FIELD if spec.study_model is not None else "distill.teacher"
         if spec.reference is not None:
@@ -448,7 +416,7 @@ def trial_config(
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
 
 
-def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str | None:
+def _reference_field(base: BaseTree, changes: Mapping[str, object]) -> str | None:
     """The source field a trial's regime fills with the study's reference (None: a ``pretrain`` trial,
     trained from scratch beside the compressed ones; its tasks may still learn from the reference
     fine-tuned, ``tasks[i].distill``)."""
@@ -463,7 +431,7 @@ def _reference_field(base: dict[str, Any], changes: dict[str, Any]) -> str | Non
     return REFERENCE_FIELDS[regime]
 
 
-def study_model_config(base: dict[str, Any], spec: StudySpec) -> ExperimentConfig:
+def study_model_config(base: BaseTree, spec: StudySpec) -> ExperimentConfig:
     """The config of the model a study trains (its teacher, prune_source or reference): the base
     with its ``model`` section replaced by the study model's (and no ``init_from``, ``distill``,
     ``prune``, ``quant`` or ``finetune``, which are the trials'), then its ``overrides``; named

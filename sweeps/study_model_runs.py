@@ -1,22 +1,7 @@
 """The runs of a study's model (its ``teacher``, ``prune_source`` or ``reference``): a given one
-(``.source``) or one trained once for the study (``.model``); and its task teachers (the study
-model fine-tuned once on each task that distils from it).
-
-A model the study trains is a run nested under the study's parent, tagged with the sha256 of its
-resolved config (``ablate.config_digest``), and reused while that config is unchanged. However
-many workers start together, it is trained once: its training is the one trial of a small Optuna
-study beside the study's own (``<study>:trained-once``, same storage). Of two workers that start
-it at once the lower-numbered trial trains and the other waits for it; the trial has heartbeats,
-so if its worker dies it goes stale, its MLflow run ends KILLED and a waiting worker takes over,
-resuming from the model's last checkpoint.
-
-Tags: the study's parent and every trial carry ``ablate.study_model_run`` (the study model's run
-id or folder, whichever of the three it is); ``ablate.teacher_run`` only where the study model is
-a distillation teacher (a ``teacher`` study's parent, a trial that distils from it). A study model
-run's role is its section (``teacher``, ``prune_source``, ``reference``), a task teacher's
-``teacher``. Stores written before these names (role ``teacher`` and ``ablate.teacher_config`` on
-every study model run) are still read: their runs are found, reused and ended as before.
-"""
+(``.source``) or one trained once for the study (``.model``), however many workers start together,
+through a small Optuna study beside the study's own; and its task teachers (the study model
+fine-tuned once on each task that distils from it). docs/many-machines.md, "Workers that die"."""
 
 from __future__ import annotations
 
@@ -24,7 +9,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import optuna
 from mlflow.exceptions import MlflowException
@@ -39,7 +24,11 @@ from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.weights import RUNS
-from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config
+from ablate.sweeps.spec import BaseTree, StudySpec, corner_configs, study_model_config
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 CONFIG_DIGEST = "ablate.config_digest"  # on a run a study trains once: sha256 of its resolved config YAML
 OLD_CONFIG_DIGEST = "ablate.teacher_config"  # the same, as stores written before the rename have it
@@ -63,7 +52,7 @@ def model_tags(source: str, teaches: bool) -> dict[str, str]:
     return {tracking.STUDY_MODEL: run, **({tracking.TEACHER: run} if teaches else {})}
 
 
-def check_source_run(client: Any, spec: StudySpec, uri: str) -> None:
+def check_source_run(client: MlflowClient, spec: StudySpec, uri: str) -> None:
     """A study model's ``.source`` given as ``runs:/RUN_ID`` must be a finished run of this MLflow
     store (checked before the study writes anything)."""
     study_model = spec.study_model
@@ -85,12 +74,12 @@ class StudyPlace:
     to one worker, and how often a waiting worker looks again."""
 
     spec: StudySpec
-    base: dict[str, Any]
-    client: Any
+    base: BaseTree
+    client: MlflowClient
     exp_id: str
     uri: str
     parent: str
-    storage: Any
+    storage: str | optuna.storages.BaseStorage
     poll_s: float = 5.0
     hooks: RunContext = RunContext()  # what every run it starts gets besides its own (a benchmark's clocks)
 
@@ -120,27 +109,26 @@ def ensure_study_model(place: StudyPlace) -> str | None:
     return source
 
 
-def _search(client: Any, exp_id: str, study_name: str, condition: str, **kwargs: Any) -> list[Any]:
+def _search(client: MlflowClient, exp_id: str, study_name: str, condition: str) -> list[Run]:
     """The runs a study trains once (any of :data:`ROLES`) that meet ``condition``."""
-    found = []
+    found: list[Run] = []
     for role in ROLES:
         found += client.search_runs(
             [exp_id],
             filter_string=(
                 f"tags.`{tracking.ROLE}` = '{role}' and tags.`{tracking.STUDY}` = '{study_name}' and {condition}"
             ),
-            **kwargs,
         )
     return found
 
 
-def mark_killed(client: Any, exp_id: str, study_name: str) -> None:
+def mark_killed(client: MlflowClient, exp_id: str, study_name: str) -> None:
     """End the RUNNING run(s) of the models a study trains once KILLED: their worker died."""
     for run in _search(client, exp_id, study_name, "attributes.status = 'RUNNING'"):
         tracking.end_killed(client, run.info.run_id)
 
 
-def _finished(client: Any, exp_id: str, study_name: str, digest: str) -> str | None:
+def _finished(client: MlflowClient, exp_id: str, study_name: str, digest: str) -> str | None:
     for tag in (CONFIG_DIGEST, OLD_CONFIG_DIGEST):
         found = client.search_runs(
             [exp_id],
@@ -249,7 +237,7 @@ def trained_once(place: StudyPlace, cfg: ExperimentConfig, name: str, role: str,
 
 
 def on_stale(
-    client: Any, exp_id: str, study_name: str, trial_killed: Callable[[optuna.trial.FrozenTrial], None]
+    client: MlflowClient, exp_id: str, study_name: str, trial_killed: Callable[[optuna.trial.FrozenTrial], None]
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """What a stale trial of the study or of a helper study ends KILLED: the study's trial run, or
     the run of the model the helper trains once (the study model's, a task teacher's)."""

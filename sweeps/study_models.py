@@ -1,9 +1,7 @@
-"""The sections of a study that are more than overrides: the trained model a study uses (a
-``teacher`` every trial distils from, a ``prune_source`` every trial prunes, or a ``reference``
-every trial compresses by its own regime; given as ``source`` or trained once for the study from
-``model`` + ``overrides``: the study's model), and its fine-tuning tasks (``tasks:``, each a
-:class:`FinetuneTask`, a GLUE task named as ``glue: mrpc`` taking its settings from the GLUE table), with
-their checks."""
+"""The sections of a study that are more than overrides: its trained model (a ``teacher``, a
+``prune_source`` or a ``reference``, given as ``source`` or trained once from ``model`` +
+``overrides``) and its fine-tuning tasks (``tasks:``, each a :class:`FinetuneTask`; ``glue: mrpc``
+takes the GLUE table's settings), with their checks."""
 
 from __future__ import annotations
 
@@ -129,7 +127,7 @@ class FinetuneTask(FinetuneConfig):
             raise FieldError("seeds", f"{list(self.seeds)}: repeated seeds")
         return self
 
-    def runs_for(self, variant: str | None) -> bool:
+    def runs_for(self, variant: object) -> bool:
         """Whether a trial of ``variant`` (None: a study without variants) is fine-tuned on this task."""
         return self.variants is None or variant in self.variants
 

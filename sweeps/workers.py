@@ -1,17 +1,7 @@
-"""Many workers, one study: Optuna's RDB storage is the coordinator.
-
-* The worker that creates the Optuna study enqueues every grid point; workers take
-  trials from that queue (Optuna pops a WAITING trial atomically), so each
-  configuration is run once, however many workers there are.
-* The same worker creates the study's MLflow parent run and records its id on the
-  Optuna study, so every worker nests its trials under the one parent.
-* Heartbeats: a running trial updates its heartbeat every ``interval`` seconds. A trial
-  whose worker died (SIGKILL, power loss) goes stale after ``3 * interval`` s; the next
-  worker to look fails it, ends its MLflow run KILLED and enqueues a retry (Optuna's
-  ``RetryHeartbeatStaleTrialCallback``), which resumes from the trial's last checkpoint.
-* A worker returns when the study is complete: after its own trials it waits for the
-  other workers' running trials to finish (or go stale and be retried).
-"""
+"""Many workers, one study, Optuna's RDB storage the coordinator: the creator enqueues every grid point
+and the MLflow parent run, workers pop trials from the queue, heartbeats fail and retry a dead
+worker's trial (from its last checkpoint), and a worker returns when the study is complete
+(docs/many-machines.md)."""
 
 from __future__ import annotations
 
@@ -19,16 +9,20 @@ import itertools
 import random
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+from ablate.lightning_modules.config.yamlio import Json
 from ablate.sweeps.engine import tracking
-from ablate.sweeps.spec import StudySpec
+from ablate.sweeps.spec import Params, StudySpec
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues the grid, then "ready"
 PARENT_RUN = "ablate.parent_run"  # study user attr: the MLflow parent run id
@@ -63,7 +57,7 @@ class DuplicateTrial(Exception):
     """Another trial already ran, or is running, this configuration (lost a race for it)."""
 
 
-def params_of(trial: FrozenTrial) -> dict[str, Any]:
+def params_of(trial: FrozenTrial) -> Params:
     """A trial's configuration: its suggested params, or the fixed ones it was enqueued with."""
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params") or {})
 
@@ -74,7 +68,7 @@ def retry_history(trial: optuna.Trial) -> list[int]:
     return RetryHeartbeatStaleTrialCallback.retry_history(frozen)
 
 
-def key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+def key(params: Mapping[str, Json]) -> tuple[tuple[str, Json], ...]:
     return tuple(sorted(params.items()))
 
 
@@ -113,7 +107,7 @@ def retry_stale(
     return on_stale
 
 
-def grid_points(spec: StudySpec) -> list[dict[str, Any]]:
+def grid_points(spec: StudySpec) -> list[Params]:
     """Every configuration of a grid study, in grid order."""
     grid = spec.grid()
     return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
@@ -149,7 +143,7 @@ def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: floa
     return len(todo)
 
 
-def claim(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
+def claim(study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Json]) -> None:
     """Raise :class:`DuplicateTrial` if another trial holds ``params``: finished, or running with
     a smaller number (of two racing trials the older one runs)."""
     mine = key(params)
@@ -213,7 +207,7 @@ def shared_parent(
     return run_id
 
 
-def mark_killed(client: Any, exp_id: str, study_name: str) -> Callable[[FrozenTrial], None]:
+def mark_killed(client: MlflowClient, exp_id: str, study_name: str) -> Callable[[FrozenTrial], None]:
     """End the MLflow run(s) of a dead trial attempt KILLED, state FAIL."""
 
     def mark(trial: FrozenTrial) -> None:
