@@ -1,13 +1,7 @@
-"""Paper-style tables and plots regenerated from a study's MLflow runs.
-
-``ReportSpec`` (what to show) -> ``load_runs`` (MLflow -> one flat row per run)
--> ``aggregate`` (per configuration: mean, 95% t-interval and median over seeds, Welch's
-t-test against a reference row) -> Markdown / LaTeX / CSV / PNG,
-all driven by ``build_report``. The shipped specs, one per paper table, are in
-``reports/specs/`` (see ``ablate.reports.catalog``).
-
-Submodules are imported on first use, so reading a spec does not load matplotlib.
-"""
+"""Paper-style tables and plots regenerated from a study's MLflow runs: ``ReportSpec`` -> ``load_runs``
+-> ``aggregate`` (mean, 95% t-interval, median, Welch's test) -> Markdown / LaTeX / CSV / PNG, all
+driven by ``build_report``; shipped specs in ``reports/specs/``. Submodules are imported on first use,
+so reading a spec does not load matplotlib (docs/reports.md)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -85,7 +84,7 @@ class ReportResult:
 
 
 def markdown_document(
-    table: Table, study: str, missing: list[str], settings: Mapping[str, Any] | None = None, of: str = "study"
+    table: Table, study: str, missing: list[str], settings: Mapping[str, object] | None = None, of: str = "study"
 ) -> str:
     """The full ``report.md``: title, table, its footnotes, runs used, missing cells; for ``ablate train``
     runs (``of="experiment"``), ``settings``: the config fields every run shares, as a table of their own."""

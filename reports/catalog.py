@@ -1,16 +1,12 @@
-"""The shipped report specs (``reports/specs/NAME.yaml``), one per paper-style table.
-
-A study names its report either inline (a mapping) or by reference: a shipped name
-(``report: albert-table3``) or a path to a REPORT.yaml relative to the study file.
-``ablate report NAME`` builds a shipped report from MLflow alone: no study YAML, corpus
-or checkpoint is read.
-"""
+"""The shipped report specs (``reports/specs/NAME.yaml``), one per paper-style table, and how a study
+names its report: inline, a shipped name (``report: albert-table3``) or a REPORT.yaml path relative
+to the study file (docs/reports.md, "Shipped report specs")."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.paths import kind_problem
@@ -57,7 +53,7 @@ def load_named(target: str, base_dir: Path | None = None) -> ReportSpec:
     return ReportSpec.from_yaml(found)
 
 
-def resolve(value: str | Mapping[str, Any], where: str = "report", base_dir: Path | None = None) -> ReportSpec:
+def resolve(value: str | Mapping[str, object], where: str = "report", base_dir: Path | None = None) -> ReportSpec:
     """A study's ``report:`` value (inline mapping, shipped name or path) as a spec.
 
     Raises:

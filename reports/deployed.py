@@ -1,32 +1,15 @@
-"""The artifact a user deploys, rebuilt for a report to time (:mod:`ablate.reports.remeasure`).
-
-For each run, from its logged config, with random weights (seed 0: timing depends on the architecture, not
-the values), :func:`deployed` makes what a user of that run would run:
-
-- a fine-tuning run's classifier or span model: the ONNX graph ``ablate export --format onnx`` writes
-  (:func:`~ablate.lightning_modules.interop.onnx_export.to_onnx`, into a temporary folder; FastBERT's exits
-  are not exported, every layer runs), quantized as the run's model was where ONNX Runtime's quantizers
-  express it (:data:`ORT_FORMS`: the ones ``--quantize`` uses,
-  :data:`~ablate.lightning_modules.interop.onnx_quant.QUANTIZERS`), and run by ONNX Runtime on the CPU
-  (:func:`~ablate.lightning_modules.interop.onnx_check.session`, one session per thread count);
-- otherwise PyTorch: a pre-training run's encoder, as the run timed itself (on its device, quantized as
-  its model was: :func:`~ablate.lightning_modules.measure.retime.rebuilt`); a fine-tuning run whose
-  quantization ONNX Runtime cannot hold (:data:`NOT_IN_ONNX`), or whose graph the exporter cannot express,
-  or where the ``onnx`` extra is missing, as a PyTorch model on the CPU, quantized as its run's was. The
-  reason is said (:attr:`Deployed.why`).
-
-Each target's ``label`` says which runtime and form timed it: ``ORT fp32``, ``ORT int8`` (dynamic int8:
-int8 weights per channel, activations per batch at run time), ``ORT int4 weight-only`` (``MatMulNBits``),
-``PyTorch``, ``PyTorch int8`` ...
-"""
+"""The artifact a user deploys, rebuilt for a report to time (:mod:`ablate.reports.remeasure`), from a run's
+config with random weights (:func:`deployed`): a fine-tuned model as the ONNX graph ``ablate export --format
+onnx`` writes, quantized as its run's was where ONNX Runtime can hold it (:data:`ORT_FORMS`), run by ONNX
+Runtime; otherwise PyTorch, the reason said (:attr:`Deployed.why`). Each target's ``label`` names its
+runtime and form (docs/reports.md, "Remeasured by default, as deployed")."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -35,10 +18,13 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.measure.deployed import Call, Target, TorchTarget
 from ablate.lightning_modules.measure.measuring import random_batch
-from ablate.lightning_modules.measure.retime import rebuilt, timing_device
+from ablate.lightning_modules.measure.retime import Quantizer, rebuilt, timing_device
 from ablate.lightning_modules.model.classifier import Classifier, build_classifier
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.lightning_modules.model.span import SpanModel, build_span_model
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
 
 
 @dataclass(frozen=True)
@@ -82,7 +68,7 @@ def _whole(model: nn.Module, batch: dict[str, torch.Tensor]) -> object:
     return model(batch)
 
 
-def _quantizer() -> Callable[[nn.Module, Any], nn.Module]:
+def _quantizer() -> Quantizer:
     from ablate.lightning_modules.methods.quantization.apply import quantized_like
 
     return quantized_like
@@ -115,7 +101,7 @@ class OrtTarget:
     seq_len: int
     label: str
     device: torch.device = torch.device("cpu")
-    sessions: dict[int, Any] = field(default_factory=dict)
+    sessions: dict[int, InferenceSession] = field(default_factory=dict)
 
     def call(self, threads: int, batch: int) -> Call:
         from ablate.lightning_modules.interop.onnx_check import feed, session

@@ -1,10 +1,6 @@
-"""``ablate report --experiment NAME [--tag KEY=VALUE ...]``: the ``ablate train`` runs of an MLflow
-experiment as a report, in the files a study's report has. One row per run, the earliest started
-first (runs that differ only in ``seed``: one row, with intervals over the seeds): its run id, its
-name and the config fields that differ between the runs, then every metric it logged at its last
-value (Lightning's ``epoch`` and ``lr-*`` left out). ``report.md`` adds the settings every run
-shares; ``runs.csv`` has each run's whole flattened config and every metric.
-"""
+"""``ablate report experiment NAME [--tag KEY=VALUE ...]``: the ``ablate train`` runs of an MLflow
+experiment as a report, in the files a study's report has, one row per run (runs that differ only in
+``seed``: one row, with intervals over the seeds); docs/reports.md, "Runs of ablate train"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """A guarded study's Pareto front (``optimize.guard``, :mod:`ablate.sweeps.guard`): every trial's objective
-against its guard metric, which trials stay within the bound, which no other trial beats on both, and the
-chosen configuration (the best within the bound; when none is, the closest to it, said as such), as a
-section of ``report.md``, ``pareto.csv`` and ``pareto.png``.
-
-What the guard was (its metric, reference, bound, the objective) is read back from the tags of the study's
-parent run (:data:`ablate.sweeps.guard.PARENT_TAGS`), each trial's value and constraint from its run's
-``guard/value`` and ``guard/violation``; a study without a guard has no such section.
-"""
+against its guard metric, read back from the runs (the guard from the tags of the study's parent run,
+:data:`ablate.sweeps.guard.PARENT_TAGS`), the front and the chosen configuration, as a section of
+``report.md``, ``pareto.csv`` and ``pareto.png`` (docs/guides/quantization.md, "Accuracy-guarded compression")."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
@@ -109,7 +103,7 @@ def front(runs: pd.DataFrame, guard: Guard) -> Front:
     return Front(guard=guard, points=points.reset_index(drop=True)[COLUMNS], met=found is not None and found[1])
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) and not math.isnan(value) else str(value)
 
 

@@ -8,7 +8,6 @@ import math
 import re
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on save
 from matplotlib.ticker import FuncFormatter
 
-from ablate.reports.rows import row_sort_key, row_text
+from ablate.reports.rows import Key, row_sort_key, row_text
 from ablate.reports.spec import PlotSpec, ReportSpec
 from ablate.reports.tables import Table
 
@@ -83,13 +82,13 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "plot"
 
 
-def _curves(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]]:
+def _curves(table: Table, plot: PlotSpec) -> dict[Key, list[tuple[str, float, float, float, float]]]:
     """Per row key (rows without a point left out): (over value, x, y, x error, y error) in ``over`` order."""
     axes = []
     for v, nx, ny in zip(plot.over, plot.names("x"), plot.names("y"), strict=True):
         (x, xerr), (y, yerr) = axis_values(table, nx), axis_values(table, ny)
         axes.append((v, x, y, xerr, yerr))
-    curves: dict[tuple[Any, ...], list[tuple[str, float, float, float, float]]] = {}
+    curves: dict[Key, list[tuple[str, float, float, float, float]]] = {}
     for i, key in enumerate(table.keys()):
         pts = [
             (v, float(x.iloc[i]), float(y.iloc[i]), float(xe.iloc[i]), float(ye.iloc[i])) for v, x, y, xe, ye in axes
@@ -99,7 +98,7 @@ def _curves(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[tuple[st
     return curves
 
 
-def curve_points(table: Table, plot: PlotSpec) -> dict[tuple[Any, ...], list[CurvePoint]]:
+def curve_points(table: Table, plot: PlotSpec) -> dict[Key, list[CurvePoint]]:
     """The points a plot with ``over`` draws: per row key, in table order, its (over value, x mean,
     y mean) in ``over`` order, leaving out values where the row lacks x or y, and rows with no point."""
     return {key: [p[:3] for p in pts] for key, pts in _curves(table, plot).items()}

@@ -1,27 +1,8 @@
-"""``ablate report``'s latency columns (by default; ``--no-remeasure`` keeps the logged figures): every model of
-a report timed again as it is deployed, in one process on this machine, after the study's runs ended.
-
-Latencies logged by the runs were measured wherever and whenever each run trained, often beside
-other work; two of them are only comparable when one quiet process measured both. For every run
-the table averages, the model is rebuilt from the run's logged config (``model/config.yaml``, the
-model the run ended with, e.g. a pruned one; else ``config.yaml``; a chained trial's first fine-tuning
-stage's, whose classifier is what it deploys, else its pretraining stage's), with random weights
-(timing depends on the architecture, not the values), as the artifact a
-user deploys (:mod:`ablate.reports.deployed`: a fine-tuned model as the ONNX graph ``ablate export --format
-onnx`` writes, quantized as its run was where ONNX Runtime can hold it, run by ONNX Runtime; PyTorch
-otherwise), and timed by the measuring layer (:mod:`ablate.lightning_modules.measure.deployed`: warm-up,
-then timed repeats; the latency is the fastest, the spread ``(median - min) / min``) at one thread
-(``latency_ms_b1``, ``latency_ms_b32``) and at every thread (``latency_ms_b1_all``, ``latency_ms_b32_all``), one
-model after the other, in a few rounds over all of them (:func:`remeasure_runs`). Runs of the same
-architecture (seeds) share one measurement.
-
-Each repeat is followed by one run of the fixed reference workload
-(:mod:`ablate.lightning_modules.measure.reference_load`), as when a run times itself. The figures replace
-the runs' latencies and their ``_spread`` and ``_reference`` in the report only (and add the column
-:data:`RUNTIME`: which runtime and form timed each row): the runs' own metrics stay what they measured when
-they trained. Where, when and how the report measured, and the CPU's instruction sets, are said under the
-table and in ``remeasured.csv`` beside it.
-"""
+"""``ablate report``'s latency columns (by default; ``--no-remeasure`` keeps the logged figures): every model
+of a report rebuilt from its run's logged config as it is deployed (:mod:`ablate.reports.deployed`) and
+timed again in one process on this machine, in turns, at one thread and at every thread, each repeat
+beside the reference workload (:func:`remeasure_runs`). The figures are the report's, not the runs'
+(docs/reports.md, "Remeasured by default, as deployed")."""
 
 from __future__ import annotations
 
@@ -43,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ablate.sweeps.engine import tracking
 
 if TYPE_CHECKING:  # torch is imported when a pass runs
+    from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.measure.deployed import Turns
 
 #: The metrics a remeasure replaces: deployed.latency_names() (one thread, then every thread: ``_all``),
@@ -176,7 +158,7 @@ def _deployed_stage(client: MlflowClient, run_id: str) -> str | None:
     return str(stages[0].info.run_id) if stages else None
 
 
-def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> Any:
+def _run_config(client: MlflowClient, run_id: str, workdir: Path) -> ExperimentConfig:
     """The :class:`ExperimentConfig` of the model run ``run_id`` ended with (see the module doc)."""
     from ablate.lightning_modules.config.load import build_config
     from ablate.lightning_modules.config.yamlio import load_yaml

@@ -8,7 +8,6 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pandas as pd
@@ -35,7 +34,7 @@ _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 _FAIL_FAST_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
-def parse_param(value: str | None) -> Any:
+def parse_param(value: str | None) -> str | int | float | None:
     """Turn an MLflow param string back into a number where it looks like one.
 
     ``"64"`` -> 64, ``"0.1"`` -> 0.1, ``"None"`` -> None; anything else stays a string.
@@ -99,10 +98,10 @@ def _search(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
             return runs
 
 
-def _row(run: Run) -> dict[str, Any]:
+def _row(run: Run) -> dict[str, object]:
     tags = run.data.tags
     trial = parse_param(tags.get("ablate.trial"))
-    row: dict[str, Any] = {
+    row: dict[str, object] = {
         "run_id": run.info.run_id,
         "run_name": run.info.run_name,
         "status": run.info.status,
@@ -129,10 +128,10 @@ def _frame(runs: list[Run]) -> pd.DataFrame:
     return df
 
 
-def _stage_row(run: Run) -> dict[str, Any]:
+def _stage_row(run: Run) -> dict[str, object]:
     task = run.data.tags[STAGE_TAG].removeprefix(FINETUNE)
     seed = parse_param(run.data.params.get("seed"))
-    row: dict[str, Any] = {
+    row: dict[str, object] = {
         "run_id": run.data.tags.get(PARENT_TAG),
         "stage_run_id": run.info.run_id,
         "task": task,
@@ -240,7 +239,7 @@ class ExperimentRuns:
         return [p for p in self.params if self.frame[p].astype(str).nunique(dropna=False) > 1]
 
     @property
-    def shared(self) -> dict[str, Any]:
+    def shared(self) -> dict[str, object]:
         """The params every run has with the same value, and that value."""
         varying = set(self.varying)
         return {p: self.frame[p].iloc[0] for p in self.params if p not in varying and len(self.frame)}

@@ -1,22 +1,7 @@
-"""A report cell's samples: the values its statistics are taken over, one per seed.
-
-Seeds reach a table two ways, and both become samples of a cell:
-
-- a study's ``seeds:`` run one trial per seed (param ``seed``): each trial run that logged the
-  metric is one sample;
-- a chained study's task ``seeds:`` fine-tune each task once per seed, as stage runs nested in
-  the trial's run (tag ``ablate.stage`` = ``finetune:<task>``, param ``seed``;
-  :func:`ablate.reports.runs.load_stages` reads them): the trial carries only their mean, so for a
-  fine-tuning task's metric (:func:`task_metric`: ``<task>/...``, ``mnli-mm/accuracy``) each stage
-  run that logged it is a sample instead of the trial. A trial's metrics that combine its tasks are
-  recomputed per seed from the seeds every task ran, by the formula of :data:`ACROSS_TASKS`
-  (``downstream/avg``: that seed's mean over the tasks of each task's best ``finetune.metric``;
-  ``glue/score`` and ``glue/bert_avg``: the two GLUE conventions) whose mean over the seeds gives back the
-  trial's logged figure; other trial metrics stay one sample per trial.
-
-With both (several trials per row, each fine-tuned with several seeds) a row's samples are all
-its trials' stage runs, pooled.
-"""
+"""A report cell's samples, the values its statistics are taken over, one per seed: a trial run per
+study seed, or, for a chained study's task metrics, a fine-tuning stage run per task seed (pooled over
+a row's trials), and the trial metrics that combine tasks recomputed per seed by :data:`ACROSS_TASKS`
+(docs/reports.md, "Seeds and confidence")."""
 
 from __future__ import annotations
 

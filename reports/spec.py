@@ -1,20 +1,6 @@
-"""Report specs: which rows, metrics and plots a paper-style table shows.
-
-A spec is the ``report:`` section of a study YAML, or a standalone REPORT.yaml
-that also names ``study:`` and optionally ``tracking_uri:``. Example::
-
-    title: Embedding size and sharing
-    rows: [model.sharing, model.embed_dim, model.num_ffn]
-    row_labels: {model.embed_dim: E, model.num_ffn: F}
-    metrics:
-      - {name: params.backbone, label: Params, format: millions}
-      - {name: val/mlm_acc, label: MLM acc, format: percent, better: higher}
-    plots:
-      - {x: params.backbone, y: val/mlm_acc, logx: true, hue: model.sharing}
-      # one curve per row through (x, y) at each value put in place of {}:
-      # sst2/speed_0/latency_ms, sst2/speed_0.1/latency_ms, ... (numbers written as f"{s:g}")
-      - {x: "sst2/speed_{}/latency_ms", y: "sst2/speed_{}/accuracy", over: [0, 0.1, 0.3, 0.5]}
-"""
+"""Report specs: which rows, metrics and plots a paper-style table shows. A spec is the ``report:``
+section of a study YAML, or a standalone REPORT.yaml that also names ``study:`` and optionally
+``tracking_uri:`` (examples: docs/studies.md, "A study file", and docs/reports.md, "Plots")."""
 
 from __future__ import annotations
 
@@ -110,7 +96,7 @@ class PlotSpec:
 
     @field_validator("over", mode="before")
     @classmethod
-    def _numbers_as_logged(cls, over: Any) -> Any:
+    def _numbers_as_logged(cls, over: object) -> object:
         if isinstance(over, (list, tuple)):
             return tuple(f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in over)
         return over
@@ -175,7 +161,7 @@ class ReportSpec:
 
     @field_validator("reference", mode="before")
     @classmethod
-    def _reference_kind(cls, value: Any) -> Any:
+    def _reference_kind(cls, value: object) -> object:
         if isinstance(value, Mapping) or value in ("first", "none"):
             return value
         raise ValueError(f"{value!r}: give first, none or a mapping of row params to values ({{model.sharing: none}})")
@@ -243,7 +229,7 @@ class ReportSpec:
         return m.display if m else name
 
     @classmethod
-    def from_mapping(cls, data: Any, where: str = "report") -> ReportSpec:
+    def from_mapping(cls, data: object, where: str = "report") -> ReportSpec:
         """Validate a mapping into a spec.
 
         Args:

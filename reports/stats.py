@@ -1,16 +1,6 @@
-"""What a report cell says about its seeds: the mean and a 95% t-interval over them, the median,
-and whether the cell differs from the table's reference row by more than the seeds' noise.
-
-A cell's values are its samples (:mod:`ablate.reports.seeds`): one per trial run, or one per
-fine-tuning seed where a chained trial fine-tuned its tasks with several. Over n >= 2 of them:
-
-- the interval is ``mean ± t(0.975, n - 1) * s / sqrt(n)`` (``scipy.stats.t``; ``s`` the sample
-  standard deviation), and the median is shown beside it;
-- a cell is *within noise* of the reference row's cell for the same metric when Welch's t-test
-  (``scipy.stats.ttest_ind(..., equal_var=False)``) over the two cells' samples gives p >= 0.05.
-  Cells with fewer than two samples on either side, or with no spread on both (the same
-  figure every seed: parameter counts, FLOPs), are not tested.
-"""
+"""What a report cell says about its seeds (:mod:`ablate.reports.seeds`): the mean and a 95% t-interval
+over them, the median, and whether the cell is within noise of the table's reference row by Welch's
+t-test (docs/reports.md, "Seeds and confidence")."""
 
 from __future__ import annotations
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports import stats as st_
 from ablate.reports.rows import (
+    Key,
     clean_key,
     clean_value,
     key_column,
@@ -55,7 +55,7 @@ REFERENCE_NOTE = (
 class Missing:
     """A table cell (or a whole row, ``metric=None``) with no value."""
 
-    row: tuple[Any, ...]
+    row: Key
     metric: str | None
     reason: str
 
@@ -76,7 +76,7 @@ class Expected:
         command: The command that runs the missing trials (``ablate sweep STUDY.yaml``), if known.
     """
 
-    trials: Mapping[tuple[Any, ...], int]
+    trials: Mapping[Key, int]
     command: str | None = None
 
 
@@ -112,7 +112,7 @@ class Table:
     reference: int | None = None
     samples: pd.DataFrame | None = None
 
-    def keys(self) -> list[tuple[Any, ...]]:
+    def keys(self) -> list[Key]:
         """Row keys in table order."""
         return [tuple(clean_value(v) for v in r) for r in self.stats[list(self.spec.rows)].itertuples(index=False)]
 
@@ -223,7 +223,7 @@ def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:
     return values / values.groupby(device).transform("min")
 
 
-def _never_started(key: tuple[Any, ...], states: Mapping[str, int], expected: Expected) -> str | None:
+def _never_started(key: Key, states: Mapping[str, int], expected: Expected) -> str | None:
     """Why a row of the grid lacks trials (none, or fewer than the grid has), or None."""
     want, have = expected.trials.get(key, 0), sum(states.values())
     if have >= want:

@@ -1,12 +1,6 @@
-"""What ``ablate report TARGET`` builds: TARGET as a study file, a report file, a shipped report
-name (``albert-table3``) or a shipped study name (``quickstart``), resolved to the report spec, the
-study to read, where its store is, which trials its grid should hold and the command that runs them.
-
-A shipped report name wins over a shipped study of the same name (``albert-table3`` is both; the
-study names that report anyway). Where the study is known (a study file, or the shipped study a
-report's ``study`` names), its grid says which table rows should exist, so that a cell no trial
-ever started is listed as missing, and an empty store says which ``ablate sweep`` fills it.
-"""
+"""What ``ablate report TARGET`` builds: TARGET as a study file, a report file, a shipped report name or
+a shipped study name (a report name wins), resolved to the report spec, the study to read, where its
+store is, which trials its grid should hold and the command that runs them (docs/reports.md, "Reports")."""
 
 from __future__ import annotations
 
@@ -14,18 +8,18 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.run import DEFAULT_ROOT
 from ablate.reports import catalog
-from ablate.reports.rows import clean_key
+from ablate.reports.rows import Key, clean_key
 from ablate.reports.runs import parse_param
 from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import Expected
 
 if TYPE_CHECKING:
-    from ablate.sweeps.spec import StudySpec
+    from ablate.sweeps.spec import BaseTree, StudySpec
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,7 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def expected_trials(spec: StudySpec, base: dict[str, Any], report: ReportSpec, path: Path) -> Expected | None:
+def expected_trials(spec: StudySpec, base: BaseTree, report: ReportSpec, path: Path) -> Expected | None:
     """Trials per row key that the study's grid (in the file ``path``) runs, seeds and variants
     included, or None where the study does not fix them (a sampler other than ``grid``, an
     ``n_trials``) or a row is not a field or parameter of its trials."""
@@ -85,7 +79,7 @@ def expected_trials(spec: StudySpec, base: dict[str, Any], report: ReportSpec, p
 
     if spec.sampler != "grid" or spec.n_trials is not None:
         return None
-    counts: Counter[tuple[Any, ...]] = Counter()
+    counts: Counter[Key] = Counter()
     for params, cfg in corner_trials(spec, base):  # every grid point, at the first seed
         for seed in spec.seeds:
             logged = {k: str(v) for k, v in {**run_params(cfg), **params, "seed": seed}.items()}
