@@ -128,8 +128,8 @@ def cmd_train_print_plan(args: argparse.Namespace) -> None:
     """``ablate train print-plan CONFIG``: the phases and finishers the config makes, nothing run; after
     every check ``ablate train`` makes before it writes (a plan that prints is a run that starts)."""
     cfg = _config(args.config, args.overrides)
+    from ablate.sweeps.checks import Machine, check_run
     from ablate.sweeps.engine import runner
-    from ablate.sweeps.plan import Machine, check_run
 
     check_run(cfg, None, None)  # names, folders, data files, columns and labels, sources named
     try:  # a config for another machine (a GPU profile) still prints; it says why it would not run here
@@ -146,10 +146,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     if cfg is None and args.resume is None:
         raise ConfigError("config: give CONFIG.yaml or a preset name (or --resume RUN_ID)")
     from ablate.lightning_modules.config.run import DEFAULT_ROOT
+    from ablate.sweeps.checks import Machine, check_run, check_sqlite
     from ablate.sweeps.engine import checkpoints, tracking
     from ablate.sweeps.engine.context import RunContext
     from ablate.sweeps.engine.runner import train
-    from ablate.sweeps.plan import Machine, check_run, check_sqlite
 
     resume: str | bool = False
     if args.resume is not None:
@@ -170,7 +170,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if resume:
         print(f"resuming run {args.resume} from {resume}")
     uri = tracking.resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri, cfg.tracking.root)
-    plan = checkpoints.run_plan(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    plan = checkpoints.run_place(checkpoints.location(args.checkpoints, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     ctx = RunContext(
         tracking_uri=args.tracking_uri,
         checkpoint=plan,
@@ -254,7 +254,7 @@ def cmd_sweep_smoke(args: argparse.Namespace) -> int:
     cannot run its trials, every arm built on the meta device; 1 when a run of the smoke failed."""
     spec, base, _, _ = _study(args)  # a bad study answers before torch is imported
     from ablate.sweeps.arms import check_arms
-    from ablate.sweeps.plan import Machine, check_study
+    from ablate.sweeps.checks import Machine, check_study
     from ablate.sweeps.smoke import run_smoke
 
     check_study(spec, base, args.study, None)
@@ -275,8 +275,8 @@ def cmd_sweep_check(args: argparse.Namespace) -> None:
     wall time estimated; nothing run."""
     spec, base, _, report = _study(args)  # a bad study answers before torch is imported
     from ablate.sweeps.arms import check_arms
+    from ablate.sweeps.checks import Machine, check_study
     from ablate.sweeps.estimate import print_estimate
-    from ablate.sweeps.plan import Machine, check_study
 
     check_study(spec, base, args.study, None)  # every trial's config, paths and names
     check_arms(spec, base, args.study)  # every arm's models, built on the meta device
@@ -310,10 +310,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     sweep; what it did said after."""
     spec, base, overridden, report = _study(args)  # a bad study answers before torch is imported
     from ablate.sweeps.arms import check_arms
+    from ablate.sweeps.checks import Machine, check_sqlite, check_study
     from ablate.sweeps.engine import tracking
     from ablate.sweeps.estimate import print_estimate
     from ablate.sweeps.overrides import TAG
-    from ablate.sweeps.plan import Machine, check_sqlite, check_study
     from ablate.sweeps.study import run_study
 
     check_study(spec, base, args.study, Machine.here())  # what every trial asks of this machine

@@ -81,7 +81,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
         onnx = export_run_onnx(uri, run_id, out, quantize=args.quantize, labels=labels)
         what = f"onnx format, {onnx.quantize or 'fp32'}"  # a quantized run's own form when none was asked
-        print(f"run {run_id} exported to {out.resolve()}/ ({what}; {onnx.summary()})")
+        print(f"run {run_id} exported to {out.resolve()}/ ({what}; {onnx.describe()})")
     else:
         written = export_run(uri, run_id, out, format=args.format, repo=args.push_to_hub, labels=labels)
         extra = "; a fine-tuned sequence classifier" if written.classifier else ""

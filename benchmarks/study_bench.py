@@ -1,21 +1,8 @@
-"""``ablate bench study STUDY.yaml``: where a study's time goes.
-
-The study runs as ``ablate sweep`` runs it (:func:`ablate.sweeps.study.run_study`; with ``--smoke``, its
-smoke form, :func:`ablate.sweeps.smoke.smoke_study`), in a temporary MLflow and Optuna store that is
-deleted after (the user's store is untouched; the tokenizer and data caches are the study's own), with
-clocks in every run it starts, a chained trial's stages too (``run_study``'s ``hooks``): a ``timed`` hook
-that hears each run's span, measurement and finishers, and one Lightning callback (:class:`StudyClock`,
-a context's ``clocks``) in every Trainer, stamping each fit's start and end, every training batch's end
-(after a device sync on a GPU) and each validation.
-
-Each run's wall time is cut at those stamps into parts that add up to it (:data:`PARTS`; the part after
-its steps, by part: :data:`AFTER`). A run's steady-state step time is the median of its step times after
-the first :data:`WARMUP`; the study's efficiency is the sum over its runs of that step time times the
-run's steps, over the study's wall time (from ``run_study``'s call to its return: the study's own
-preflight and stores included). The fixed cost of a repeat run is the wall time less training and
-validation of the runs after the first of their kind (regime, task and every ``model.*`` param equal),
-averaged; where no two runs are of one kind, of the runs after the study's first.
-"""
+"""``ablate bench study STUDY.yaml``: where a study's time goes. The study runs as ``ablate sweep`` runs
+it (``--smoke``: its smoke form) in a temporary store, with clocks in every run (``run_study``'s
+``hooks``, :class:`StudyClock`); each run's wall time cut into :data:`PARTS` (after its steps:
+:data:`AFTER`), the fixed cost of a repeat run and the study's efficiency (docs/performance.md,
+"Where a study's time goes")."""
 
 from __future__ import annotations
 
@@ -29,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
 import torch
@@ -39,6 +26,7 @@ from ablate.lightning_modules.config.load import set_dotted
 
 if TYPE_CHECKING:
     from ablate.sweeps.engine.interrupt import Interrupted
+    from ablate.sweeps.spec import BaseTree, StudySpec
 
 WARMUP = 3
 """Steps of a run left out of its steady state (compilation, the loader's start), fewer in a short run."""
@@ -99,7 +87,7 @@ class StudyClock(pl.Callback):
         self.fits.append(Fit(str(getattr(trainer.logger, "run_id", "") or ""), time.perf_counter()))
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: object, batch: object, batch_idx: int
     ) -> None:
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)  # the step's end, not its launch
@@ -288,12 +276,12 @@ def runs_of(stamps: list[tuple[str, float, float]], clock: StudyClock, uri: str)
 
 
 def measure_study(
-    spec: Any, base: dict[str, Any], where: str, smoke: bool, progress: Callable[[str], None] = lambda _: None
+    spec: StudySpec, base: BaseTree, where: str, smoke: bool, progress: Callable[[str], None] = lambda _: None
 ) -> StudyTime:
     """Run the study (its smoke form with ``smoke``) in a temporary store with the clocks in every run."""
+    from ablate.sweeps.checks import Machine, check_study
     from ablate.sweeps.engine.context import RunContext
     from ablate.sweeps.engine.interrupt import Interrupted
-    from ablate.sweeps.plan import Machine, check_study
     from ablate.sweeps.smoke import smoke_study
     from ablate.sweeps.study import run_study
 

@@ -53,7 +53,7 @@ class Guard:
             objective_direction=raw["objective_direction"],  # type: ignore[arg-type]  # checked above
         )
 
-    def said(self) -> str:
+    def describe(self) -> str:
         """``val/mlm_acc >= 0.451 (reference 0.461, from run 3f2a...)``."""
         sign = ">=" if self.direction == "maximize" else "<="
         where = "given" if self.reference_from == "given" else f"from run `{self.reference_from}`"
@@ -114,7 +114,7 @@ def to_markdown(result: Front) -> str:
     lines = [
         "## Accuracy guard: the Pareto front",
         "",
-        f"Objective: {verb} `{g.objective}` within the bound {g.said()}.",
+        f"Objective: {verb} `{g.objective}` within the bound {g.describe()}.",
         "",
     ]
     if points.empty:
@@ -135,7 +135,7 @@ def to_markdown(result: Front) -> str:
         lines.append(f"Chosen configuration: {what}, within the bound.")
     else:
         lines.append(
-            f"No configuration met the bound ({g.said()}). The closest to it is kept as the candidate: {what}, "
+            f"No configuration met the bound ({g.describe()}). The closest to it is kept as the candidate: {what}, "
             f"{abs(float(chosen['violation'])):.6g} past the bound."
         )
     return "\n".join([*lines, ""])

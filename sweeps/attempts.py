@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ablate.sweeps.engine import checkpoints, tracking
-from ablate.sweeps.engine.checkpoints import Plan
+from ablate.sweeps.engine.checkpoints import CheckpointPlace
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -29,14 +29,14 @@ def _killed_with(client: MlflowClient, exp_id: str, digest: str) -> list[Run]:
     )
 
 
-def _has_checkpoint(plan: Plan, client: MlflowClient, run_id: str) -> bool:
+def _has_checkpoint(plan: CheckpointPlace, client: MlflowClient, run_id: str) -> bool:
     """Whether the run's ``last.ckpt`` is where a retry looks: the plan's folder, or its upload."""
     if not plan.mirror:
         return bool(checkpoints.resume_path(plan, client, run_id))
     return checkpoints.resumable(client, run_id)
 
 
-def stopped_attempt(client: MlflowClient, exp_id: str, plan: Plan | None, *, chained: bool) -> str | None:
+def stopped_attempt(client: MlflowClient, exp_id: str, plan: CheckpointPlace | None, *, chained: bool) -> str | None:
     """The run (a trial's, in experiment ``exp_id``) that a retry of the trial checkpointed by ``plan``
     goes on in: the newest KILLED run of the same config that left a checkpoint (for a ``chained`` trial
     the checkpoint is its pre-training stage's, and the run its parent, the trial run); None: a new run."""

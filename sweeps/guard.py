@@ -75,7 +75,7 @@ class GuardSpec:
         bound = self.bound(reference)
         return bound - value if self.direction == "maximize" else value - bound
 
-    def said(self) -> str:
+    def describe(self) -> str:
         """``sst2/accuracy at most 0.01 below the reference``."""
         way = "below" if self.direction == "maximize" else "above"
         drop = f"{self.max_drop:g}" if self.max_drop is not None else f"{100 * (self.max_relative_drop or 0.0):g}%"
@@ -183,12 +183,12 @@ class GuardRun:
         }
         return {PARENT_TAGS[k]: v for k, v in values.items()}
 
-    def said(self) -> str:
+    def describe(self) -> str:
         """``val/mlm_acc >= 0.4512 (the reference's 0.4612 from run 3f2a..., less 0.01)``."""
         sign = ">=" if self.guard.direction == "maximize" else "<="
         bound, ref = self.guard.bound(self.reference.value), self.reference
         where = "given" if ref.source == "given" else f"from run {ref.source}"
-        return f"{self.guard.metric} {sign} {bound:.6g} ({self.guard.said()}, {ref.value:.6g} {where})"
+        return f"{self.guard.metric} {sign} {bound:.6g} ({self.guard.describe()}, {ref.value:.6g} {where})"
 
     def verdict(self, metrics: dict[str, float]) -> Verdict:
         """The guard of a trial that logged ``metrics`` (KeyError naming the key when its metric is absent)."""

@@ -211,7 +211,7 @@ def trained_once(place: StudyPlace, cfg: ExperimentConfig, name: str, role: str,
             parent_run_id=place.parent,
             name=name,
             tags=tags,
-            checkpoint=checkpoints.trial_plan(where, cfg.tracking.root, study, cfg),
+            checkpoint=checkpoints.trial_place(where, cfg.tracking.root, study, cfg),
             resume=True,
         ).hooked(place.hooks)
         result = train(cfg, ctx)

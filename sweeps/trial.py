@@ -119,7 +119,7 @@ class TrialInputs:
         client: MlflowClient = place.client
         guarded = guard.start_guard(place.spec, client, place.parent, study_model, dict(task_teachers))
         if guarded is not None:
-            _CONSOLE.print(f"guard: {guarded.said()}", markup=False)
+            _CONSOLE.print(f"guard: {guarded.describe()}", markup=False)
         return cls(place, study_model, task_teachers, source_cfg, guarded)
 
     def objective(self, trial: optuna.Trial) -> float:
@@ -225,7 +225,7 @@ class StudyTrial:
         checkpointed per config, going on in a stopped attempt's run where one left a checkpoint."""
         place = self.given.place
         where = checkpoints.location(self.spec.checkpoints, place.uri, cfg.tracking.root)
-        ckpt = checkpoints.trial_plan(where, cfg.tracking.root, self.spec.name, cfg)
+        ckpt = checkpoints.trial_place(where, cfg.tracking.root, self.spec.name, cfg)
         earlier = attempts.stopped_attempt(self.client, place.exp_id, ckpt, chained=bool(self.spec.tasks))
         return RunContext(
             tracking_uri=place.uri,

@@ -84,7 +84,7 @@ def test_a_resumed_gpu_trial_ends_where_an_uninterrupted_one_does(
     on = MlflowClient(uri).get_run(straight.run_id).data.params[MEASURED_ON]
     assert on == f"cuda:0 ({torch.cuda.get_device_name(0)})"
     folder = tmp_path / "ckpt"
-    plan = checkpoints.Plan.at(str(folder), tmp_path, cfg)
+    plan = checkpoints.CheckpointPlace.at(str(folder), tmp_path, cfg)
     with pytest.raises(KeyboardInterrupt):  # killed after the checkpoint at STEPS // 2
         train(
             cfg,

@@ -127,7 +127,7 @@ class OnnxExport:
     notes: tuple[str, ...]
     tokenizer: bool
 
-    def summary(self) -> str:
+    def describe(self) -> str:
         """The printed line's detail: parity, the quantized check, the notes."""
         p = self.parity
         parts = [f"parity: ONNX Runtime fp32 within {p.max_abs_diff:.1e} of PyTorch on {p.rows} dev rows"]

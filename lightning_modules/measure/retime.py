@@ -99,6 +99,6 @@ class Retimed:
         timed = {b: profiling.Latency(tuple(t), tuple(self.refs.get(b, ()))) for b, t in self.times.items()}
         return profiling.latency_metrics(timed)
 
-    def described(self) -> tuple[str, str]:
+    def describe(self) -> tuple[str, str]:
         """The device and the machine, for the record (:func:`describe_device`, :func:`describe_machine`)."""
         return describe_device(self.device), describe_machine(self.device)

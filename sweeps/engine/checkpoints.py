@@ -1,6 +1,6 @@
-"""Checkpoints inside a run, so that a killed trial (or ``ablate train``) resumes where it was: where they go
-(:func:`location`, :class:`Plan`: a folder, an fsspec URL or the run's MLflow artifacts), the callbacks that keep
-``last.ckpt`` and ``best.ckpt`` (:func:`callbacks`, :class:`RngState`) and what a retry or
+"""Checkpoints inside a run, so that a killed trial (or ``ablate train``) resumes where it was: where they
+go (:func:`location`, :class:`CheckpointPlace`: a folder, an fsspec URL or the run's MLflow artifacts), the
+callbacks that keep ``last.ckpt`` and ``best.ckpt`` (:func:`callbacks`, :class:`RngState`) and what a retry or
 ``ablate train --resume`` starts from (:func:`resume_path`, :func:`resume_run`). How resume works:
 docs/many-machines.md ("Workers that die") and docs/development.md ("How a run is executed")."""
 
@@ -85,7 +85,7 @@ def location(setting: str | None, uri: str, root: str | Path) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CheckpointPlace:
     """Where one run writes its checkpoints.
 
     Attributes:
@@ -99,26 +99,28 @@ class Plan:
     digest: str
     per_run: bool = False
 
-    def for_run(self, run_id: str) -> Plan:
+    def for_run(self, run_id: str) -> CheckpointPlace:
         """The plan of run ``run_id``: its own sub-folder when ``per_run`` (a single ``ablate train``)."""
-        return Plan(f"{self.folder}/{run_id}", self.mirror, self.digest) if self.per_run else self
+        return CheckpointPlace(f"{self.folder}/{run_id}", self.mirror, self.digest) if self.per_run else self
 
     @classmethod
-    def at(cls, where: str, root: str | Path, cfg: ExperimentConfig, *parts: str, per_run: bool = False) -> Plan:
-        """The plan for location ``where`` (see :func:`location`), in the sub-folder ``parts``."""
+    def at(
+        cls, where: str, root: str | Path, cfg: ExperimentConfig, *parts: str, per_run: bool = False
+    ) -> CheckpointPlace:
+        """The place at location ``where`` (see :func:`location`), in the sub-folder ``parts``."""
         if where == MLFLOW:
             return cls(str(Path(root, "checkpoints", *parts).resolve()), True, config_digest(cfg), per_run)
         return cls("/".join([where.rstrip("/"), *parts]), False, config_digest(cfg), per_run)
 
 
-def trial_plan(where: str, root: str | Path, study: str, cfg: ExperimentConfig) -> Plan:
+def trial_place(where: str, root: str | Path, study: str, cfg: ExperimentConfig) -> CheckpointPlace:
     """A study trial's checkpoints: one folder per resolved config, shared by its retries."""
-    return Plan.at(where, root, cfg, study, config_digest(cfg)[:16])
+    return CheckpointPlace.at(where, root, cfg, study, config_digest(cfg)[:16])
 
 
-def run_plan(where: str, root: str | Path, cfg: ExperimentConfig) -> Plan:
+def run_place(where: str, root: str | Path, cfg: ExperimentConfig) -> CheckpointPlace:
     """A single run's checkpoints (``ablate train``): a folder of its own, ``runs/<run id>``."""
-    return Plan.at(where, root, cfg, "runs", per_run=True)
+    return CheckpointPlace.at(where, root, cfg, "runs", per_run=True)
 
 
 class _Mirrored(ModelCheckpoint):
@@ -135,7 +137,7 @@ class _Mirrored(ModelCheckpoint):
 
 
 def callbacks(
-    plan: Plan,
+    plan: CheckpointPlace,
     client: MlflowClient,
     run_id: str,
     on_resume: Callable[[int], None] | None = None,
@@ -186,7 +188,7 @@ def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -
         return None
 
 
-def resume_path(plan: Plan | None, client: MlflowClient, run_id: str, name: str = LAST) -> str | None:
+def resume_path(plan: CheckpointPlace | None, client: MlflowClient, run_id: str, name: str = LAST) -> str | None:
     """``name`` (``last.ckpt``, a phase's end) that an earlier attempt at this run's config left: in
     ``plan.folder``, else (with ``plan.mirror``) the newest one uploaded by a run of the experiment with
     the same config (the run itself, when it goes on from its own stopped attempt)."""

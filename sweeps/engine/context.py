@@ -70,7 +70,7 @@ class RunContext:
     params: Mapping[str, str] = field(default_factory=dict)
     callbacks: tuple[Callback, ...] = ()
     clocks: tuple[Callback, ...] = ()
-    checkpoint: checkpoints.Plan | None = None
+    checkpoint: checkpoints.CheckpointPlace | None = None
     resume: str | bool = False
     reopen: str | None = None
     timed: Callable[[str, float, float], None] | None = None

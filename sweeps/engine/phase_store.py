@@ -55,7 +55,7 @@ class PhaseStore:
     """
 
     run: ActiveRun
-    plan: checkpoints.Plan | None
+    plan: checkpoints.CheckpointPlace | None
     resume: str | bool
     mark: PhaseMark | None = None
 

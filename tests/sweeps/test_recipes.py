@@ -19,7 +19,7 @@ from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.config.presets import get_preset
 from ablate.lightning_modules.interop.pretrained import load_pretrained
 from ablate.lightning_modules.measure.accounting import report_for
-from ablate.sweeps.plan import check_run
+from ablate.sweeps.checks import check_run
 from tests.conftest import SHARED_DATA, documented_catalog
 from tests.hub_checkpoints import write_checkpoint
 

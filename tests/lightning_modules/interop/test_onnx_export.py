@@ -230,7 +230,7 @@ def test_fastbert_exits_are_left_out_and_the_line_says_so(sst2_run):
     model.exits = torch.nn.ModuleList([new_head(64, 2, 0.1, 0.02)])  # an exit after layer 1 of 2
     rows = task_rows(cfg.finetune, run_tokenizer(tracking.connect(uri), run_id, tmp), dev_rows=32)
     done = export_onnx(model, cfg, tmp / "exits", rows)
-    assert NO_EXITS in done.summary() and done.parity.rows == 32
+    assert NO_EXITS in done.describe() and done.parity.rows == 32
     assert json.loads((tmp / "exits" / ONNX_META).read_text(encoding="utf-8"))["early_exits"] == "not exported"
 
 

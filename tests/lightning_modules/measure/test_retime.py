@@ -31,7 +31,7 @@ def test_seeds_share_an_architecture_and_a_round_times_every_batch_size() -> Non
         for b in profiling.LATENCY_BATCHES
         for s in ("", profiling.SPREAD_SUFFIX, profiling.REFERENCE_SUFFIX)
     }
-    assert timing.described()[0].startswith("cpu (")
+    assert timing.describe()[0].startswith("cpu (")
 
 
 def test_a_rebuilt_model_is_the_same_every_time_and_quantized_as_its_run_was() -> None:

@@ -90,7 +90,7 @@ def test_a_killed_run_resumes_on_another_machine_from_its_uploaded_checkpoint(
     cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
     straight = train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}"))
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"  # a store other workers see: checkpoints go to MLflow
-    plan = checkpoints.run_plan(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    plan = checkpoints.run_place(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
     with pytest.raises(KeyboardInterrupt):
         train(
             cfg, RunContext(tracking_uri=uri, checkpoint=plan, callbacks=(InterruptAt(6),))

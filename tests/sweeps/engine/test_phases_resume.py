@@ -114,7 +114,7 @@ def test_a_run_stopped_mid_phase_resumes_and_ends_as_an_uninterrupted_one(source
     tree["tracking"]["experiment"] = f"resume-{regime}-{fit}"  # the source's store, an experiment of its own
     cfg = build_config(tree)
     assert len(runner.plan(cfg).phases) >= fit
-    plan = checkpoints.run_plan(str(tmp_path / "ckpt"), cfg.tracking.root, cfg)
+    plan = checkpoints.run_place(str(tmp_path / "ckpt"), cfg.tracking.root, cfg)
 
     straight = train(cfg, RunContext(checkpoint=plan))
     with pytest.raises(Interrupted):

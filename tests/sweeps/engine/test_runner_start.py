@@ -32,7 +32,7 @@ def test_a_run_says_who_it_is_when_it_starts_and_resume_lists_the_stopped_ones(t
     assert capsys.readouterr().err.strip() == f"error: --resume: no stopped run with a checkpoint in {store}"
 
     cfg = build_config(tree)
-    plan = checkpoints.run_plan(str(tmp_path / "ckpt"), cfg.tracking.root, cfg)
+    plan = checkpoints.run_place(str(tmp_path / "ckpt"), cfg.tracking.root, cfg)
     with pytest.raises(Interrupted) as stop:
         train(cfg, RunContext(checkpoint=plan, callbacks=(InterruptAt(4),)))
     (killed,) = stop.value.runs

@@ -1,4 +1,4 @@
-"""A run's plan: what a config asks of this machine, of MLflow and of the file system, checked by
+"""A run's checks: what a config asks of this machine, of MLflow and of the file system, checked by
 :func:`check_run` (``ablate train``, and ``ablate sweep`` for every trial a study can produce) before a
 folder, store or run exists: device and node counts, launch strategies, a model too large for this
 machine's memory, names past MLflow's limits, the folders the run writes."""
