@@ -28,11 +28,11 @@ if TYPE_CHECKING:  # annotations only
 
 def _config(target: str, overrides: list[str]) -> ExperimentConfig:
     """A config from a preset name or a YAML path, with overrides."""
-    from ablate.lightning_modules.config.load import build_config, load_config, parse_override
+    from ablate.lightning_modules.config.load import build_config, load_config, parse_overrides
     from ablate.lightning_modules.config.presets import PRESETS
 
     if target in PRESETS:
-        return build_config({"model": {"preset": target}}, dict(parse_override(o) for o in overrides))
+        return build_config({"model": {"preset": target}}, parse_overrides(overrides))
     if not target.endswith((".yaml", ".yml")) and not Path(target).exists():
         raise ConfigError(f"{target}: neither a preset ({', '.join(PRESETS)}) nor a config file")
     from ablate.kinds import check_kind

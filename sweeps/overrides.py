@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Mapping
 
 from ablate.lightning_modules.config.errors import ConfigError, did_you_mean
-from ablate.lightning_modules.config.load import config_keys, parse_override, set_dotted
+from ablate.lightning_modules.config.load import config_keys, parse_overrides, set_dotted
 from ablate.sweeps.reach import check_not_searched
 from ablate.sweeps.spec import BaseTree, StudySpec
 
@@ -59,7 +59,7 @@ def override_study(spec: StudySpec, base: BaseTree, texts: list[str]) -> Overrid
     """Apply ``key=value`` overrides to a validated study (raising ConfigError naming the key, before
     anything exists). The caller validates the result again (:func:`~ablate.sweeps.spec.validate_study`).
     """
-    changes = dict(parse_override(text) for text in texts)
+    changes = parse_overrides(texts)
     name = changes.pop("name", None)
     known = config_keys()
     for key in changes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,18 @@ def parse_override(text: str) -> tuple[str, Json]:
     except yaml.YAMLError:
         value = raw
     return key, value
+
+
+def parse_overrides(texts: Iterable[str]) -> dict[str, Json]:
+    """``key=value`` overrides (:func:`parse_override`) by key; a key given twice is refused (the
+    command line would otherwise keep its last value silently)."""
+    out: dict[str, Json] = {}
+    for text in texts:
+        key, value = parse_override(text)
+        if key in out:
+            raise ConfigError(f"override {key}: given twice ({out[key]!r}, then {value!r}); give it once")
+        out[key] = value
+    return out
 
 
 def read_yaml(path: str | Path, what: str = "a mapping of config sections") -> dict[str, Json]:
@@ -155,7 +167,7 @@ def config_keys() -> set[str]:
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Load a config YAML (or defaults when None) with ``key=value`` overrides."""
     raw = read_yaml(path) if path is not None else {}
-    return build_config(raw, dict(parse_override(o) for o in overrides or []))
+    return build_config(raw, parse_overrides(overrides or []))
 
 
 def replace(cfg: ExperimentConfig, updates: Mapping[str, object]) -> ExperimentConfig:

@@ -274,3 +274,28 @@ def test_every_written_config_reads_back_the_same(tmp_path):
     assert (cfg.name, cfg.tracking.run_name) == ("no", "1e-3")
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     assert load_config(tmp_path / "cfg.yaml") == cfg
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused(capsys):
+    """``key=value`` twice would silently keep the last value: one error line, in train and sweep."""
+    from pathlib import Path
+
+    from ablate.cli import main
+    from ablate.lightning_modules.config.load import parse_overrides
+
+    assert parse_overrides(["optim.lr=1e-3", "model.sharing=all"]) == {"optim.lr": 0.001, "model.sharing": "all"}
+    with pytest.raises(ConfigError, match=r"^override optim.lr: given twice \(0.001, then 0.002\); give it once$"):
+        parse_overrides(["optim.lr=1e-3", "optim.lr=2e-3"])
+    study = Path(__file__).resolve().parents[3] / "sweeps" / "studies" / "quickstart.yaml"
+    for command, said in (
+        (
+            ["train", "print-plan", "bert-tiny", "model.num_layers=2", "model.num_layers=3"],
+            "model.num_layers: (2, then 3",
+        ),
+        (["sweep", "check", str(study), "trainer.max_steps=5", "trainer.max_steps=6"], "trainer.max_steps: (5, then 6"),
+    ):
+        assert main(command) == 2
+        key, values = said.split(": ")
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: override {key}: given twice {values}); give it once"
+        ]
