@@ -1,19 +1,7 @@
-"""How far a training step could go on this machine: its work and the matmul peak.
-
-A step's floating-point work (forward and backward, as torch's ``FlopCounterMode`` counts
-matmuls and attention) divided by the machine's measured matmul throughput is the least
-time the step could take if every FLOP ran at that peak and nothing else cost anything.
-Against a measured reference step that gives a ceiling on the speed-up any implementation
-of the same arithmetic could show. ``ablate bench train`` prints it beside the ratios, so a
-missed target reads as "the work left" or "the machine", not as a guess.
-
-The peak is measured in each precision a side runs in, time-boxed (:func:`matmul_peak`): a
-square matmul grows from 256 until one product takes 20 milliseconds, then the best of as
-many products at that size as the time box allows. A CPU without fast kernels for a precision
-is known from what it can do, not from a timing a busy machine could spoil: bf16 matmuls need
-AVX-512 BF16 or AMX (oneDNN emulates them otherwise, at a few GFLOP/s against fp32's hundred
-or more); :func:`peaks` leaves such a precision out, and says why.
-"""
+"""How far a training step could go on this machine: its FLOPs (``FlopCounterMode``) over the measured
+matmul peak per precision (:func:`matmul_peak`, time-boxed; :func:`peaks` leaves out a precision the CPU
+has no fast kernels for, and says why), a bound on any speed-up for the same arithmetic that ``ablate
+bench train`` prints beside its ratios (docs/performance.md, "Work per step and the ceiling it sets")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``ablate bench data``: is data ever the bottleneck?
-
-1. The pipeline (read, tokenize, pair for SOP, mask, pack) in one process: tokens/s per worker.
-2. The quickstart's training loop under Lightning's SimpleProfiler: the share of the loop
-   spent waiting for the next batch.
-3. Streaming memory: peak RSS of reading the same number of batches from one shard and from
-   every shard of ``--corpus`` (each in a fresh process).
-"""
+"""``ablate bench data``: is data ever the bottleneck? The pipeline's tokens/s per worker in one process,
+the share of the quickstart's training loop spent waiting for a batch (Lightning's SimpleProfiler),
+and the peak RSS of streaming one shard against every shard of ``--corpus`` (docs/performance.md, "Data")."""
 
 from __future__ import annotations
 

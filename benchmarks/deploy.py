@@ -1,16 +1,8 @@
-"""``ablate bench deploy``: what a compressed classifier gains where it is deployed, as ratios in one run.
-
-A bert-base-sized classifier (H 768, 12 layers, 12 heads, FFN 3072, vocabulary 30522; random weights: speed
-does not depend on them) at sequence length 128, run as PyTorch fp32 (ablate's model) and as the graphs
-``ablate export --format onnx`` writes (:mod:`ablate.lightning_modules.interop.onnx_export`,
-:mod:`~ablate.lightning_modules.interop.onnx_quant`): ONNX Runtime fp32, dynamic int8, static int8 (QDQ,
-calibrated on random token rows) and weight-only 4-bit (``MatMulNBits``). Each is timed at batch 1 and 32, with
-one thread and with every core, in turns in one process: every round times each setting once, and a setting's
-figure is the median of its rounds. The CPU's instruction sets (AVX2, AVX-512, VNNI, AMX) are read from
-``/proc/cpuinfo``. The target (issue 37): ONNX Runtime dynamic int8 at least 1.5x PyTorch fp32 at batch 32,
-every core. The last line is ``int8 over PyTorch fp32, batch 32: X.XXx``. ``--smoke``: a tiny model, two
-rounds (the test suite's form; its figures mean nothing).
-"""
+"""``ablate bench deploy``: what a compressed classifier gains where it is deployed, as ratios in one run:
+a bert-base-sized classifier (random weights) as PyTorch fp32 and as the graphs ``ablate export --format
+onnx`` writes (fp32, dynamic and static int8, 4-bit), in turns at batch 1 and 32, one thread and every
+core; last line ``int8 over PyTorch fp32, batch 32: X.XXx`` (target 1.5x). ``--smoke``: a tiny model
+(docs/performance.md; figures: docs/guides/quantization.md, "Deployed: ONNX Runtime")."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""The distillation step, ablate against Hugging Face transformers at the same configuration.
-
-A :class:`~ablate.benchmarks.cases.Case` with a ``teacher`` is a distillation: one step is the frozen
-teacher's forward and the student's training step, with MobileBERT's losses (the ``auxiliary``
-strategy: every term at once, each weighted 1): MLM, the sentence loss, KD on the MLM logits at
-the masked positions, FMT (feature maps of every layer) and AT (KL between every head's attention
-distributions). Both sides start from the same student and teacher weights (copied through the
-interop path), train on the same batches with the same AdamW and schedule, and are timed as
-:mod:`ablate.benchmarks.train_speed` times pre-training.
-
-- ablate: :func:`~ablate.lightning_modules.methods.pretrain.distill_module`'s ``training_step`` (the teacher and
-  the student record what the terms read in one forward each; MLM logits only at the prediction
-  slots), backward, its fused AdamW and schedule.
-- transformers: the teacher's and the student's ``*ForPreTraining`` with ``output_hidden_states``
-  and ``output_attentions`` (eager attention: transformers' SDPA returns no attention
-  probabilities, which AT needs), the student's own MLM + NSP loss, and the same KD, FMT and AT
-  terms (:mod:`ablate.lightning_modules.methods.losses`, on the probabilities' logarithms) on its outputs;
-  backward, fused ``torch.optim.AdamW``.
-
-The code is device-agnostic (CPU and CUDA, fp32 and bf16 autocast, ablate optionally compiled).
-"""
+"""The distillation step, ablate against Hugging Face transformers at the same configuration: a
+:class:`~ablate.benchmarks.cases.Case` with a ``teacher``, one step the frozen teacher's forward and
+the student's step with MobileBERT's losses (MLM, the sentence loss, KD, FMT, AT), both sides from the
+same weights on the same batches, timed as :mod:`ablate.benchmarks.train_speed` times pre-training
+(docs/performance.md, "The distillation step"). Device-agnostic (CPU, CUDA; fp32, bf16)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""The tasks ``ablate bench loop --regime finetune --task NAME`` fine-tunes on, and their data.
-
-- ``sst2`` (the default): SST-2 from a folder (``--sst2`` or ``$ABLATE_SST2``), else synthetic
-  sentences of its lengths (:func:`ablate.benchmarks.regimes.synthetic_sst2`), as the bench always did.
-- the other GLUE tasks (``mrpc``, ``rte``, ``stsb`` ...): the task by its hub name
-  (``nyu-mll/glue:mrpc``) with the columns, labels, kind (STS-B: regression) and metrics of
-  :data:`~ablate.lightning_modules.config.glue.GLUE`, its ``train`` split and its first dev set;
-- ``squad``, ``squad_v2``: ``rajpurkar/squad`` (v1.1) and ``rajpurkar/squad_v2`` (``no_answer``),
-  ``finetune.kind: span``. Where the data catalog maps the dataset's ``train`` split the run trains
-  on it; where it maps only ``validation`` (the official dev files, as here) the run trains on the
-  dev file's first questions and scores the next :data:`SQUAD_DEV` (both written as flat rows to
-  the run's temporary folder, which the table says).
-
-Every task's data is read from the local copies the data catalog (``ABLATE_DATA_CATALOG``) maps its
-hub name to: a benchmark of the loop does not download. A task the catalog does not map is refused
-with one line (:func:`check_task`) before anything runs. The run's batches are the bench's usual
-ones: ``FINETUNE_BATCH`` examples (SQuAD: windows) padded to their longest, ``T <= `` the case's
-length; a SQuAD context longer than that is read in windows ``T // 3`` tokens apart (BERT's 384 and
-128), its question cut to 64 tokens (BERT's), at most ``T // 2``. This module imports no torch: the
-CLI checks a task before it loads one.
-"""
+"""The tasks ``ablate bench loop --regime finetune --task NAME`` fine-tunes on, and their data: SST-2 (a
+folder, else synthetic sentences), another GLUE task or SQuAD by hub name, read only from the data
+catalog's local copies (:func:`check_task` refuses a task it does not map, before anything runs;
+docs/performance.md). This module imports no torch: the CLI checks a task before it loads one."""
 
 from __future__ import annotations
 

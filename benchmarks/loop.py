@@ -1,40 +1,7 @@
-"""``ablate bench loop``: does the whole training loop run at the speed of its own step?
-
-Two measurements of one configuration, in one process, for the run ``--regime`` names
-(:mod:`ablate.benchmarks.regimes`: pre-training by default, distillation, pruning, fine-tuning; what
-follows describes pre-training, and the others differ only in their run and module):
-
-- the loop: a real ``ablate train`` (:func:`ablate.sweeps.engine.runner.train`: the Lightning loop, the
-  streamed corpus through ``PretrainDataModule`` and its DataLoader workers, MLflow logging
-  into a temporary store, latency and memory probes before training, the NaN guard, the
-  progress bar, validation at the end). A callback stamps the wall clock at the end of every
-  training batch; the steady state is the steps after a warm-up (compilation, the loader's
-  start), timed between device syncs, validation excluded.
-- the step: the same model and settings (:func:`ablate.benchmarks.train_speed.ablate_side`:
-  ``PretrainModule.training_step``, backward, gradient clipping as ``optim.grad_clip`` asks,
-  fused AdamW and schedule) on batches from the same pipeline already on the device, as many
-  steps as the loop's steady state.
-
-On a CPU the two take turns, one step each, inside the run (the callback runs a step of the
-step alone after each step of the loop), and each side's speed is its real tokens per step
-over its median step time: a shared machine's load changes from second to second, and a
-step timed minutes after the loop would measure the neighbours, not the loop. On a GPU the
-step alone runs after the run, both timed as one block each between syncs (a dedicated
-device; a sync per step, or two compiled models' CUDA graphs alternating, would measure
-something else than the loop's steady state).
-
-Both count real (non-padding) tokens, and the step alone trains on the loop's own batches (its
-timed steps start at the batch of the loop's first timed step). The last line printed is
-``loop efficiency: X.XX``, the loop's tokens/s over the step alone's: in turns (a CPU), the
-median over the turns of the two steps' ratio, each turn's two halves one after the other on
-the same batch, so that the neighbours' load, which moves from second to second, is the same
-for both (the ratio of the two sides' median step times, which the table shows and the bench
-printed before, compares two samples taken at different moments of a busy machine); after the
-run (a GPU), the ratio of the two blocks' rates. The wall time of the run is split into start-up (data and
-tokenizer; the parameter, latency and memory measurement; the MLflow run and the Trainer; the
-loader's start and the first step), training, validation and teardown (after validation:
-Lightning's end of fit, the loader's workers stopping, logging the weights, closing the run).
-"""
+"""``ablate bench loop``: does the whole training loop run at the speed of its own step? A real ``ablate
+train`` of the ``--regime``'s run (:mod:`ablate.benchmarks.regimes`) against the same step alone, in
+turns on a CPU, one block each on a GPU; the last line printed is ``loop efficiency: X.XX``
+(docs/performance.md, "How bench loop measures")."""
 
 from __future__ import annotations
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -146,7 +145,12 @@ class StepClock(pl.Callback):
             self.fit_start = time.perf_counter()
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: Mapping[str, torch.Tensor],
+        batch_idx: int,
     ) -> None:
         if self._fits != 1:
             return

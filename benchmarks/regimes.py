@@ -1,27 +1,7 @@
-"""The runs ``ablate bench loop --regime`` times against their isolated steps.
-
-- ``pretrain``: ``ablate train`` of the case (MLM + SOP/NSP), what the bench always ran.
-- ``distill``: ``ablate train`` of a distillation (``distill.teacher``): each step the frozen
-  teacher's forward, then the student's step with MLM, the sentence loss, KD, FMT and AT
-  (MobileBERT's ``auxiliary`` strategy). Default: the ``distill-mini`` case (an ``ibbert-mini``
-  teacher and a ``mobilebert-mini`` student).
-- ``prune``: ``ablate train`` of a pruning (``prune.source``): schuBERT's gate phase
-  (``schubert-all``: gates on h, heads, Q/K, V and FFN; one round of gate steps, no fine-tuning),
-  the source's weights frozen, MLM + sentence loss + the gates' sparsity term.
-- ``finetune``: ``ablate train`` of a fine-tuning (``finetune.source``) on ``--task``
-  (:mod:`ablate.benchmarks.finetune_tasks`): SST-2 by default, a folder with its ``train.tsv`` and
-  ``validation.tsv`` (``--sst2`` or ``$ABLATE_SST2``), else synthetic sentences of SST-2's lengths;
-  another GLUE task (``mrpc``, ``stsb`` ...) or SQuAD (``squad``, ``squad_v2``: the span task) read
-  through the data catalog by its hub name; batches of ``--batch`` examples (32; SQuAD: windows) padded
-  to their longest, or to bucketed widths when compiled (``--compile``; always on CUDA).
-
-The teacher and the models to prune and to fine-tune are written at their initialisation (the
-speed does not depend on the weights) into the run's temporary folder with the run's tokenizer,
-as ``ablate export`` writes them, and named by that folder. The step alone is the module the run
-builds (the same code: :func:`~ablate.lightning_modules.methods.pretrain.distill_module`,
-``PruneModule``, ``FinetuneModule``) trained by :func:`module_step` on the same batches; the
-run's own Trainers get the clock through the run context's callbacks (it times the first fit).
-"""
+"""The runs ``ablate bench loop --regime`` times against their isolated steps: ``pretrain``, ``distill``
+(the ``distill-mini`` case), ``prune`` (schuBERT's gate phase) and ``finetune`` (``--task``:
+:mod:`ablate.benchmarks.finetune_tasks`); their sources written at initialisation beside the run, the
+step alone the module the run builds, trained by :func:`module_step` (docs/performance.md)."""
 
 from __future__ import annotations
 

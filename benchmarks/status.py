@@ -1,15 +1,10 @@
-"""What a benchmark is doing while it runs, on stderr (its tables go to stdout).
-
-On a terminal: rich's live progress (a spinner, the task, a bar when its size is known, the
-time elapsed). Otherwise (stderr redirected to a file, a CI log): :class:`LineProgress`, the
-same calls written as plain lines, one per new task or description, and the count of a long
-task every ``every_s`` seconds; nothing is redrawn, so a log reads top to bottom.
-"""
+"""What a benchmark is doing while it runs, on stderr (its tables go to stdout): rich's live progress on
+a terminal; otherwise :class:`LineProgress`, the same calls written as plain time-stamped lines (one
+per new task or description, a long task's count every ``every_s`` seconds), so a log reads top to bottom."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -48,7 +43,7 @@ class LineProgress(Progress):
         total: float | None = 100.0,
         completed: int = 0,
         visible: bool = True,
-        **fields: Any,
+        **fields: object,
     ) -> TaskID:
         task = super().add_task(description, start, total, completed, visible, **fields)
         self.say(description)
@@ -65,7 +60,7 @@ class LineProgress(Progress):
         description: str | None = None,
         visible: bool | None = None,
         refresh: bool = False,
-        **fields: Any,
+        **fields: object,
     ) -> None:
         super().update(
             task_id,

@@ -1,11 +1,6 @@
-"""``ablate bench pruning``: the wall time Optuna pruning saves on a 12-trial study.
-
-The same 12-configuration grid (learning rate x E x sharing, tiny ALBERT) runs twice into a
-temporary folder, once without pruning and once with Optuna's PercentilePruner (a trial
-worse than the best quarter of the earlier ones at the same step stops) on the validation
-loss; the two wall times and best configurations are compared (target: at least 40% saved,
-the same best configuration).
-"""
+"""``ablate bench pruning``: the wall time Optuna pruning saves on a 12-trial study (the same grid run
+with and without a PercentilePruner; target: 40% saved, the same best configuration), and replays of
+the unpruned curves in other grid orders (docs/performance.md, "Sweeps")."""
 
 from __future__ import annotations
 
@@ -25,11 +20,12 @@ import yaml
 from rich.progress import Progress
 
 from ablate.benchmarks import mark
+from ablate.lightning_modules.config.yamlio import Json
 
 TARGET_SAVED = 0.40
 
 
-def study(corpus: str, root: Path, name: str, pruner: dict[str, Any], steps: int) -> dict[str, Any]:
+def study(corpus: str, root: Path, name: str, pruner: dict[str, Json], steps: int) -> dict[str, Json]:
     """The 12-trial benchmark study (grid: lr 3 x E 2 x sharing 2)."""
     return {
         "name": name,
@@ -59,7 +55,7 @@ def study(corpus: str, root: Path, name: str, pruner: dict[str, Any], steps: int
     }
 
 
-def timed_study(raw: dict[str, Any], folder: Path) -> tuple[float, optuna.Study]:
+def timed_study(raw: dict[str, Json], folder: Path) -> tuple[float, optuna.Study]:
     """Run a study; its wall time and the finished study."""
     from ablate.sweeps.spec import load_study
     from ablate.sweeps.study import run_study
@@ -105,7 +101,7 @@ def replay(complete: optuna.Study, pruner: optuna.pruners.BasePruner, order: lis
 def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> tuple[list[str], bool]:
     steps = args.steps or 300
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    arms: dict[str, dict[str, Any]] = {
+    arms: dict[str, dict[str, Json]] = {
         "no pruning": {"type": "none"},
         "percentile pruner": {
             "type": "percentile",
@@ -147,7 +143,7 @@ def _params(study: optuna.Study) -> str:
     return ", ".join(f"{k}={v}" for k, v in study.best_trial.params.items() if k != "seed")
 
 
-def _robustness(plain: optuna.Study, pruner: dict[str, Any], steps: int, orders: int = 50) -> list[str]:
+def _robustness(plain: optuna.Study, pruner: dict[str, Json], steps: int, orders: int = 50) -> list[str]:
     """Replays of the unpruned curves in other grid orders and from other start steps."""
     from ablate.sweeps.spec import PrunerSpec
 
@@ -166,7 +162,8 @@ def _robustness(plain: optuna.Study, pruner: dict[str, Any], steps: int, orders:
         "|---:|---|---:|---|",
     ]
     for start in (steps // 6, steps // 3, steps // 2):
-        spec = PrunerSpec(**{**pruner, "n_warmup_steps": start})
+        fields: dict[str, Any] = {**pruner, "n_warmup_steps": start}  # validated by PrunerSpec
+        spec = PrunerSpec(**fields)
         runs = [replay(curves, spec.build(steps), order) for order in shuffles]
         saved = sorted(r[0] for r in runs)
         gaps = sorted(r[2] for r in runs if not r[1]) or [0.0]

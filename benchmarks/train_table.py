@@ -1,20 +1,7 @@
-"""``ablate bench train``: the ablate vs transformers table, one block per case.
-
-Per side: tokens/s, ms/step, the step's FLOPs (forward + backward, FlopCounterMode), the
-FLOP/s it achieves and its MFU (model FLOPs utilisation: that rate over the machine's
-measured matmul peak in the side's precision), activation memory, losses, and for a compiled
-side the time its first step took (compilation). The case's targets
-(:class:`ablate.benchmarks.cases.Case`) are checked below the table. A distillation case (one with a
-teacher: :mod:`ablate.benchmarks.distill_speed`) times the teacher's forward and the student's step.
-
-Compiled sides (``--compile``; always on CUDA) are ablate's and transformers' SDPA model in
-``torch.compile``: "transformers' best", which the ratios divide by, is its fastest side, compiled
-included, and the ratio lines name it.
-
-The peaks are measured first, in under a second (:func:`ablate.benchmarks.ceiling.peaks`); a precision
-this CPU has no fast matmul kernels for (bf16 without AVX-512 BF16 or AMX) is left out, and the
-output says so.
-"""
+"""``ablate bench train``: the ablate vs transformers table, one block per case: per side tokens/s,
+ms/step, FLOPs, FLOP/s and MFU, activation memory, losses and a compiled side's first step; the case's
+targets (:class:`ablate.benchmarks.cases.Case`) checked below it, the ratios against "transformers'
+best" (its fastest side, compiled included). Peaks first (:func:`ablate.benchmarks.ceiling.peaks`)."""
 
 from __future__ import annotations
 
