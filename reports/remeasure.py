@@ -11,6 +11,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,6 +183,44 @@ class _Model:
     runs: list[dict[str, Any]]
 
 
+def _configs(
+    client: MlflowClient, records: list[dict[str, Any]], tmp: Path, key: Callable[[Any], tuple[str, ...]]
+) -> tuple[dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]], list[str]]:
+    """Each distinct deployed artifact's config (by ``key``) with the runs that share it, and a line for
+    each run whose config cannot be read or built (left out)."""
+    configs: dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]] = {}
+    missing: list[str] = []
+    for run in records:
+        try:
+            cfg = _run_config(client, str(run["run_id"]), tmp)
+        except Exception as exc:  # noqa: BLE001 - any unreadable or invalid config: the run is left out
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
+            continue
+        configs.setdefault(key(cfg), (cfg, []))[1].append(run)
+    return configs, missing
+
+
+def _rows(models: list[_Model], logged_cols: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A row per run of the re-measured figures (its model's) beside the ones it logged, and each device's
+    machine line."""
+    from ablate.lightning_modules.measure import deployed as timing
+    from ablate.lightning_modules.measure.measuring import describe_device, describe_machine
+
+    rows: list[dict[str, Any]] = []
+    machines: dict[str, str] = {}
+    for m, metrics in zip(models, timing.paired_metrics([m.timing for m in models]), strict=True):
+        device = m.timing.target.device
+        described = describe_device(device)
+        machines.setdefault(described, describe_machine(device))
+        for run in m.runs:
+            logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
+            row = {"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described}
+            row |= {RUNTIME: m.timing.target.label, "why": m.why or ""}
+            rows.append(row | {name: metrics.get(name, math.nan) for name in REMEASURED_METRICS} | logged)
+    return rows, machines
+
+
 def remeasure_runs(
     runs: pd.DataFrame,
     tracking_uri: str,
@@ -217,7 +256,6 @@ def remeasure_runs(
         and named in ``missing``.
     """
     from ablate.lightning_modules.measure import deployed as timing
-    from ablate.lightning_modules.measure.measuring import describe_device, describe_machine
     from ablate.lightning_modules.measure.reference_load import reference_workload
     from ablate.reports.deployed import deployed, key
 
@@ -227,8 +265,6 @@ def remeasure_runs(
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = _load()
     start = time.perf_counter()
-    missing: list[str] = []
-    configs: dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]] = {}
     records = runs.to_dict("records")
     settings = timing.thread_settings()
     bar = Progress(
@@ -243,14 +279,7 @@ def remeasure_runs(
     )
     models: list[_Model] = []
     with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads(), bar:
-        for run in records:
-            try:
-                cfg = _run_config(client, str(run["run_id"]), Path(tmp))
-            except Exception as exc:  # noqa: BLE001 - any unreadable or invalid config: the run is left out
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                missing.append(f"run {run['run_name']} ({run['run_id']}): latency not re-measured: {first}")
-                continue
-            configs.setdefault(key(cfg), (cfg, []))[1].append(run)
+        configs, missing = _configs(client, records, Path(tmp), key)
         task = bar.add_task("", total=len(configs) + rounds * len(configs))
         for i, (cfg, shared) in enumerate(configs.values()):
             bar.update(task, description=f"preparing {', '.join(str(r['run_name']) for r in shared)}")
@@ -262,18 +291,8 @@ def remeasure_runs(
             bar.update(task, description=f"round {r + 1}/{rounds}: {len(models)} models in turns")
             timing.time_round([m.timing for m in models], repeats, warmup, workloads, settings)
             bar.advance(task, len(models))
-    rows: list[dict[str, Any]] = []
-    machines: dict[str, str] = {}
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
-    for m, metrics in zip(models, timing.paired_metrics([m.timing for m in models]), strict=True):
-        device = m.timing.target.device
-        described = describe_device(device)
-        machines.setdefault(described, describe_machine(device))
-        for run in m.runs:
-            logged = {f"logged/{c}": float(run[c]) for c in logged_cols}
-            row = {"run_id": str(run["run_id"]), "run_name": str(run["run_name"]), "device": described}
-            row |= {RUNTIME: m.timing.target.label, "why": m.why or ""}
-            rows.append(row | {name: metrics.get(name, math.nan) for name in REMEASURED_METRICS} | logged)
+    rows, machines = _rows(models, logged_cols)
     loads = [x for x in (load_before, _load()) if x is not None]
     columns = ["run_id", "run_name", "device", RUNTIME, "why", *REMEASURED_METRICS]
     columns += [f"logged/{c}" for c in logged_cols]
