@@ -139,7 +139,7 @@ def check_folders(cfg: ExperimentConfig, checkpoints: str | None = None) -> None
 
 
 def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine | None) -> None:
-    """Everything :mod:`ablate.sweeps.plan` checks about one run's config, before it is written;
+    """Everything :mod:`ablate.sweeps.checks` checks about one run's config, before it is written;
     what it asks of ``machine`` too, unless None (a study checked for another machine)."""
     if machine is not None:
         check_machine(cfg.trainer, machine)
