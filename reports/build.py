@@ -136,6 +136,27 @@ def latency_columns(spec: ReportSpec) -> list[str]:
     return [m for m in aggregated_metrics(spec) if m in REMEASURED_METRICS]
 
 
+def _with_latencies(
+    table: Table,
+    spec: ReportSpec,
+    runs: pd.DataFrame,
+    again: Remeasured | None,
+    expected: Expected | None,
+    stages: pd.DataFrame | None,
+) -> Table:
+    """The table with the latencies timed again (``again``; a column says which runtime timed each row),
+    or with the logged ones and a line under it that says so (a report that shows latency)."""
+    if again is not None:
+        shown = spec
+        if RUNTIME not in spec.details:  # which runtime and form timed each row
+            labels = {RUNTIME: "timed by", **spec.row_labels}
+            shown = dataclasses.replace(spec, details=(*spec.details, RUNTIME), row_labels=labels)
+        return dataclasses.replace(aggregate(again.apply(runs), shown, expected, stages), notes=again.notes)
+    if latency_columns(spec) and len(runs):
+        return dataclasses.replace(table, notes=(*table.notes, LOGGED_NOTE))
+    return table
+
+
 def build_report(
     spec: ReportSpec,
     study: str,
@@ -186,19 +207,14 @@ def build_report(
     else:
         runs, parent, stages = _study_runs(tracking_uri, study, sweep)
     table = aggregate(runs, spec, expected, stages)  # a bad spec fails here, before any measuring
-    again: Remeasured | None = None
-    if remeasure:
-        if not latency_columns(spec):
-            raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
-        if len(runs):
-            again = remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
-            shown = spec
-            if RUNTIME not in spec.details:  # which runtime and form timed each row
-                labels = {RUNTIME: "timed by", **spec.row_labels}
-                shown = dataclasses.replace(spec, details=(*spec.details, RUNTIME), row_labels=labels)
-            table = dataclasses.replace(aggregate(again.apply(runs), shown, expected, stages), notes=again.notes)
-    elif latency_columns(spec) and len(runs):
-        table = dataclasses.replace(table, notes=(*table.notes, LOGGED_NOTE))
+    if remeasure and not latency_columns(spec):
+        raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
+    again = (
+        remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
+        if (remeasure and len(runs))
+        else None
+    )
+    table = _with_latencies(table, spec, runs, again, expected, stages)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}
