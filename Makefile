@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 
-.PHONY: install quickstart lint test docs serve-docs clean
+.PHONY: install quickstart lint test test-fast docs serve-docs clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+
+# the quick subset (minutes): ruff, and the suite without the tests marked slow or e2e (tests/markers.py)
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow and not e2e"
 
 # the documentation site (mkdocs.yml, docs/) into site/; the tools come with the test extras
 docs: install

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from tests.markers import assign as assign_markers
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 CATALOG_ENV = "ABLATE_DATA_CATALOG"
@@ -70,6 +72,7 @@ requires_cuda = pytest.mark.cuda
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    assign_markers(items)  # slow and e2e, by file and test name (tests/markers.py)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m cuda on a GPU machine)")
