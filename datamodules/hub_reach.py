@@ -23,11 +23,14 @@ def hub_answers() -> bool:
 
     if constants.is_offline_mode() or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
-    import requests
+    import urllib.error
+    import urllib.request
 
     try:
-        requests.head(constants.ENDPOINT, timeout=PROBE_S)
-    except requests.RequestException:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=PROBE_S)
+    except urllib.error.HTTPError:  # it answered (with an error status): reachable
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
         return False
     return True
 

@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -24,8 +24,12 @@ from ablate.lightning_modules.config.run import OptimConfig, TrackingConfig, Tra
 from ablate.lightning_modules.config.task_kinds import SPAN_METRICS
 from ablate.lightning_modules.config.yamlio import dump_yaml
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+
+class DataclassInstance(Protocol):
+    """Any dataclass instance (what ``dataclasses.asdict`` takes)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
 
 Regime = Literal["pretrain", "distill", "prune", "finetune", "quant"]
 Sentence = Literal["sop", "nsp", "none"]  # objective.sentence
@@ -355,7 +359,7 @@ def to_dict(cfg: DataclassInstance) -> dict[str, object]:
 def flatten(cfg: DataclassInstance | Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Dotted-name -> value for every leaf field: the MLflow params and report columns."""
     out: dict[str, object] = {}
-    for key, value in (to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg).items():
+    for key, value in (cfg if isinstance(cfg, Mapping) else to_dict(cfg)).items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flatten(value, f"{name}."))

@@ -117,7 +117,7 @@ def test_teacher_run_must_exist_in_the_store(tmp_path, wiki_validation, capsys):
     path = _study(tmp_path, wiki_validation, teacher={"source": "runs:/0123456789abcdef"})
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: teacher.source: runs:/0123456789abcdef: no such run in sqlite:///"), err
+    assert err.startswith("error: teacher.source: runs:/0123456789abcdef: no such run: no MLflow store at "), err
     assert not (tmp_path / "runs" / "optuna.db").exists()
 
 
