@@ -110,7 +110,7 @@ SLOW: Table = {
         "test_pretraining_step_is_one_graph",
         "test_the_layer_block_is_one_graph_per_layer_shape",
     ),
-    "lightning_modules/methods/test_loop.py": (
+    "sweeps/engine/test_trainer_loop.py": (
         "test_a_loss_that_turns_nan_fails_the_run_at_that_step",
         "test_bf16_with_gradient_clipping_trains_with_the_fused_optimizer",
         "test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step",

@@ -201,3 +201,33 @@ def test_help_and_config_errors_answer_without_torch(tmp_path: Path, args: list[
     assert done.stdout.strip().splitlines()[-1] in ("no torch 0", "no torch 2"), done.stdout + done.stderr
     if args[0] != "--help" and args[-1] != "--help" and args[1] != "albert-tiny":
         assert done.stderr.strip().startswith("error: "), done.stderr
+
+
+def _reading_path() -> list[tuple[str, str]]:
+    """docs/development.md's "Reading one fine-tuning run" table: (file, the first name it says to read)."""
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    section = text.split("### Reading one fine-tuning run", 1)[1].split("\n#", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    return [(cells[2].strip().strip("`"), cells[3].split("`")[1]) for cells in rows]
+
+
+def _defines(path: Path, dotted: str) -> bool:
+    """Whether ``path`` defines ``dotted`` (a top-level function or class, or ``Class.method``)."""
+    scope: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8")).body
+    for part in dotted.split("."):
+        found = [n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == part]
+        if not found:
+            return False
+        scope = found[0].body if isinstance(found[0], ast.ClassDef) else []
+    return True
+
+
+def test_a_fine_tuning_run_reads_in_eight_files_each_reached_from_the_ones_before() -> None:
+    path = _reading_path()
+    assert 6 <= len(path) <= 8, path
+    for i, (name, symbol) in enumerate(path):
+        assert (ROOT / name).is_file(), f"docs/development.md's reading path names {name}, which is not there"
+        assert _defines(ROOT / name, symbol), f"{name} does not define {symbol}"
+        if i:  # the path is connected: something read before names what this file is read for
+            before = "".join((ROOT / earlier).read_text(encoding="utf-8") for earlier, _ in path[:i])
+            assert symbol.split(".")[0] in before, f"{symbol} ({name}) is not reached from the files before it"

@@ -11,9 +11,9 @@ import torch
 
 from ablate.lightning_modules.config.experiment import to_dict
 from ablate.lightning_modules.config.load import build_config
-from ablate.lightning_modules.methods.loop import FiniteLoss
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
+from ablate.sweeps.engine.trainer import FiniteLoss
 
 
 def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():
