@@ -1,15 +1,7 @@
-"""Where to look at runs in the MLflow UI: the line the ``ablate`` command ends with.
-
-MLflow 3's UI opens an experiment in the workflow its sidebar switch (GenAI / Model training)
-last chose, GenAI by default: a traces page, empty for ablate's runs. The experiment's
-``mlflow.experimentKind`` tag (``ablate.sweeps.engine.tracking.experiment_id`` sets it) does not
-change that in MLflow 3.17's UI; its ``workflowType=machine_learning`` query does. And the
-runs table folds a study's trials under its parent run unless it is sorted by something other
-than the start time. So the link goes to the experiment's runs page, in the model-training
-workflow, filtered to the study's finished trials and sorted by run name: every trial on its own
-row. Attempts a signal or a failure stopped (KILLED, FAILED) are left out of that filter, and the
-hint says how many there are and how to see them.
-"""
+"""Where to look at runs in the MLflow UI: the line the ``ablate`` command ends with, a link to the
+experiment's runs page in the model-training workflow (MLflow 3's UI opens the GenAI traces page unless the
+link says ``workflowType=machine_learning``), filtered to a study's finished trials and sorted by run name so
+that none is folded under the study's parent run."""
 
 from __future__ import annotations
 
