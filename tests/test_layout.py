@@ -231,3 +231,14 @@ def test_a_fine_tuning_run_reads_in_eight_files_each_reached_from_the_ones_befor
         if i:  # the path is connected: something read before names what this file is read for
             before = "".join((ROOT / earlier).read_text(encoding="utf-8") for earlier, _ in path[:i])
             assert symbol.split(".")[0] in before, f"{symbol} ({name}) is not reached from the files before it"
+
+
+def test_module_docstrings_say_their_purpose_in_five_lines_at_most() -> None:
+    """Narratives belong in docs/, where they are read and kept true; a module says what it is for."""
+    long = {
+        module: n
+        for module, path in _modules().items()
+        if (doc := ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False))
+        and (n := len(doc.splitlines())) > 5
+    }
+    assert not long, f"module docstrings over five lines: {long}"
