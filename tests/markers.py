@@ -42,6 +42,11 @@ E2E: Table = {
     ),
     "sweeps/test_span_study.py": ("test_a_chained_study_fine_tunes_squad_beside_a_glue_task",),
     "sweeps/test_study_source.py": ("test_a_study_fine_tunes_a_run_over_seeds_and_reports_intervals",),
+    "test_doc_examples.py": (
+        "test_the_first_session_runs_and_prints_where_its_report_is",
+        "test_the_data_catalog_examples_run",
+        "test_the_accuracy_guard_example_runs",
+    ),
     "sweeps/test_study_teacher.py": (
         "test_teacher_trained_once_and_reused",
         "test_failed_teacher_training_fails_the_study",
@@ -198,6 +203,10 @@ SLOW: Table = {
         "test_a_valid_search_over_ranges_is_accepted",
     ),
     "test_cli_steering.py": ("test_an_overridden_sweep_is_a_study_of_its_own_and_runs_with_the_override",),
+    "test_doc_examples.py": (
+        "test_the_onnx_export_and_its_snippet_run",
+        "test_python_excerpts_compile_and_their_imports_import",
+    ),
     "test_docs.py": ("test_site_builds_strict",),
     "test_layout.py": ("test_help_and_config_errors_answer_without_torch", "test_names_are_imported_from_their_home"),
     "test_packaging.py": ("test_test_imports_are_declared", "test_the_scan_sees_the_product"),
