@@ -6,7 +6,6 @@ the answer's tokens or [CLS] (docs/guides/squad.md, "Data" and "Windows and answ
 from __future__ import annotations
 
 import gzip
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -25,6 +24,7 @@ from ablate.datamodules.rows import Rows, longest, padded
 from ablate.datamodules.slices import Slice, SliceError
 from ablate.datamodules.sources import TaskData, resolve_task
 from ablate.datamodules.span_dev import Reference, SpanDev, Windows
+from ablate.datamodules.squad_json import parse_squad
 from ablate.datamodules.tokenizer import special_ids
 from ablate.datamodules.transfer import TrainPosition, task_loader, unpack
 from ablate.lightning_modules.config.errors import ConfigError, DataError
@@ -89,10 +89,7 @@ def _read_file(path: str, part: Slice | None = None) -> list[Question]:
     the data catalog's slice of it (articles of the official JSON, or rows: questions), else SliceError."""
     with _open(path) as fh:
         text = fh.read()
-    try:
-        tree = json.loads(text)
-    except json.JSONDecodeError:
-        tree = [json.loads(line) for line in text.splitlines() if line.strip()]
+    tree = parse_squad(text)
     official = isinstance(tree, dict) and "data" in tree
     if part is not None and part.unit == "articles" and not official:
         raise SliceError("the file holds flat rows, not the official JSON's articles: slice it by rows")

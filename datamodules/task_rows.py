@@ -6,6 +6,7 @@ label before any of its runs exists."""
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 from dataclasses import dataclass
@@ -202,8 +203,22 @@ def read_split(src: TaskData, cfg: Schema, limit: int | None) -> tuple[list[list
     return texts, labels
 
 
+def _raw_header(src: TaskData) -> None:
+    """A TSV's or CSV's header names each column once (``datasets`` would rename a second ``label`` to
+    ``label.1``, and the task read the first silently): DataError naming the file and the column."""
+    path = Path(src.files[0])
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        names = fh.readline().rstrip("\r\n").split(str(_csv_options(src)["delimiter"]))
+    seen = [n for i, n in enumerate(names) if n in names[:i]]
+    if seen:
+        raise DataError(f"{src.key}: {src.files[0]}: the header names column {seen[0]!r} twice ({', '.join(names)})")
+
+
 def _header(src: TaskData) -> list[str]:
     """The column names of a split's first local file (its first row's keys)."""
+    if src.builder == "csv":
+        _raw_header(src)
     try:
         ds: Any = datasets.load_dataset(
             src.builder, data_files=list(src.files[:1]), split="train", streaming=True, **_csv_options(src)

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from ablate.datamodules.catalog import resolve_model
 from ablate.datamodules.corpus import iter_documents
 from ablate.datamodules.sources import CorpusSpec, resolve_corpus
+from ablate.datamodules.tokenizer_files import casing, check_tokenizer_files
 from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig
 
@@ -260,7 +261,6 @@ def vocabulary_map(student: Tokenizer, teacher: Tokenizer) -> list[int]:
 
 
 VOCAB_FILE = "vocab.txt"
-_CONFIG_FILE = "tokenizer_config.json"
 
 
 def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, strip_accents: bool | None = None) -> Tokenizer:
@@ -286,20 +286,6 @@ def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, strip_accents: bool 
     return tok
 
 
-def _casing(folder: Path, lowercase: bool) -> tuple[bool, bool | None]:
-    """``do_lower_case`` and ``strip_accents`` of a folder's ``tokenizer_config.json``; ``lowercase``
-    (``data.lowercase``) where it has none."""
-    try:
-        config = json.loads((folder / _CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return lowercase, None
-    if not isinstance(config, dict):
-        return lowercase, None
-    lower = config.get("do_lower_case", lowercase)
-    accents = config.get("strip_accents")
-    return bool(lower), None if accents is None else bool(accents)
-
-
 def checkpoint_tokenizer(folder: str | Path, out_dir: Path, lowercase: bool = True) -> Path | None:
     """The tokenizer of a checkpoint or tokenizer folder as a ``tokenizers`` JSON file: its
     ``tokenizer.json``, else its ``vocab.txt`` read as BERT's WordPiece (:func:`wordpiece_from_vocab`,
@@ -307,15 +293,17 @@ def checkpoint_tokenizer(folder: str | Path, out_dir: Path, lowercase: bool = Tr
     its content; None when it has neither.
 
     Raises:
-        ConfigError: ``vocab.txt`` lacks BERT's special tokens.
+        ConfigError: ``vocab.txt`` lacks BERT's special tokens; ``tokenizer.json`` or ``tokenizer_config.json``
+            does not parse, or they contradict each other (:func:`check_tokenizer_files`).
     """
     folder = Path(folder)
     if (folder / "tokenizer.json").is_file():
+        check_tokenizer_files(folder)
         return folder / "tokenizer.json"
     vocab = folder / VOCAB_FILE
     if not vocab.is_file():
         return None
-    lower, accents = _casing(folder, lowercase)
+    lower, accents = casing(folder, lowercase)
     try:
         tok = wordpiece_from_vocab(vocab, lower, accents)
     except Exception as exc:  # noqa: BLE001 - unreadable, no specials
@@ -341,6 +329,10 @@ def given_tokenizer(data: DataConfig, vocab_size: int | None) -> tuple[Tokenizer
     assert data.tokenizer is not None
     cache = cache_root(data) / "tokenizers"
     folder = resolve_model(data.tokenizer, "data.tokenizer", weights=False)
+    try:  # its files parse and agree before anything is written
+        check_tokenizer_files(folder) if (folder / "tokenizer.json").is_file() else casing(folder, data.lowercase)
+    except ConfigError as exc:
+        raise ConfigError(f"data.tokenizer: {exc}") from None
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -18,9 +18,16 @@ from torch import nn
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
+from ablate.lightning_modules.config.jsonio import read_json
 from ablate.lightning_modules.config.load import load_config
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.config.task_kinds import Kind
+from ablate.lightning_modules.interop.consistency import (
+    check_against_ablate,
+    check_hf_config,
+    check_tokenizer_fits,
+    embedding_rows,
+)
 from ablate.lightning_modules.interop.maps import (
     CLASSIFIER_CLASSES,
     albert_identity_in,
@@ -111,7 +118,8 @@ def write_labels(folder: Path) -> None:
     """Name every class in a saved classifier's ``config.json``: transformers leaves ``id2label`` and
     ``label2id`` out when they are its defaults for 2 labels (``LABEL_0``, ``LABEL_1``)."""
     path = folder / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = read_json(path)
+    assert isinstance(config, dict)  # read_json(expect=dict)
     if "id2label" not in config:
         C = int(config.get("num_labels", 2))
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(C)}
@@ -194,17 +202,22 @@ def hf_checkpoint(folder: Path, classes: dict[str, str]) -> tuple[PreTrainedMode
     in ``classes``, and the names of the weights it lacked (HF initialised them). With
     ``CLASSIFIER_CLASSES``, a checkpoint saved from another class (``architectures``) is refused."""
     path = folder / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: unreadable ({exc})") from None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
+    config = read_json(path)
+    assert isinstance(config, dict)  # read_json(expect=dict)
+    model_type = config.get("model_type")
     if model_type not in classes:
         raise ConfigError(f"{path}: model_type {model_type!r} is not supported ({', '.join(classes)})")
     architectures = config.get("architectures") or []
     if classes is CLASSIFIER_CLASSES and not any(str(a).endswith("ForSequenceClassification") for a in architectures):
         saved = f"a {architectures[0]}" if architectures else "not a *ForSequenceClassification"
         raise ConfigError(f"{folder}: {saved} checkpoint, not a sequence classifier")
+    check_hf_config(path, config)
+    yaml_path = folder / EXPORT_YAML
+    if yaml_path.is_file():  # an export: both files describe the model
+        check_against_ablate(path, config, yaml_path, load_config(yaml_path).model)
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int):
+        check_tokenizer_fits(folder, vocab, f"{path.name}'s vocab_size is")
     from safetensors import SafetensorError
 
     require("transformers.utils.logging", "hf").disable_progress_bar()  # no "Loading weights" bar on stderr
@@ -228,7 +241,15 @@ def ablate_checkpoint(folder: Path) -> tuple[Path, ExperimentConfig]:
             f"{folder}: neither a transformers checkpoint (config.json) nor an ablate export "
             f"({WEIGHTS} + {EXPORT_YAML})"
         )
-    return yaml_path, load_config(yaml_path)
+    exp = load_config(yaml_path)
+    rows = embedding_rows(folder / WEIGHTS)
+    if rows is not None and rows[1] != exp.model.vocab_size:
+        raise ConfigError(
+            f"{yaml_path}: model.vocab_size {exp.model.vocab_size}, but {WEIGHTS}'s {rows[0]} has {rows[1]} rows "
+            "(one per token)"
+        )
+    check_tokenizer_fits(folder, exp.model.vocab_size, f"{yaml_path.name}'s model.vocab_size is")
+    return yaml_path, exp
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -266,7 +287,10 @@ def load_classifier(path: str | Path) -> tuple[ModelConfig, Classifier]:
         hf, missing = hf_checkpoint(folder, CLASSIFIER_CLASSES)
         if missing:
             raise ConfigError(f"{folder}: not a trained sequence classifier (it lacks {', '.join(missing[:3])})")
-        cfg, model = from_transformers_classifier(hf)
+        try:
+            cfg, model = from_transformers_classifier(hf)
+        except ConfigError as exc:  # a field ablate cannot express: named with its file
+            raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
         return cfg, model.eval()
     yaml_path, exp = ablate_checkpoint(folder)
     if exp.regime != "finetune":

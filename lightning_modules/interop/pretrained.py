@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import yaml
 
-from ablate.lightning_modules.config.errors import ConfigError
+from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, ObjectiveConfig, to_dict
+from ablate.lightning_modules.config.jsonio import read_json
+from ablate.lightning_modules.config.load import load_config, read_yaml
 from ablate.lightning_modules.config.model import ModelConfig
-from ablate.lightning_modules.config.yamlio import dump_yaml, load_yaml
+from ablate.lightning_modules.config.yamlio import dump_yaml
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
     ablate_checkpoint,
@@ -23,6 +24,7 @@ from ablate.lightning_modules.interop.classifier import (
     hf_checkpoint,
     load_weights,
 )
+from ablate.lightning_modules.interop.consistency import check_against_ablate, check_hf_config
 from ablate.lightning_modules.interop.hub import (
     folder_tokenizer,
     same_vocabulary,
@@ -154,14 +156,34 @@ def expressible(cfg: ModelConfig) -> bool:
 
 
 def _saved_regime(folder: Path) -> object:
-    """The ``regime`` an ablate folder's config names (None when it has none or it is unreadable)."""
+    """The ``regime`` an ablate folder's config names (None when it has none); ConfigError naming the file
+    when it does not parse (never skipped: it says what the weights beside it are)."""
     for name in (EXPORT_YAML, "config.yaml"):
-        try:
-            tree = load_yaml((folder / name).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue
-        return tree.get("regime") if isinstance(tree, dict) else None
+        if (folder / name).is_file():
+            return read_yaml(folder / name, what="an ablate config").get("regime")
     return None
+
+
+def folder_model(path: str | Path) -> ModelConfig:
+    """The architecture of a checkpoint folder, read from its config files alone (no weights loaded; the
+    files checked against each other as :func:`load_pretrained` checks them): ``config.json`` (a
+    transformers checkpoint), else ``ablate.yaml`` / ``config.yaml``. ConfigError naming the file."""
+    folder = checkpoint_folder(path)
+    path = folder / "config.json"
+    if not path.is_file():
+        return ablate_checkpoint(folder)[1].model
+    config = read_json(path)
+    assert isinstance(config, dict)  # read_json(expect=dict)
+    check_hf_config(path, config)
+    if (folder / EXPORT_YAML).is_file():  # an export: both files describe the model
+        check_against_ablate(path, config, folder / EXPORT_YAML, load_config(folder / EXPORT_YAML).model)
+    transformers = require("transformers", "hf")
+    try:
+        hf_cfg = transformers.AutoConfig.for_model(**config)
+        model = model_config(hf_cfg)[1]
+    except (ConfigError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"{path}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}") from None
+    return model
 
 
 def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
@@ -173,7 +195,11 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
     if _saved_regime(folder) == "finetune":
         raise ConfigError(f"{folder}: a fine-tuned classifier, not a pre-trained model (load_classifier reads it)")
     if (folder / "config.json").is_file():
-        cfg, model = from_transformers(hf_checkpoint(folder, CLASSES)[0])
+        hf = hf_checkpoint(folder, CLASSES)[0]
+        try:
+            cfg, model = from_transformers(hf)
+        except ConfigError as exc:  # a field ablate cannot express: named with its file
+            raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
         return cfg, model.eval()
     yaml_path, exp = ablate_checkpoint(folder)
     model = build_pretraining_model(exp.model, exp.objective)
@@ -207,6 +233,16 @@ def _arch_differences(want: ModelConfig, have: ModelConfig) -> list[str]:
     return out
 
 
+def check_architecture(cfg: ExperimentConfig, have: ModelConfig) -> None:
+    """``cfg.model`` describes ``have``, the architecture of its ``init_from`` checkpoint (``dropout`` and
+    ``init_std`` may differ): else ConfigError listing the ``model.key=value`` overrides that match it."""
+    differences = _arch_differences(cfg.model, have)
+    if differences:
+        raise ConfigError(
+            f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
+        )
+
+
 def initial_model(
     cfg: ExperimentConfig, tokenizer: str | Path | None = None, folder: str | Path | None = None
 ) -> PretrainingModel | None:
@@ -228,11 +264,7 @@ def initial_model(
         have, ckpt = load_pretrained(folder)
     except ConfigError as exc:
         raise ConfigError(f"init_from: {exc}") from None
-    differences = _arch_differences(cfg.model, have)
-    if differences:
-        raise ConfigError(
-            f"init_from: {cfg.init_from} has a different architecture than model.*; set " + " ".join(differences)
-        )
+    check_architecture(cfg, have)
     theirs = folder_tokenizer(folder)
     if tokenizer is not None and theirs is not None and not same_vocabulary(theirs, tokenizer):
         raise ConfigError(different_tokenizer("init_from", theirs))

@@ -12,11 +12,15 @@ from typing import Any
 from ablate.datamodules.catalog import resolve_model
 from ablate.datamodules.tokenizer import checkpoint_tokenizer
 from ablate.lightning_modules.config.errors import ConfigError, StorageError
+from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
+from ablate.lightning_modules.config.quant import check_group_size
 from ablate.lightning_modules.interop.classifier import load_classifier
 from ablate.lightning_modules.interop.hub import load_tokenizer
-from ablate.lightning_modules.interop.pretrained import load_pretrained
+from ablate.lightning_modules.interop.pretrained import check_architecture, folder_model, load_pretrained
 from ablate.lightning_modules.interop.qa_export import load_span_model
+from ablate.lightning_modules.methods.pruning.budget import backbone_params
+from ablate.lightning_modules.methods.pruning.gates import check_supported
 from ablate.lightning_modules.model.classifier import Classifier
 from ablate.lightning_modules.model.heads import PretrainingModel
 from ablate.lightning_modules.model.span import SpanModel
@@ -235,3 +239,83 @@ def student_vocabulary(teacher: Source, student_tokenizer: Path, student_cfg: Mo
             f"(data.lowercase must be the teacher's): the student's tokens are mapped to the teacher's by their text"
         )
     return VocabMap.of(vocabulary_map(mine, theirs), continuation_mask(mine), student_cfg.vocab_size)
+
+
+def _local_folder(name: str) -> Path | None:
+    """The folder ``name`` is, or the data catalog maps it to; None for ``runs:/RUN_ID`` and a hub name
+    held nowhere locally (read when the run loads it)."""
+    from ablate.datamodules.catalog import active_catalog
+
+    if name.startswith(RUNS):
+        return None
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    catalog = active_catalog()
+    folder = catalog.model(name) if catalog is not None else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def _fits(cfg: ExperimentConfig, field: str, m: ModelConfig, name: str) -> None:
+    """What the method ``field`` names a source for asks of the source's shape ``m``."""
+    if field == "init_from":
+        check_architecture(cfg, m)
+    if field == "prune.source":
+        if cfg.prune.method != "fewer-layers":
+            try:
+                check_supported(m)
+            except ConfigError as exc:
+                raise ConfigError(f"prune.source: {exc}") from None
+        have, want = backbone_params(m), cfg.prune.target_params(backbone_params(m))
+        if want >= have:
+            raise ConfigError(
+                f"prune.target: {cfg.prune.target:g} is {want} backbone parameters, but {name} has {have}: a "
+                "pruning target is below the source's size (a count, or a fraction of it below 1)"
+            )
+    if field in ("prune.source", "quant.source") and m.position == "learned" and m.max_position < cfg.data.max_length:
+        raise ConfigError(
+            f"{field}: {name} has {m.max_position} positions (its model.max_position), fewer than data.max_length "
+            f"{cfg.data.max_length}"
+        )
+    if field == "finetune.source":
+        f = cfg.finetune
+        if m.position == "learned" and m.max_position < f.max_length:
+            raise ConfigError(
+                f"finetune.max_length: {f.max_length} is more than the {m.max_position} positions of {field} {name} "
+                f"(its model.max_position); at most {m.max_position}"
+            )
+        if f.exits and m.num_layers < 2:
+            raise ConfigError(
+                f"finetune.exits: {field} {name} has {m.num_layers} layer, and FastBERT's exits sit after every "
+                "layer but the last"
+            )
+    if field in ("quant.source", "finetune.source"):
+        try:
+            check_group_size(cfg.quant, m)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the model of {field})") from None
+
+
+def check_sources_fit(cfg: ExperimentConfig) -> None:
+    """Before anything is written (``ablate train``, ``--print-plan``, a study's check): each checkpoint
+    folder ``cfg`` starts from or prunes, quantizes or fine-tunes (``init_from``, ``prune.source``,
+    ``quant.source``, ``finetune.source``; a local folder or the data catalog's), read from its config
+    files alone, fits what its method asks of its shape. ``runs:/`` and hub sources are checked when loaded.
+
+    Raises:
+        ConfigError: naming the field, the source and what does not fit.
+    """
+    named = {
+        "init_from": cfg.init_from,
+        "prune.source": cfg.prune.source if cfg.regime == "prune" else None,
+        "quant.source": cfg.quant.source if cfg.regime == "quant" else None,
+        "finetune.source": cfg.finetune.source if cfg.regime == "finetune" else None,
+    }
+    for field, name in named.items():
+        folder = _local_folder(name) if name is not None else None
+        if folder is None or name is None:
+            continue
+        try:
+            model = folder_model(folder)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}: {exc}") from None
+        _fits(cfg, field, model, name)
