@@ -150,6 +150,9 @@ def check_run(cfg: ExperimentConfig, checkpoints: str | None, machine: Machine |
         check_task_data(cfg.finetune)
     if machine is not None:
         check_size(cfg, machine)
+    from ablate.sweeps.engine.sources import check_sources_fit  # torch: imported when a run is checked
+
+    check_sources_fit(cfg)  # a local source's shape fits its method (read from its config files alone)
 
 
 def trial_metrics(cfg: ExperimentConfig, tasks: Sequence[tuple[str, str]]) -> tuple[str, ...]:
