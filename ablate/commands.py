@@ -10,7 +10,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.sweeps.engine.interrupt import Interrupted
@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only
     from ablate.lightning_modules.config.experiment import ExperimentConfig
     from ablate.lightning_modules.measure.profiling import Measured
     from ablate.reports.spec import ReportSpec
+    from ablate.sweeps.base import StudyBase
     from ablate.sweeps.overrides import Overridden
     from ablate.sweeps.spec import StudySpec
 
@@ -228,7 +229,7 @@ def _train_advice(uri: str, run_id: str | None) -> str:
 
 def _study(
     args: argparse.Namespace, said: TextIO | None = None
-) -> tuple[StudySpec, dict[str, Any], Overridden | None, ReportSpec | None]:
+) -> tuple[StudySpec, StudyBase, Overridden | None, ReportSpec | None]:
     """The study of ``ablate sweep [MODE] STUDY [key=value ...]``: its file (a config or report spec given
     instead is named as such), its overrides applied (:mod:`ablate.sweeps.overrides`) and said (on ``said``,
     default stdout), the whole validated, and its report read (a bad report fails now, not after the sweep),

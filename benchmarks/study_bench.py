@@ -22,11 +22,10 @@ import lightning.pytorch as pl
 import torch
 from rich.progress import Progress
 
-from ablate.lightning_modules.config.load import set_dotted
-
 if TYPE_CHECKING:
+    from ablate.sweeps.base import StudyBase
     from ablate.sweeps.engine.interrupt import Interrupted
-    from ablate.sweeps.spec import BaseTree, StudySpec
+    from ablate.sweeps.spec import StudySpec
 
 WARMUP = 3
 """Steps of a run left out of its steady state (compilation, the loader's start), fewer in a short run."""
@@ -276,7 +275,7 @@ def runs_of(stamps: list[tuple[str, float, float]], clock: StudyClock, uri: str)
 
 
 def measure_study(
-    spec: StudySpec, base: BaseTree, where: str, smoke: bool, progress: Callable[[str], None] = lambda _: None
+    spec: StudySpec, base: StudyBase, where: str, smoke: bool, progress: Callable[[str], None] = lambda _: None
 ) -> StudyTime:
     """Run the study (its smoke form with ``smoke``) in a temporary store with the clocks in every run."""
     from ablate.sweeps.checks import Machine, check_study
@@ -290,7 +289,7 @@ def measure_study(
         if smoke:
             spec, base = smoke_study(spec, base, root, where)
         else:
-            set_dotted(base, "tracking.root", str(root))
+            base = base.changed({"tracking.root": str(root)})
         check_study(spec, base, where, Machine.here())
         clock, stamps = StudyClock(), []
 
@@ -390,7 +389,7 @@ def main(args: argparse.Namespace, device: torch.device, progress: Progress) -> 
     where = str(args.study)  # given, and checked to be a study, by the command (ablate.commands)
     spec, base = load_study(where)
     if args.device != "auto":  # else each run's own trainer.accelerator
-        set_dotted(base, "trainer.accelerator", device.type)
+        base = base.changed({"trainer.accelerator": device.type})
         validate_study(spec, base, where)
     bar = progress.add_task(spec.name, total=None)
     result = measure_study(spec, base, where, args.smoke, lambda what: progress.update(bar, description=what))

@@ -19,7 +19,8 @@ from ablate.reports.spec import ReportSpec
 from ablate.reports.tables import Expected
 
 if TYPE_CHECKING:
-    from ablate.sweeps.spec import BaseTree, StudySpec
+    from ablate.sweeps.base import StudyBase
+    from ablate.sweeps.spec import StudySpec
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def expected_trials(spec: StudySpec, base: BaseTree, report: ReportSpec, path: Path) -> Expected | None:
+def expected_trials(spec: StudySpec, base: StudyBase, report: ReportSpec, path: Path) -> Expected | None:
     """Trials per row key that the study's grid (in the file ``path``) runs, seeds and variants
     included, or None where the study does not fix them (a sampler other than ``grid``, an
     ``n_trials``) or a row is not a field or parameter of its trials."""

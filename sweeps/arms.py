@@ -23,8 +23,9 @@ from ablate.lightning_modules.model.classifier import build_classifier
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
 from ablate.lightning_modules.model.span import build_span_model
 from ablate.lightning_modules.model.vocab_bridge import own_vocabulary
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.engine.runner import run_name
-from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask
 
 
@@ -110,7 +111,7 @@ def _arm_fields(cfg: ExperimentConfig) -> dict[str, object]:
     return {k: v for k, v in flatten(cfg).items() if not k.startswith(NOT_BUILT)}
 
 
-def check_arms(spec: StudySpec, base: BaseTree, where: str) -> int:
+def check_arms(spec: StudySpec, base: StudyBase, where: str) -> int:
     """Build every arm of the study on the meta device; the number of trials checked. Per trial (every
     grid point or range corner and variant), by its regime: pre-training, the model; distillation, the
     student joined to the study's teacher (layer and head maps, projections, the layers it starts from)

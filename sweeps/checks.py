@@ -25,8 +25,9 @@ from ablate.lightning_modules.config.metric_names import (
 )
 from ablate.lightning_modules.config.paths import output_file, output_folder
 from ablate.lightning_modules.config.run import TrainerConfig
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.guard import reference_task
-from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
 MLFLOW_NAME = 250
@@ -192,7 +193,7 @@ def check_optimized_metric(
         raise ConfigError(f"{key}: {metric!r} is not logged by this study's trials{hint}")
 
 
-def check_study(spec: StudySpec, base: BaseTree, where: Path | str, machine: Machine | None) -> None:
+def check_study(spec: StudySpec, base: StudyBase, where: Path | str, machine: Machine | None) -> None:
     """Every trial the study can produce (each grid point or range corner, variant and seed, its
     study model) checked as :func:`check_run` checks one run; and the metric it optimizes against them.
     ``machine`` None leaves out what the trials ask of the machine (``sweep --check``)."""
@@ -252,7 +253,7 @@ def check_study(spec: StudySpec, base: BaseTree, where: Path | str, machine: Mac
             )
 
 
-def _check_guard_reference(spec: StudySpec, base: BaseTree, where: Path | str) -> None:
+def _check_guard_reference(spec: StudySpec, base: StudyBase, where: Path | str) -> None:
     """A guard whose reference is the study model's value: its model logs the guard's metric (a
     pre-trained model its validation and accounting; a task's metric, the model fine-tuned on a task
     that distils from it)."""

@@ -12,7 +12,8 @@ import optuna
 
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.yamlio import Json
-from ablate.sweeps.spec import BaseTree, StudySpec
+from ablate.sweeps.base import StudyBase
+from ablate.sweeps.spec import StudySpec
 
 KEY = "ablate.definition"
 """The Optuna study's user attribute holding the definition (JSON)."""
@@ -30,11 +31,11 @@ def _flat(tree: object, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def definition(spec: StudySpec, base: BaseTree) -> dict[str, Json]:
+def definition(spec: StudySpec, base: StudyBase) -> dict[str, Json]:
     """The study's definition: each part as JSON-ready data (dotted keys where it is a config tree)."""
     model = spec.study_model
     parts = {
-        "base": {**_flat(base), **spec.overrides},
+        "base": {**_flat(base.tree), **spec.overrides},
         "search": {k: dataclasses.asdict(v) for k, v in spec.search.items()},
         "variants": spec.variants,
         "seeds": spec.seeds,
@@ -59,7 +60,7 @@ def _first_change(part: str, old: object, new: object) -> str:
     return f"{part}: {new!r} here, {old!r}"
 
 
-def check_unchanged(study: optuna.Study, spec: StudySpec, base: BaseTree, where: str) -> None:
+def check_unchanged(study: optuna.Study, spec: StudySpec, base: StudyBase, where: str) -> None:
     """Record the study's definition in a study that has none (new, or made before definitions were
     kept); else refuse one that differs (ConfigError naming the first change and the trials it would
     mix with)."""

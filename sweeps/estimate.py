@@ -11,10 +11,11 @@ import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
-from ablate.sweeps.spec import BaseTree, StudySpec, corner_trials, study_model_config
+from ablate.sweeps.base import StudyBase
+from ablate.sweeps.spec import StudySpec, corner_trials, study_model_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 
 if TYPE_CHECKING:  # torch and the engine are imported when a study is estimated: ``ablate sweep``'s errors come first
@@ -50,9 +51,9 @@ class Workload:
     """Runs that compile a shape of their own (the runs over the seeds: a seed's repeat reuses the graphs)."""
 
 
-def wants_estimate(spec: StudySpec, base: BaseTree, where: str | Path) -> bool:
+def wants_estimate(spec: StudySpec, base: StudyBase, where: str | Path) -> bool:
     """Whether the study is a GPU study: its file is ``*_gpu.yaml`` or it trains on a GPU."""
-    trainer: Any = base.get("trainer") or {}  # a mapping: the base is validated
+    trainer = base.section("trainer")
     accelerator = str(trainer.get("accelerator", "auto")).lower()
     return str(where).endswith("_gpu.yaml") or accelerator in GPU_ACCELERATORS
 
@@ -74,7 +75,7 @@ def _size(cfg: ExperimentConfig) -> int:
     return params * cfg.data.batch_size * cfg.data.max_length
 
 
-def workload(spec: StudySpec, base: BaseTree) -> Workload:
+def workload(spec: StudySpec, base: StudyBase) -> Workload:
     """The study's trials, steps and runs (its trials' average times their number, plus the runs it trains once)."""
     trials = corner_trials(spec, base)
     shapes = [cfg for _, cfg in trials]
@@ -150,7 +151,7 @@ def step_seconds(cfg: ExperimentConfig, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def estimate_line(spec: StudySpec, base: BaseTree) -> str:
+def estimate_line(spec: StudySpec, base: StudyBase) -> str:
     """The line, measured on this machine (or saying why it cannot be)."""
     from ablate.lightning_modules.measure.measuring import training_device
 
@@ -175,7 +176,7 @@ def estimate_line(spec: StudySpec, base: BaseTree) -> str:
     )
 
 
-def print_estimate(spec: StudySpec, base: BaseTree, where: str | Path) -> None:
+def print_estimate(spec: StudySpec, base: StudyBase, where: str | Path) -> None:
     """Print the estimate of a GPU study (:func:`wants_estimate`); nothing for another study."""
     if wants_estimate(spec, base, where):
         print(estimate_line(spec, base), flush=True)

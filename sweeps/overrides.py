@@ -5,7 +5,6 @@ overrides on its parent run as :data:`TAG` (docs/studies.md, "Overrides on the c
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -13,9 +12,10 @@ import shlex
 from collections.abc import Mapping
 
 from ablate.lightning_modules.config.errors import ConfigError, did_you_mean
-from ablate.lightning_modules.config.load import config_keys, parse_overrides, set_dotted
+from ablate.lightning_modules.config.load import config_keys, parse_overrides
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.reach import check_not_searched
-from ablate.sweeps.spec import BaseTree, StudySpec
+from ablate.sweeps.spec import StudySpec
 
 TAG = "ablate.overrides"
 """The tag of an overridden study's parent run: its overrides as given (``trainer.max_steps=20``)."""
@@ -33,13 +33,13 @@ class Overridden:
 
     Attributes:
         spec: The study, renamed (and its fixed ``overrides:`` updated).
-        base: Its base config tree, with the overrides set.
+        base: Its base, with the overrides set.
         given: The overrides as given on the command line.
         original: The name in the study's file.
     """
 
     spec: StudySpec
-    base: BaseTree
+    base: StudyBase
     given: tuple[str, ...]
     original: str
 
@@ -55,7 +55,7 @@ def study_name(name: str, changes: Mapping[str, object]) -> str:
     return f"{name}-{digest}"
 
 
-def override_study(spec: StudySpec, base: BaseTree, texts: list[str]) -> Overridden:
+def override_study(spec: StudySpec, base: StudyBase, texts: list[str]) -> Overridden:
     """Apply ``key=value`` overrides to a validated study (raising ConfigError naming the key, before
     anything exists). The caller validates the result again (:func:`~ablate.sweeps.spec.validate_study`).
     """
@@ -75,13 +75,10 @@ def override_study(spec: StudySpec, base: BaseTree, texts: list[str]) -> Overrid
     check_not_searched(spec, changes)
     if name is not None and not isinstance(name, str):
         raise ConfigError(f"name: {name!r}: a study name is text (letters, digits, ., _ and -)")
-    tree = copy.deepcopy(base)
-    for key, value in changes.items():
-        set_dotted(tree, key, value)
     fixed = {**spec.overrides, **{key: value for key, value in changes.items() if key in spec.overrides}}
     renamed = name or study_name(spec.name, changes)
     try:
         new = dataclasses.replace(spec, name=renamed, overrides=fixed)
     except ValueError as exc:  # pydantic's ValidationError: the name
         raise ConfigError(f"name: {renamed!r}: not a study name (letters, digits, ., _ and -)") from exc
-    return Overridden(new, tree, tuple(texts), spec.name)
+    return Overridden(new, base.changed(changes), tuple(texts), spec.name)

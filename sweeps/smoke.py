@@ -5,7 +5,6 @@ its longest phase takes about :data:`STEPS` steps (docs/studies.md, "Checking a 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import shutil
@@ -18,9 +17,10 @@ from typing import Any, TypeVar, cast
 from ablate.lightning_modules.config.distill import schedule
 from ablate.lightning_modules.config.errors import ConfigError, FieldError
 from ablate.lightning_modules.config.experiment import flatten
-from ablate.lightning_modules.config.load import build_config, set_dotted
+from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.yamlio import Json
-from ablate.sweeps.spec import BaseTree, PrunerSpec, StudySpec, corner_trials, validate_study
+from ablate.sweeps.base import StudyBase
+from ablate.sweeps.spec import PrunerSpec, StudySpec, corner_trials, validate_study
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask, StudyModel
 
 STEPS = 4
@@ -76,19 +76,18 @@ ALWAYS = ("trainer", "optim", "data")
 """The sections every run reads: their defaults are scaled too (a method's section only where it is set)."""
 
 
-def _base(base: BaseTree, k: float) -> BaseTree:
-    """The base config tree with :data:`RULES` applied to what it sets, and to the defaults it leaves in
+def _base(base: StudyBase, k: float) -> StudyBase:
+    """The base with :data:`RULES` applied to what it sets, and to the defaults it leaves in
     the sections every run reads (a method's section is scaled where the base sets it: its fields are
     refused in a run that does not use it)."""
-    defaults: dict[str, Any] = flatten(build_config({}))  # a config's values: plain data
-    tree = copy.deepcopy(base)
+    defaults = cast(dict[str, Json], flatten(build_config({})))  # a config's values: plain data
+    changes: dict[str, Json] = {}
     for key, rule in RULES.items():
         section, _, name = key.partition(".")
-        given = tree.get(section)
-        given = given if isinstance(given, dict) else {}
+        given = base.section(section)
         if name in given or section in ALWAYS:
-            set_dotted(tree, key, rule(given.get(name, defaults[key]), k))
-    return tree
+            changes[key] = rule(given.get(name, defaults[key]), k)
+    return base.changed(changes)
 
 
 def _task(task: FinetuneTask, k: float) -> FinetuneTask:
@@ -114,11 +113,10 @@ def _model(section: M | None, k: float) -> M | None:
     return None if section is None else dataclasses.replace(section, overrides=_changes(section.overrides, k))
 
 
-def scaled(spec: StudySpec, base: BaseTree, k: float, root: Path) -> tuple[StudySpec, BaseTree]:
+def scaled(spec: StudySpec, base: StudyBase, k: float, root: Path) -> tuple[StudySpec, StudyBase]:
     """``spec`` and ``base`` with every step count scaled by ``k`` and the data cut (:data:`RULES`),
     the first seed only, no pruner, its runs under ``root``."""
-    tree = _base(base, k)
-    set_dotted(tree, "tracking.root", str(root))
+    smoke_base = _base(base, k).changed({"tracking.root": str(root)})
     search = {
         key: dataclasses.replace(space, choices=list(dict.fromkeys(RULES[key](c, k) for c in space.choices)))
         if key in RULES and space.choices is not None
@@ -128,7 +126,7 @@ def scaled(spec: StudySpec, base: BaseTree, k: float, root: Path) -> tuple[Study
     n_trials = min(spec.n_trials, max(2, len(spec.variants))) if spec.n_trials is not None else None
     smoke = dataclasses.replace(
         spec,
-        base=tree,
+        base=smoke_base.tree,
         overrides=_changes(spec.overrides, k),
         search=search,
         variants={name: _changes(changes, k) for name, changes in spec.variants.items()},
@@ -141,14 +139,13 @@ def scaled(spec: StudySpec, base: BaseTree, k: float, root: Path) -> tuple[Study
         prune_source=_model(spec.prune_source, k),
         reference=_model(spec.reference, k),
     )
-    return smoke, tree
+    return smoke, smoke_base
 
 
-def _longest(spec: StudySpec, base: BaseTree) -> int:
+def _longest(spec: StudySpec, base: StudyBase) -> int:
     """The most training steps any run of the study takes (its trials', its study model's)."""
-    trainer = base.get("trainer")
     default: int = build_config({}).trainer.max_steps
-    found: list[Any] = [trainer.get("max_steps", default) if isinstance(trainer, dict) else default]  # int() below
+    found = [int(cast(int, base.section("trainer").get("max_steps", default)))]  # a count: the base is validated
     model = [spec.study_model.overrides] if spec.study_model is not None else []
     for changes in (spec.overrides, *spec.variants.values(), *model):
         if isinstance(changes.get("trainer.max_steps"), int):
@@ -156,10 +153,10 @@ def _longest(spec: StudySpec, base: BaseTree) -> int:
     space = spec.search.get("trainer.max_steps")
     if space is not None and space.choices:
         found += [c for c in space.choices if isinstance(c, int)]
-    return max(int(n) for n in found)
+    return max(found)
 
 
-def _check_task_schedules(spec: StudySpec, base: BaseTree) -> None:
+def _check_task_schedules(spec: StudySpec, base: StudyBase) -> None:
     """A task that distils in stages still has steps for each stage and for the prediction layer."""
     for params, cfg in corner_trials(spec, base):
         for task in spec.tasks:
@@ -172,7 +169,7 @@ def _check_task_schedules(spec: StudySpec, base: BaseTree) -> None:
                 raise ConfigError(str(exc)) from None
 
 
-def smoke_study(spec: StudySpec, base: BaseTree, root: Path, where: str) -> tuple[StudySpec, BaseTree]:
+def smoke_study(spec: StudySpec, base: StudyBase, root: Path, where: str) -> tuple[StudySpec, StudyBase]:
     """The smoke study of ``spec`` (runs under ``root``): steps scaled to about :data:`STEPS` for its longest
     phase, doubled until every schedule of the study is valid again (at most the study's own)."""
     longest = _longest(spec, base)
@@ -205,9 +202,9 @@ class Place:
         return f"sqlite:///{self.folder.resolve() / 'optuna.db'}"
 
     @classmethod
-    def of(cls, spec: StudySpec, base: BaseTree) -> Place:
+    def of(cls, spec: StudySpec, base: StudyBase) -> Place:
         """``<tracking.root>/smoke/<study>``: the study's own root (``ablate-runs`` by default)."""
-        root = build_config({"tracking": base.get("tracking", {})}).tracking.root
+        root = build_config({"tracking": base.section("tracking")}).tracking.root
         return cls(Path(root) / "smoke" / spec.name)
 
     def fresh(self) -> None:
@@ -216,7 +213,7 @@ class Place:
         self.folder.mkdir(parents=True)
 
 
-def run_smoke(spec: StudySpec, base: BaseTree, where: str) -> int:
+def run_smoke(spec: StudySpec, base: StudyBase, where: str) -> int:
     """Run the smoke study of ``spec`` to its end (every trial, whatever fails) and say how each run
     ended; 0 when every run finished, else 1."""
     from mlflow.tracking import MlflowClient
@@ -227,7 +224,7 @@ def run_smoke(spec: StudySpec, base: BaseTree, where: str) -> int:
     place = Place.of(spec, base)
     smoke, tree = smoke_study(spec, base, place.folder, where)
     place.fresh()
-    steps = build_config({"trainer": tree.get("trainer", {})}).trainer.max_steps
+    steps = build_config({"trainer": tree.section("trainer")}).trainer.max_steps
     say(f"smoke of study {spec.name}: every arm, task and phase, {steps} pre-training steps a run, in {place.folder}")
     failure = None
     try:

@@ -28,6 +28,7 @@ from ablate.lightning_modules.config.glue import suite
 from ablate.lightning_modules.config.load import build_config, read_yaml
 from ablate.lightning_modules.config.metric_names import DOWNSTREAM_AVG
 from ablate.lightning_modules.config.yamlio import Json
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.guard import GuardSpec, check_reference
 from ablate.sweeps.reach import check_search_reaches
 from ablate.sweeps.space import culprits, points, range_values
@@ -54,9 +55,6 @@ TOKENIZER_FIELDS = (
 )
 """What determines the WordPiece tokenizer: the study's model and its trials must agree on all of it."""
 
-BaseTree = dict[str, Json]
-"""A study's base config tree as parsed (``base:`` inline, or the config file it names): what every
-trial's config is built from (:func:`trial_config`)."""
 Params = dict[str, Json]
 """A trial's parameters: searched dotted fields, ``variant`` and ``seed``, by name."""
 
@@ -261,8 +259,8 @@ RENAMED = {
 """Study keys renamed, and what their new names say (a study that still names them is refused)."""
 
 
-def load_study(path: str | Path) -> tuple[StudySpec, BaseTree]:
-    """Read and validate a study YAML; return the spec and the resolved base config tree."""
+def load_study(path: str | Path) -> tuple[StudySpec, StudyBase]:
+    """Read and validate a study YAML; return the spec and its base (read once: inline, or the file it names)."""
     path = Path(path)
     raw: dict[str, Any] = read_yaml(path)  # validated by StudySpec
     for old, new in RENAMED.items():
@@ -276,12 +274,24 @@ def load_study(path: str | Path) -> tuple[StudySpec, BaseTree]:
         raise ConfigError(f"{path}: {format_error(exc, known=spec_keys(StudySpec))}") from None
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    base = spec.base if isinstance(spec.base, dict) else read_yaml(path.parent / spec.base)
+    base = _base(spec, path)
     validate_study(spec, base, path)
     return spec, base
 
 
-def validate_study(spec: StudySpec, base: BaseTree, where: Path | str) -> None:
+def _base(spec: StudySpec, path: Path) -> StudyBase:
+    """The study's base: inline, or the config file it names, its keys checked (an error names the key)."""
+    if isinstance(spec.base, str):
+        tree, where = read_yaml(path.parent / spec.base), f"{path.parent / spec.base}: "
+    else:
+        tree, where = spec.base, f"{path}: base."
+    try:
+        return StudyBase(tree)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+
+
+def validate_study(spec: StudySpec, base: StudyBase, where: Path | str) -> None:
     """Fail before anything runs: unknown fields, grids without choices, impossible configs."""
     known = field_names()
     sections = {
@@ -319,7 +329,7 @@ def validate_study(spec: StudySpec, base: BaseTree, where: Path | str) -> None:
 
 
 def _validate_study_model(
-    study_model: StudyModel, spec: StudySpec, base: BaseTree, students: list[ExperimentConfig], where: Path | str
+    study_model: StudyModel, spec: StudySpec, base: StudyBase, students: list[ExperimentConfig], where: Path | str
 ) -> None:
     """The study model's overrides name config fields, its config is valid and it shares the trials' tokenizer."""
     known, section = field_names(), study_model.SECTION
@@ -348,7 +358,7 @@ def _validate_study_model(
                 )
 
 
-def corner_configs(spec: StudySpec, base: BaseTree) -> list[ExperimentConfig]:
+def corner_configs(spec: StudySpec, base: StudyBase) -> list[ExperimentConfig]:
     """The configs at the corners of the search space (every grid point for a grid).
 
     With a study model they name a placeholder as its source, so that the ``distill`` (``prune``,
@@ -357,7 +367,7 @@ def corner_configs(spec: StudySpec, base: BaseTree) -> list[ExperimentConfig]:
     return [cfg for _, cfg in corner_trials(spec, base)]
 
 
-def corner_trials(spec: StudySpec, base: BaseTree) -> list[tuple[Params, ExperimentConfig]]:
+def corner_trials(spec: StudySpec, base: StudyBase) -> list[tuple[Params, ExperimentConfig]]:
     """:func:`corner_configs` with each one's params (``variant`` included, the first seed). A point
     whose config is invalid raises a ConfigError naming its searched values (``search.model.num_heads=3:``)."""
     space = {k: v for k, v in spec.space.items() if k != "seed"}
@@ -378,7 +388,7 @@ def corner_trials(spec: StudySpec, base: BaseTree) -> list[tuple[Params, Experim
 
 
 def _searched_culprits(
-    base: BaseTree, spec: StudySpec, params: Params, values: Mapping[str, Sequence[Json]], study_model: str | None
+    base: StudyBase, spec: StudySpec, params: Params, values: Mapping[str, Sequence[Json]], study_model: str | None
 ) -> list[str]:
     """The searched keys whose values make the invalid trial ``params`` invalid (:func:`culprits`)."""
 
@@ -392,7 +402,7 @@ def _searched_culprits(
     return [k for k in culprits(params, values, valid) if k in spec.search] or list(spec.search)
 
 
-def trial_config(base: BaseTree, spec: StudySpec, params: Params, study_model: str | None = None) -> ExperimentConfig:
+def trial_config(base: StudyBase, spec: StudySpec, params: Params, study_model: str | None = None) -> ExperimentConfig:
     """The config of one trial: base, the study's fixed overrides, the variant's, then the sampled params.
 
     Args:
@@ -411,12 +421,12 @@ def trial_config(base: BaseTree, spec: StudySpec, params: Params, study_model: s
         if spec.reference is not None:
             field = _reference_field(base, {**spec.overrides, **variant, **params})
         source = {field: study_model} if study_model is not None and field is not None else {}
-        return build_config(base, {**spec.overrides, **variant, **params, "name": spec.name, **source})
+        return base.apply({**spec.overrides, **variant, **params, "name": spec.name, **source})
     except ConfigError as exc:
         raise ConfigError(f"variants.{name}: {exc}" if variant else str(exc)) from None
 
 
-def _reference_field(base: BaseTree, changes: Mapping[str, object]) -> str | None:
+def _reference_field(base: StudyBase, changes: Mapping[str, object]) -> str | None:
     """The source field a trial's regime fills with the study's reference (None: a ``pretrain`` trial,
     trained from scratch beside the compressed ones; its tasks may still learn from the reference
     fine-tuned, ``tasks[i].distill``)."""
@@ -431,7 +441,7 @@ def _reference_field(base: BaseTree, changes: Mapping[str, object]) -> str | Non
     return REFERENCE_FIELDS[regime]
 
 
-def study_model_config(base: BaseTree, spec: StudySpec) -> ExperimentConfig:
+def study_model_config(base: StudyBase, spec: StudySpec) -> ExperimentConfig:
     """The config of the model a study trains (its teacher, prune_source or reference): the base
     with its ``model`` section replaced by the study model's (and no ``init_from``, ``distill``,
     ``prune``, ``quant`` or ``finetune``, which are the trials'), then its ``overrides``; named
@@ -444,7 +454,7 @@ def study_model_config(base: BaseTree, spec: StudySpec) -> ExperimentConfig:
     study_model = spec.study_model
     if study_model is None or study_model.model is None:
         raise ValueError(f"study {spec.name} trains no model of its own (teacher, prune_source or reference)")
-    tree = {k: v for k, v in base.items() if k not in ("init_from", *REGIME_SOURCE)}  # the trials' own
+    tree = base.without("init_from", *REGIME_SOURCE).tree  # the trials' own left out
     tree["model"] = copy.deepcopy(study_model.model)
     overrides = {**study_model.overrides, "name": f"{spec.name}-{study_model.SECTION}", "regime": "pretrain"}
     return build_config(tree, overrides)

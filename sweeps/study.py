@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 from mlflow.entities import Run
@@ -24,6 +23,7 @@ from ablate.lightning_modules.config.errors import ConfigError, StorageError, re
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.sweeps import study_model_runs, study_source, trial, workers
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.definition import check_unchanged
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import RunContext
@@ -101,7 +101,7 @@ def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, 
         ) from None
 
 
-def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
+def preflight(spec: StudySpec, base: StudyBase) -> None:
     """Check every corpus the study reads (its study model's too) and train (or load) its tokenizers
     before anything is written, so that a missing or empty corpus, or a study model folder that is
     not there, fails with nothing half-created."""
@@ -128,7 +128,7 @@ def preflight(spec: StudySpec, base: dict[str, Any]) -> None:
 
 def run_study(
     spec: StudySpec,
-    base: dict[str, Any],
+    base: StudyBase,
     *,
     storage: str | None = None,
     tracking_uri: str | None = None,
@@ -188,7 +188,7 @@ class _Stores:
 
 def _open_stores(
     spec: StudySpec,
-    base: dict[str, Any],
+    base: StudyBase,
     base_cfg: ExperimentConfig,
     storage: str | None,
     tracking_uri: str | None,

@@ -20,11 +20,12 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest, to_dict
 from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps import workers
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.weights import RUNS
-from ablate.sweeps.spec import BaseTree, StudySpec, corner_configs, study_model_config
+from ablate.sweeps.spec import StudySpec, corner_configs, study_model_config
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -74,7 +75,7 @@ class StudyPlace:
     to one worker, and how often a waiting worker looks again."""
 
     spec: StudySpec
-    base: BaseTree
+    base: StudyBase
     client: MlflowClient
     exp_id: str
     uri: str

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
 import lightning.pytorch as pl
 import optuna
@@ -28,7 +28,7 @@ from ablate.sweeps.engine import checkpoints, tracking
 from ablate.sweeps.engine.context import RunContext, RunResult
 from ablate.sweeps.engine.interrupt import as_interrupted
 from ablate.sweeps.engine.runner import run_name, train
-from ablate.sweeps.spec import StudySpec, trial_config
+from ablate.sweeps.spec import Params, StudySpec, trial_config
 from ablate.sweeps.study_model_runs import StudyPlace
 
 INTERRUPTED = "ablate.interrupted"  # user attr of a trial a signal stopped (Optuna's state: FAIL): the signal
@@ -167,10 +167,10 @@ class StudyTrial:
             raise
         return self.complete(result, began)
 
-    def claim(self) -> dict[str, Any]:
+    def claim(self) -> Params:
         """The trial's configuration, sampled (or the one it was enqueued with) and claimed: a trial
         that lost the race for it to another raises :class:`~ablate.sweeps.workers.DuplicateTrial`."""
-        params = {name: space.suggest(self.trial, name) for name, space in self.spec.space.items()}
+        params: Params = {name: space.suggest(self.trial, name) for name, space in self.spec.space.items()}
         try:
             workers.claim(self.trial.study, self.trial, params)
         except workers.DuplicateTrial as exc:
@@ -203,7 +203,7 @@ class StudyTrial:
             self.given.guarded.record(self.trial, self.client, run_id, self.client.get_run(run_id).data.metrics)
         return value
 
-    def config(self, params: dict[str, Any]) -> ExperimentConfig:
+    def config(self, params: Params) -> ExperimentConfig:
         """The trial's config; with ``source:``, its model the source's (the tasks fine-tune it)."""
         cfg = trial_config(self.given.place.base, self.spec, params, self.given.study_model)
         return cfg if self.given.source_cfg is None else replace(cfg, model=self.given.source_cfg)
@@ -220,7 +220,7 @@ class StudyTrial:
             tags |= study_model_runs.model_tags(model, teaches=cfg.distill.teacher == model)
         return {**tags, tracking.STATE: TRAINING}
 
-    def context(self, params: dict[str, Any], cfg: ExperimentConfig) -> RunContext:
+    def context(self, params: Params, cfg: ExperimentConfig) -> RunContext:
         """Where and how its run trains: nested under the study's parent, pruned at its steps,
         checkpointed per config, going on in a stopped attempt's run where one left a checkpoint."""
         place = self.given.place
@@ -233,7 +233,7 @@ class StudyTrial:
             parent_run_id=place.parent,
             name=run_name(params),
             tags=self.tags(cfg),
-            params={"variant": params["variant"]} if "variant" in params else {},
+            params={"variant": str(params["variant"])} if "variant" in params else {},
             callbacks=(StepPruningCallback(self.trial, monitor=self.spec.optimize.metric),),
             checkpoint=ckpt,
             resume=True,
@@ -248,7 +248,7 @@ class StudyTrial:
         count = f"[{done + 1}/{self.spec.total_trials()}]"
         _CONSOLE.print(f"trial {self.trial.number} {count}: {ctx.name}{again}", markup=False)
 
-    def train(self, cfg: ExperimentConfig, ctx: RunContext, params: dict[str, Any]) -> RunResult:
+    def train(self, cfg: ExperimentConfig, ctx: RunContext, params: Params) -> RunResult:
         """Its run: with fine-tuning tasks, pretrain -> (intrinsic) -> fine-tune on each of its tasks
         (each stage a run nested in the trial's; a study with ``source:`` only fine-tunes)."""
         if not self.spec.tasks:

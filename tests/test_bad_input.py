@@ -383,7 +383,7 @@ def test_a_study_reads_1e_3_as_a_float_and_no_as_a_name(tmp_path):
     assert spec.space["optim.lr"].choices == [0.001, 0.01]
     assert all(type(v) is float for v in spec.space["optim.lr"].choices)
     assert set(spec.space["variant"].choices) == {"no", "off"}
-    assert build_config(base).trainer.progress is False
+    assert base.apply().trainer.progress is False
 
 
 def test_help_still_exits_zero(capsys):

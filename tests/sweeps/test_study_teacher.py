@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.experiment import to_yaml
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.spec import StudySpec, corner_configs, load_study, study_model_config, trial_config
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE
 from tests.sweeps.conftest import tiny_base, write_study
@@ -133,38 +134,40 @@ def test_teacher_config_replaces_the_model_and_applies_only_its_overrides(tmp_pa
             "overrides": {"trainer.max_steps": 40, "optim.warmup_steps": 4},
         },
     )
-    cfg = study_model_config(base, spec)
+    cfg = study_model_config(StudyBase(base), spec)
     assert cfg.name == "s-teacher" and cfg.distill.teacher is None and cfg.init_from is None
     assert (cfg.model.hidden_dim, cfg.model.num_layers, cfg.model.embed_dim, cfg.model.sharing) == (32, 3, 32, "none")
     assert (cfg.trainer.max_steps, cfg.optim.warmup_steps) == (40, 4)  # the teacher's overrides
     assert cfg.optim.lr == 1e-3 and cfg.distill.temperature == 1.0  # not the students' overrides
-    assert cfg.data == corner_configs(spec, base)[0].data  # everything else is the base's
+    assert cfg.data == corner_configs(spec, StudyBase(base))[0].data  # everything else is the base's
     assert base["model"]["preset"] == "albert-tiny"  # the base tree is not modified
     with pytest.raises(ValueError, match="trains no model of its own"):
-        study_model_config(base, StudySpec(name="s", teacher={"source": "runs:/abc"}))
+        study_model_config(StudyBase(base), StudySpec(name="s", teacher={"source": "runs:/abc"}))
 
 
 def test_trial_config_distils_from_the_study_teacher(tmp_path, tiny_corpus):
-    base = tiny_base(tmp_path, tiny_corpus)
+    tree = tiny_base(tmp_path, tiny_corpus)
+    base = StudyBase(tree)
     spec = StudySpec(
-        name="s", base=base, teacher={"source": "runs:/abc"}, search={"model.sharing": {"choices": ["all", "none"]}}
+        name="s", base=tree, teacher={"source": "runs:/abc"}, search={"model.sharing": {"choices": ["all", "none"]}}
     )
     cfg = trial_config(base, spec, {"model.sharing": "none", "seed": 1}, study_model="runs:/abc")
     assert (cfg.distill.teacher, cfg.model.sharing, cfg.seed, cfg.name) == ("runs:/abc", "none", 1, "s")
     assert {c.distill.teacher for c in corner_configs(spec, base)} == {PLACEHOLDER_SOURCE}
     # without a study teacher, a trial keeps the base's own distill.teacher (or none)
-    plain = StudySpec(name="s", base=base)
+    plain = StudySpec(name="s", base=tree)
     assert trial_config(base, plain, {"seed": 0}).distill.teacher is None
-    own = {**base, "distill": {"teacher": "some/folder"}}
+    own = base.changed({"distill.teacher": "some/folder"})
     assert trial_config(own, plain, {"seed": 0}).distill.teacher == "some/folder"
     assert {c.distill.teacher for c in corner_configs(plain, own)} == {"some/folder"}
 
 
 def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys):
-    base = {**tiny_base(tmp_path, tiny_corpus), "prune": {"rounds": 1, "gate_steps": 2, "finetune_steps": 2}}
+    tree = {**tiny_base(tmp_path, tiny_corpus), "prune": {"rounds": 1, "gate_steps": 2, "finetune_steps": 2}}
+    base = StudyBase(tree)
     spec = StudySpec(
         name="s",
-        base=base,
+        base=tree,
         prune_source={"model": TEACHER_MODEL, "overrides": {"trainer.max_steps": 40}},
         search={"prune.target": {"choices": [0.5, 0.7]}},
     )
@@ -190,14 +193,14 @@ def test_a_study_model_to_prune_is_its_own_section(tmp_path, tiny_corpus, capsys
 
 
 def test_a_reference_is_the_source_of_each_trials_own_regime(tmp_path, tiny_corpus, capsys):
-    base = tiny_base(tmp_path, tiny_corpus)
+    base = StudyBase(tiny_base(tmp_path, tiny_corpus))
     variants = {
         "distilled": {"regime": "distill", "model.sharing": "all"},
         "pruned": {"regime": "prune", "prune.rounds": 1, "prune.gate_steps": 2, "prune.finetune_steps": 2},
         "int8": {"regime": "quant", "quant.method": "dynamic-int8"},
         "pruned+int4": {"regime": "prune", "prune.rounds": 1, "quant.method": "weight-int4"},
     }
-    spec = StudySpec(name="s", base=base, reference={"model": TEACHER_MODEL}, variants=variants)
+    spec = StudySpec(name="s", base=base.tree, reference={"model": TEACHER_MODEL}, variants=variants)
     assert spec.study_model is spec.reference
     assert spec.set_by_study == ("distill.teacher", "prune.source", "quant.source")
     configs = {v: trial_config(base, spec, {"variant": v, "seed": 0}, study_model="runs:/ref") for v in variants}

@@ -12,6 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from ablate.sweeps import attempts, workers
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import RunContext, RunResult
 from ablate.sweeps.engine.interrupt import Interrupted
@@ -65,7 +66,7 @@ def _ended(store, monkeypatch, outcome: Outcome, name: str):
     """A one-trial study whose training does what ``outcome`` is; the frozen trial and its run."""
     client, uri, exp_id = store
     spec = StudySpec(name=name, search={"optim.lr": {"choices": [1e-3]}}, sampler="random")
-    place = StudyPlace(spec, {}, client, exp_id, uri, "parent", None)
+    place = StudyPlace(spec, StudyBase(), client, exp_id, uri, "parent", None)
 
     def train(self: StudyTrial, cfg, ctx, params) -> RunResult:
         tags = {tracking.STUDY: name, tracking.TRIAL: str(self.trial.number), tracking.STATE: "RUNNING"}
