@@ -16,8 +16,9 @@ from ablate.lightning_modules.config.errors import ConfigError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.measure.cache import cached_counts
 from ablate.lightning_modules.methods.prune import PruneModule
+from ablate.lightning_modules.methods.pruning.budget import backbone_params
 from ablate.lightning_modules.methods.pruning.gates import check_supported
-from ablate.lightning_modules.methods.pruning.schubert import Pruning, dims_markdown, dims_table
+from ablate.lightning_modules.methods.pruning.schubert import Pruned, Pruning, dims_markdown, dims_table
 from ablate.lightning_modules.methods.train_module import OptimSetup
 from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext
@@ -29,43 +30,44 @@ from ablate.sweeps.engine.sources import Source
 
 @dataclass(frozen=True)
 class PruneRun:
-    """A pruning run's materials: the pruning under way and the corpus."""
+    """A pruning run's materials: the pruning (its config, start and target) and the corpus; what its phases
+    hand on is the model as pruned so far (:class:`Pruned`)."""
 
     pruning: Pruning
     data: PretrainDataModule
 
-    @property
-    def cfg(self) -> ExperimentConfig:
-        """The run's config with the model's shape now."""
-        return dataclasses.replace(self.pruning.cfg, model=self.pruning.shape)
+    def config(self, now: Pruned) -> ExperimentConfig:
+        """The run's config with the shape ``now``."""
+        return dataclasses.replace(self.pruning.cfg, model=now.shape)
 
-    def leaving(self, handed: None) -> Leaving:
-        return self.pruning.model, self.cfg, None
-
-
-def _gates(m: PruneRun, handed: None, run: ActiveRun) -> tuple[pl.LightningModule, None]:
-    return m.pruning.gates(), None
+    def leaving(self, handed: Pruned) -> Leaving:
+        return handed.model, self.config(handed), None
 
 
-def _cut(round_: int) -> Callable[[PruneRun, None, pl.LightningModule, Metrics], tuple[None, Metrics]]:
-    """When round ``round_``'s gates have trained: the cut, and the parameters left (logged there)."""
+def _gates(m: PruneRun, now: Pruned, run: ActiveRun) -> tuple[pl.LightningModule, Pruned]:
+    return m.pruning.gates(now), now
 
-    def cut(m: PruneRun, handed: None, module: pl.LightningModule, metrics: Metrics) -> tuple[None, Metrics]:
+
+def _cut(round_: int) -> Callable[[PruneRun, Pruned, pl.LightningModule, Metrics], tuple[Pruned, Metrics]]:
+    """When round ``round_``'s gates have trained: the cut model, and the parameters left (logged there)."""
+
+    def cut(m: PruneRun, now: Pruned, module: pl.LightningModule, metrics: Metrics) -> tuple[Pruned, Metrics]:
         assert isinstance(module, PruneModule)
-        return None, {"prune/params": float(m.pruning.cut(module, round_))}
+        pruned = m.pruning.cut(now, module, round_)
+        return pruned, {"prune/params": float(backbone_params(pruned.shape))}
 
     return cut
 
 
-def _retraining(m: PruneRun, handed: None, run: ActiveRun) -> tuple[pl.LightningModule, None]:
-    return m.pruning.retraining(), None
+def _retraining(m: PruneRun, now: Pruned, run: ActiveRun) -> tuple[pl.LightningModule, Pruned]:
+    return m.pruning.retraining(now), now
 
 
-def _shape(m: PruneRun, handed: None, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
+def _shape(m: PruneRun, now: Pruned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The pruned shape: its counts and latency, the per-layer table, the layers as a tag and a param."""
-    cfg = m.cfg
-    new_cfg = cfg.model
-    after, measured_on = cached_counts(m.pruning.model, new_cfg, cfg)
+    cfg = m.config(now)
+    new_cfg = now.shape
+    after, measured_on = cached_counts(now.model, new_cfg, cfg)
     run.log({key: float(value) for key, value in after.items()}, step=step)
     logged = run.client.get_run(run.run_id).data.params  # a retry's run has them (params cannot change)
     for key, value in measured_on.items():
@@ -81,18 +83,18 @@ def _shape(m: PruneRun, handed: None, run: ActiveRun, step: int, metrics: Metric
     return {}
 
 
-def _quantized(m: PruneRun, handed: None, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
+def _quantized(m: PruneRun, now: Pruned, run: ActiveRun, step: int, metrics: Metrics) -> Metrics:
     """The pruned model, quantized."""
-    return quantize_and_log(m.pruning.model, m.cfg, m.data, run, step, metrics)
+    return quantize_and_log(now.model, m.config(now), m.data, run, step, metrics)
 
 
-def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun, None]:
+def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun, Pruned]:
     """schuBERT: ``prune.rounds`` x (gates for ``prune.gate_steps``, cut; re-training for
     ``prune.finetune_steps``); a baseline: one cut, re-training for rounds x finetune_steps. Then the
     pruned shape and the quantized model (``quant.method``)."""
     p = cfg.prune
     optim = OptimSetup.pretraining(cfg, cfg.trainer.max_steps).describe()  # the re-training module's
-    phases: list[Phase[PruneRun, None]] = []
+    phases: list[Phase[PruneRun, Pruned]] = []
     if p.method.startswith("schubert"):  # the gated methods (VARIANTS of methods/pruning/keep.py)
         for r in range(p.rounds):
             at = f"{r + 1}/{p.rounds}"
@@ -105,9 +107,8 @@ def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun, None]:
     elif p.rounds * p.finetune_steps:
         how = f"new module ({p.method}: cut at once)"
         phases.append(Phase("re-training", p.rounds * p.finetune_steps, _retraining, how, optim=optim))
-    finishers = [
-        Finisher[PruneRun, None]("pruned shape", "counts, latency and the per-layer table of the pruned model", _shape)
-    ]
+    shape = "counts, latency and the per-layer table of the pruned model"
+    finishers = [Finisher[PruneRun, Pruned]("pruned shape", shape, _shape)]
     if cfg.quant.enabled:
         finishers.append(
             Finisher("quantize and score", f"{cfg.quant.method}, held-out MLM metrics on the CPU", _quantized)
@@ -115,25 +116,25 @@ def prune_plan(cfg: ExperimentConfig) -> RunPlan[PruneRun, None]:
     return RunPlan(phases, finishers)
 
 
-def _begin(m: PruneRun, source: Source, ctx: RunContext) -> Callable[[ActiveRun, bool], None]:
-    """What the run does first: a baseline cuts to the target at once, before its re-training; the
-    source's counts and the parameters are logged at step 0 (not again when the run goes on)."""
+def _begin(pruning: Pruning, source: Source, first: Pruned, ctx: RunContext) -> Callable[[ActiveRun, bool], None]:
+    """What the run logs first, at step 0 (not again when it goes on): the source's counts and its
+    parameters, then a baseline's after its cut (``first``: what its re-training starts from)."""
 
     def begin(run: ActiveRun, going_on: bool) -> None:
-        if not going_on:
-            before, _ = ctx.measure(cached_counts, source.model, source.model_cfg, m.pruning.cfg)  # training device
-            run.log({f"source/{key}": float(value) for key, value in before.items()})
-            run.log({"prune/params": float(m.pruning.start)})
-        if not m.pruning.gated:
-            now = m.pruning.cut_once()
-            if not going_on:
-                run.log({"prune/params": float(now)})
+        if going_on:
+            return
+        before, _ = ctx.measure(cached_counts, source.model, source.model_cfg, pruning.cfg)  # training device
+        run.log({f"source/{key}": float(value) for key, value in before.items()})
+        run.log({"prune/params": float(pruning.start)})
+        if not pruning.gated:
+            run.log({"prune/params": float(backbone_params(first.shape))})
 
     return begin
 
 
-def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[PruneRun, None]:
-    """Pruning ``prune.source`` as ``prune.method`` says."""
+def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack) -> Prepared[PruneRun, Pruned]:
+    """Pruning ``prune.source`` as ``prune.method`` says; a baseline (``uniform``, ``fewer-layers``) is cut to the
+    target here, before the run exists."""
     data = corpus(cfg)
     tokenizer = tokenizer_of(data)
     source = checked_source(cfg, cfg.prune.source, "prune.source", uri, tokenizer)  # type: ignore[arg-type]
@@ -142,13 +143,16 @@ def prepare_prune(cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitS
             check_supported(source.model_cfg)
     except ConfigError as exc:
         raise ConfigError(f"prune.source: {exc}") from None
-    m = PruneRun(Pruning(cfg, source.model, source.model_cfg), data)
+    pruning = Pruning.of(cfg, source.model_cfg)
+    first = Pruned(source.model, source.model_cfg)
+    if not pruning.gated:
+        first = pruning.cut_once(first)
     return Prepared(
         cfg=cfg,
-        materials=m,
-        handed=None,
+        materials=PruneRun(pruning, data),
+        handed=first,
         data=data,
         tokenizer=tokenizer,
         tags={tracking.SOURCE: source.run_id or source.source},
-        begin=_begin(m, source, ctx),
+        begin=_begin(pruning, source, first, ctx),
     )

@@ -1,6 +1,6 @@
 """schuBERT's pruning, a step at a time between the fits of the run's phases (:mod:`~ablate.sweeps.engine.prune`):
-:class:`Pruning` trains gates, zeroes the smallest, shrinks the model for real and re-trains it, round by round,
-or cuts a baseline (``uniform``, ``fewer-layers``) to the target at once; docs/guides/pruning.md."""
+:class:`Pruning` trains gates, zeroes the smallest, shrinks the model for real (a new :class:`Pruned`) and re-trains
+it, round by round, or cuts a baseline (``uniform``, ``fewer-layers``) to the target at once; docs/guides/pruning.md."""
 
 from __future__ import annotations
 
@@ -49,75 +49,81 @@ def dims_markdown(table: pd.DataFrame) -> str:
     return f"hidden h = {table.attrs['hidden h']}\n\n" + "\n".join(lines) + "\n"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """A model as pruning has left it so far: the weights and their shape (the source's at first)."""
+
+    model: PretrainingModel
+    shape: ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
 class Pruning:
-    """schuBERT's pruning of one model, a step at a time: the engine trains each phase's module (a
-    round's gates, the re-training after it) and calls the step that follows its fit.
+    """schuBERT's pruning of one model, a step at a time: the engine trains each phase's module (a round's
+    gates, the re-training after it) and calls the step that follows its fit, which returns the new
+    :class:`Pruned` (the one before is left unchanged: the pruned model is a new module).
 
     Attributes:
         cfg: the run's config (``prune.*``, and the trainer and optimiser of each phase).
-        model: the model now (the trained source at first, left unchanged: the pruned one is a new module).
-        shape: its shape now (the source's at first).
         start: the source's backbone parameters; ``target``: ``prune.target``'s count.
     """
 
     cfg: ExperimentConfig
-    model: PretrainingModel
-    shape: ModelConfig
-    start: int = 0
-    target: int = 0
+    start: int
+    target: int
 
-    def __post_init__(self) -> None:
-        self.start = backbone_params(self.shape)
-        self.target = self.cfg.prune.target_params(self.start)
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, source: ModelConfig) -> Pruning:
+        """Pruning a model of shape ``source`` as ``cfg.prune`` says."""
+        start = backbone_params(source)
+        return cls(cfg, start, cfg.prune.target_params(start))
 
     @property
     def gated(self) -> bool:
         """Whether the method learns gates (schuBERT) rather than cutting once (the baselines)."""
         return self.cfg.prune.method in VARIANTS
 
-    def gates(self) -> PruneModule:
-        """A round's module: gates on the frozen model now."""
-        return PruneModule(_with_model(self.cfg, self.shape), self.model, VARIANTS[self.cfg.prune.method])
+    def gates(self, now: Pruned) -> PruneModule:
+        """A round's module: gates on the frozen model ``now``."""
+        return PruneModule(_with_model(self.cfg, now.shape), now.model, VARIANTS[self.cfg.prune.method])
 
-    def cut(self, gate: PruneModule, round_: int) -> int:
+    def cut(self, now: Pruned, gate: PruneModule, round_: int) -> Pruned:
         """After round ``round_``'s gates trained: zero the smallest until the round's share is gone and
-        remove them for real; the backbone parameters left."""
+        remove them for real."""
         p = self.cfg.prune
         plan = round(self.start - (round_ + 1) * (self.start - self.target) / p.rounds)
         keep = choose(
-            self.shape,
+            now.shape,
             {d: [g.detach() for g in v] for d, v in gate.gates.vectors().items()},
-            backbone_params(self.shape) - plan,
+            backbone_params(now.shape) - plan,
         )
         gate.gates.zero_except(keep)  # the smallest gates to exactly zero
-        self.shape, self.model = shrink(gate.release(), self.shape, keep, gate.gates)  # folds the others in
-        now = backbone_params(self.shape)
-        short = "" if now <= plan else f"; {p.method} cannot remove more (one unit of each gated dimension stays)"
+        shape, model = shrink(gate.release(), now.shape, keep, gate.gates)  # folds the others in
+        left = backbone_params(shape)
+        short = "" if left <= plan else f"; {p.method} cannot remove more (one unit of each gated dimension stays)"
         _CONSOLE.print(
-            f"prune round {round_ + 1}/{p.rounds}: {now / 1e6:.3f}M backbone parameters "
+            f"prune round {round_ + 1}/{p.rounds}: {left / 1e6:.3f}M backbone parameters "
             f"(plan {plan / 1e6:.3f}M, target {self.target / 1e6:.3f}M){short}",
             markup=False,
         )
-        return now
+        return Pruned(model, shape)
 
-    def cut_once(self) -> int:
-        """A baseline's cut to the target at once (``uniform``, ``fewer-layers``); the backbone parameters left."""
+    def cut_once(self, now: Pruned) -> Pruned:
+        """A baseline's cut to the target at once (``uniform``, ``fewer-layers``)."""
         p = self.cfg.prune
         shapes = {"uniform": uniform, "fewer-layers": fewer_layers}
-        new = shapes[p.method](self.shape, self.target)
-        self.model = (
-            first_layers(self.model, new, self.cfg.objective)
+        new = shapes[p.method](now.shape, self.target)
+        model = (
+            first_layers(now.model, new, self.cfg.objective)
             if p.method == "fewer-layers"
-            else shrink(self.model, self.shape, magnitude_keep(self.model, self.shape, new))[1]
+            else shrink(now.model, now.shape, magnitude_keep(now.model, now.shape, new))[1]
         )
-        self.shape = new
-        now = backbone_params(new)
+        left = backbone_params(new)
         _CONSOLE.print(
-            f"prune {p.method}: {now / 1e6:.3f}M backbone parameters (target {self.target / 1e6:.3f}M)", markup=False
+            f"prune {p.method}: {left / 1e6:.3f}M backbone parameters (target {self.target / 1e6:.3f}M)", markup=False
         )
-        return now
+        return Pruned(model, new)
 
-    def retraining(self) -> PretrainModule:
-        """The module that fine-tunes every weight of the model now with the pre-training loss."""
-        return PretrainModule(_with_model(self.cfg, self.shape), self.model)
+    def retraining(self, now: Pruned) -> PretrainModule:
+        """The module that fine-tunes every weight of the model ``now`` with the pre-training loss."""
+        return PretrainModule(_with_model(self.cfg, now.shape), now.model)
