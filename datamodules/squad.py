@@ -89,7 +89,7 @@ def _read_file(path: str, part: Slice | None = None) -> list[Question]:
     the data catalog's slice of it (articles of the official JSON, or rows: questions), else SliceError."""
     with _open(path) as fh:
         text = fh.read()
-    tree = parse_squad(text)
+    tree: Any = parse_squad(text)  # as parsed: a malformed file raises KeyError or TypeError (read_questions)
     official = isinstance(tree, dict) and "data" in tree
     if part is not None and part.unit == "articles" and not official:
         raise SliceError("the file holds flat rows, not the official JSON's articles: slice it by rows")

@@ -61,7 +61,7 @@ def parse_json(text: str, expect: type | None = None) -> Json:
     except RecursionError:
         raise JsonProblem("invalid JSON: nested too deeply") from None
     if expect is not None and not isinstance(tree, expect):
-        want = {dict: "an object", list: "a list"}.get(expect, expect.__name__)
+        want = "an object" if expect is dict else "a list" if expect is list else expect.__name__
         raise JsonProblem(f"{want} expected at the top, not {type(tree).__name__ if tree is not None else 'null'}")
     return tree
 

@@ -121,7 +121,8 @@ def write_labels(folder: Path) -> None:
     config = read_json(path)
     assert isinstance(config, dict)  # read_json(expect=dict)
     if "id2label" not in config:
-        C = int(config.get("num_labels", 2))
+        num = config.get("num_labels", 2)
+        C = num if isinstance(num, int) else 2
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(C)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(C)}
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -207,7 +208,8 @@ def hf_checkpoint(folder: Path, classes: dict[str, str]) -> tuple[PreTrainedMode
     model_type = config.get("model_type")
     if model_type not in classes:
         raise ConfigError(f"{path}: model_type {model_type!r} is not supported ({', '.join(classes)})")
-    architectures = config.get("architectures") or []
+    found = config.get("architectures")
+    architectures = [str(a) for a in found] if isinstance(found, list) else []
     if classes is CLASSIFIER_CLASSES and not any(str(a).endswith("ForSequenceClassification") for a in architectures):
         saved = f"a {architectures[0]}" if architectures else "not a *ForSequenceClassification"
         raise ConfigError(f"{folder}: {saved} checkpoint, not a sequence classifier")

@@ -174,7 +174,10 @@ CASES = {
         f"error: init_from: {BERT} is a different tokenizer than this run's (set data.tokenizer",
     ),
     "finetune.source": (
-        {"data": {"tokenizer": "acme/other"}, "finetune": {"source": SST2_BERT, "train": "nyu-mll/glue:sst2"}},
+        {
+            "data": {"tokenizer": "acme/other"},
+            "finetune": {"source": SST2_BERT, "train": "nyu-mll/glue:sst2", "max_length": 64},
+        },
         f"error: finetune.source: {SST2_BERT} was trained with a different tokenizer than this run's",
     ),
 }
