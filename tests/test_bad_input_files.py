@@ -365,3 +365,29 @@ def test_a_squad_file_whose_fields_contradict_is_refused_naming_it(case, tmp_pat
     with pytest.raises(DataError, match="finetune.validation: .*dev.json") as err:
         read_questions(src, None, True)
     assert needle in str(err.value) and len(str(err.value).splitlines()) == 1, err.value
+
+
+def test_the_other_readers_refuse_a_key_given_twice_naming_the_file(tmp_path):
+    """The SQuAD questions ``ablate predict`` reads, a quantized model's description and a transformers
+    question-answering folder's config.json are read strictly too: a key given twice is refused, the file named."""
+    from ablate.lightning_modules.interop.qa_export import load_span_model
+    from ablate.lightning_modules.interop.quantized import read_meta
+    from ablate.sweeps.engine.predict import _questions
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text('{"id": "q1", "question": "who?", "question": "what?", "context": "a b"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"questions\.jsonl.*duplicate key 'question'"):
+        _questions(questions)
+    lines = tmp_path / "lines.jsonl"  # JSON lines still read, line by line
+    rows = ['{"id": "q1", "question": "who?", "context": "a b"}', '{"id": "q2", "question": "x", "context": "c"}']
+    lines.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert [q.id for q in _questions(lines)] == ["q1", "q2"]
+    (tmp_path / "quantization.yaml").write_text("format: a\nformat: b\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"quantization\.yaml: .*duplicate key 'format'") as got:
+        read_meta(tmp_path)
+    assert "\n" not in str(got.value)
+    qa = tmp_path / "qa"
+    qa.mkdir()
+    (qa / "config.json").write_text('{"model_type": "bert", "model_type": "albert"}', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"config\.json: duplicate key 'model_type'"):
+        load_span_model(qa)

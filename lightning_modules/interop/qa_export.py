@@ -5,13 +5,13 @@ reads an export or a run's ``model/`` artifacts back (docs/guides/squad.md, "Exp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ablate.lightning_modules.config.errors import ConfigError, require
 from ablate.lightning_modules.config.experiment import ExperimentConfig, to_yaml
+from ablate.lightning_modules.config.jsonio import read_json
 from ablate.lightning_modules.config.model import ModelConfig
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
@@ -92,7 +92,8 @@ def load_span_model(path: str | Path) -> tuple[ModelConfig, SpanModel]:
     ``ablate.yaml`` or a run's ``config.yaml``). ConfigError for anything else."""
     folder = checkpoint_folder(path)
     if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = read_json(folder / "config.json")
+        assert isinstance(config, dict)  # read_json's expect
         name = config.get("model_type")
         if name not in QA_CLASSES or not any(str(a).endswith("ForQuestionAnswering") for a in config["architectures"]):
             raise ConfigError(f"{folder}: not a transformers question-answering checkpoint ({', '.join(QA_CLASSES)})")

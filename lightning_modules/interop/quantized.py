@@ -17,6 +17,7 @@ from torch import nn
 from ablate.lightning_modules.config.errors import DataError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.load import load_config
+from ablate.lightning_modules.config.yamlio import load_yaml
 from ablate.lightning_modules.interop.classifier import load_classifier
 from ablate.lightning_modules.interop.pretrained import load_pretrained
 from ablate.lightning_modules.interop.qa_export import load_span_model
@@ -218,9 +219,10 @@ def read_meta(folder: Path) -> QuantMeta:
     """``quantization.yaml`` of a ``model/`` folder; DataError when it is missing or unreadable."""
     path = Path(folder) / QUANT_YAML
     try:
-        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+        meta = load_yaml(path.read_text(encoding="utf-8"))  # strict: a key given twice is refused
     except (OSError, yaml.YAMLError) as exc:
-        raise DataError(f"{path}: cannot read the quantized model's description ({exc})") from None
+        said = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, without PyYAML's excerpt
+        raise DataError(f"{path}: cannot read the quantized model's description ({said})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("layers"), dict):
         raise DataError(f"{path}: not a quantized model's description (format {FORMAT})")
     return cast(QuantMeta, meta)  # its form checked above

@@ -26,6 +26,7 @@ from ablate.lightning_modules.config.errors import ConfigError, DataError
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.finetune import FinetuneConfig
 from ablate.lightning_modules.config.glue import GLUE
+from ablate.lightning_modules.config.jsonio import JsonProblem, parse_json
 from ablate.lightning_modules.measure.measuring import placed
 from ablate.lightning_modules.methods.finetune import predictions
 from ablate.lightning_modules.methods.span_predictions import span_predictions
@@ -139,9 +140,11 @@ def _questions(path: Path) -> list[squad.Question]:
     try:
         text = path.read_text(encoding="utf-8")
         try:
-            tree: Any = json.loads(text)
-        except json.JSONDecodeError:
-            tree = [json.loads(line) for line in text.splitlines() if line.strip()]
+            tree: Any = parse_json(text, expect=None)
+        except JsonProblem as whole:  # JSON lines, or a JSON document that breaks a rule (said as it is)
+            if not str(whole).startswith("invalid JSON"):
+                raise
+            tree = [parse_json(line, expect=dict) for line in text.splitlines() if line.strip()]
         if isinstance(tree, dict) and "data" in tree:
             out = [_question(qa, p["context"]) for a in tree["data"] for p in a["paragraphs"] for qa in p["qas"]]
         else:
