@@ -23,7 +23,7 @@ from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, check_task
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_gaps, turn_ratios
-from ablate.benchmarks.regimes import DEFAULT_CASE, FINETUNE_BATCH, TaskChoice, check_case, setup
+from ablate.benchmarks.regimes import DEFAULT_CASE, FINETUNE_BATCH, Setup, TaskChoice, check_case, setup
 from ablate.lightning_modules.config.experiment import DataConfig, ExperimentConfig, ObjectiveConfig
 from ablate.lightning_modules.config.run import TrackingConfig, TrainerConfig
 from ablate.sweeps.engine.context import RunContext
@@ -134,16 +134,7 @@ def measure(
         turns = f", the step alone in turns of {block}" if block else ""
         progress(f"{regime}: ablate train, {warmup + steps} steps{turns}")
         clock = StepClock(warmup, steps, device, block, alone)
-        stamps: dict[str, float] = {}
-        begin = time.perf_counter()
-
-        # the run's own progress bar goes to stderr with the bench's status: stdout keeps the tables
-        def timed(what: str, start: float, end: float) -> None:
-            stamps[f"{what}_start"], stamps[f"{what}_end"] = start, end
-
-        with contextlib.redirect_stdout(sys.stderr):
-            s.run(RunContext(callbacks=(clock,), timed=timed))
-        end = time.perf_counter()
+        phases = _timed_run(s, clock)
         if alone is None:
             progress(f"{regime}: the step alone")
             alone = alone_built()
@@ -152,19 +143,6 @@ def measure(
         if s.after is not None:
             progress(f"{regime}: padding to the longest row against max_length")
             after = s.after()
-    first, last = clock.ends[0], clock.ends[-1]
-    measure_start, measure_end = stamps.get("measure_start", begin), stamps.get("measure_end", begin)
-    phases = {
-        "data, tokenizer, model": measure_start - begin,
-        "measurement": measure_end - measure_start,
-        "run and Trainer": clock.fit_start - measure_end,
-        "first step": first - clock.fit_start,
-        "training": last - first - clock.in_run_alone_s,
-        "validation": clock.validation_s,
-        "teardown": end - last - clock.validation_s,
-        "total": end - begin - clock.in_run_alone_s,
-        "step alone in the run": clock.in_run_alone_s,
-    }
     if not clock.timing.blocks or not clock.timing.tokens:
         raise RuntimeError("the run ended before its steady state")
     return LoopResult(
@@ -182,6 +160,34 @@ def measure(
         (load_before, os.getloadavg()[0]),
         after,
     )
+
+
+def _timed_run(s: Setup, clock: StepClock) -> dict[str, float]:
+    """Run ``ablate train`` of ``s`` with ``clock`` in it; the seconds each of its phases took (the
+    step alone's turns inside the run left out of them, and said apart)."""
+    stamps: dict[str, float] = {}
+    begin = time.perf_counter()
+
+    # the run's own progress bar goes to stderr with the bench's status: stdout keeps the tables
+    def timed(what: str, start: float, end: float) -> None:
+        stamps[f"{what}_start"], stamps[f"{what}_end"] = start, end
+
+    with contextlib.redirect_stdout(sys.stderr):
+        s.run(RunContext(callbacks=(clock,), timed=timed))
+    end = time.perf_counter()
+    first, last = clock.ends[0], clock.ends[-1]
+    measure_start, measure_end = stamps.get("measure_start", begin), stamps.get("measure_end", begin)
+    return {
+        "data, tokenizer, model": measure_start - begin,
+        "measurement": measure_end - measure_start,
+        "run and Trainer": clock.fit_start - measure_end,
+        "first step": first - clock.fit_start,
+        "training": last - first - clock.in_run_alone_s,
+        "validation": clock.validation_s,
+        "teardown": end - last - clock.validation_s,
+        "total": end - begin - clock.in_run_alone_s,
+        "step alone in the run": clock.in_run_alone_s,
+    }
 
 
 def _estimates(r: LoopResult) -> list[str]:

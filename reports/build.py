@@ -76,6 +76,33 @@ class ReportResult:
     table: Table = field(repr=False)
     remeasured: Path | None = None
 
+    @classmethod
+    def written(
+        cls,
+        out_dir: Path,
+        table: Table,
+        plots: list[Path],
+        missing: list[str],
+        parent: str | None,
+        logged: bool,
+        *,
+        remeasured: bool,
+    ) -> ReportResult:
+        """What a report wrote into ``out_dir`` (:data:`NAMES`, ``plots`` by name, ``remeasured.csv``)."""
+        return cls(
+            markdown=out_dir / NAMES["markdown"],
+            latex=out_dir / NAMES["latex"],
+            csv=out_dir / NAMES["csv"],
+            runs_csv=out_dir / NAMES["runs_csv"],
+            plots=[out_dir / p.name for p in plots],
+            run_ids=table.run_ids,
+            missing=missing,
+            parent_run_id=parent,
+            logged=logged,
+            table=table,
+            remeasured=out_dir / CSV_NAME if remeasured else None,
+        )
+
     @property
     def files(self) -> list[Path]:
         """Every file written."""
@@ -209,56 +236,66 @@ def build_report(
     table = aggregate(runs, spec, expected, stages)  # a bad spec fails here, before any measuring
     if remeasure and not latency_columns(spec):
         raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
-    again = (
-        remeasure_runs(runs[runs["state"].isin(spec.include_states)], tracking_uri, progress=progress)
-        if (remeasure and len(runs))
-        else None
-    )
+    included = runs[runs["state"].isin(spec.include_states)]
+    again = remeasure_runs(included, tracking_uri, progress=progress) if (remeasure and len(runs)) else None
     table = _with_latencies(table, spec, runs, again, expected, stages)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    names = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        plots, skipped = draw_plots(table, staging)
-        missing = [m.describe(spec) for m in table.missing] + skipped + (again.missing if again else [])
-        if again is not None:
-            names["remeasured"] = CSV_NAME
-            (staging / names["remeasured"]).write_text(again.to_csv(), encoding="utf-8")
-        shared, of = (train_runs.shared, "experiment") if train_runs is not None else (None, "study")
-        document = markdown_document(table, study, missing, shared, of=of)
-        shown = again.apply(runs) if again else runs
-        included = shown[shown["state"].isin(spec.include_states)]
-        if (guarded := study_section(tracking_uri, parent, included, staging)) is not None:  # optimize.guard
-            document += "\n" + guarded.markdown
-            plots += [f for f in guarded.files if f.suffix == ".png"]
-        (staging / names["markdown"]).write_text(document, encoding="utf-8")
-        (staging / names["latex"]).write_text(to_latex(table), encoding="utf-8")
-        (staging / names["csv"]).write_text(to_csv(table), encoding="utf-8")
-        runs.to_csv(staging / names["runs_csv"], index=False)
+        plots, missing = _write_files(staging, spec, table, runs, again, study, tracking_uri, parent, train_runs)
         logged = False
         if log_to_parent and parent is not None:
-            try:
-                MlflowClient(tracking_uri=tracking_uri).log_artifacts(parent, str(staging), ARTIFACT_PATH)
-            except Exception as exc:  # noqa: BLE001 - any failure of the artifact store
-                raise StorageError(f"{tracking_uri}: cannot log report artifacts on run {parent} ({exc})") from exc
-            logged = True
+            logged = _log_artifacts(tracking_uri, parent, staging)
         _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return ReportResult(
-        markdown=out_dir / names["markdown"],
-        latex=out_dir / names["latex"],
-        csv=out_dir / names["csv"],
-        runs_csv=out_dir / names["runs_csv"],
-        plots=[out_dir / p.name for p in plots],
-        run_ids=table.run_ids,
-        missing=missing,
-        parent_run_id=parent,
-        logged=logged,
-        table=table,
-        remeasured=out_dir / names["remeasured"] if again is not None else None,
-    )
+    return ReportResult.written(out_dir, table, plots, missing, parent, logged, remeasured=again is not None)
+
+
+NAMES = {"markdown": "report.md", "latex": "report.tex", "csv": "report.csv", "runs_csv": "runs.csv"}
+"""The files every report writes, by what they hold (``remeasured.csv`` besides, with ``--remeasure``)."""
+
+
+def _write_files(
+    staging: Path,
+    spec: ReportSpec,
+    table: Table,
+    runs: pd.DataFrame,
+    again: Remeasured | None,
+    study: str,
+    tracking_uri: str,
+    parent: str | None,
+    train_runs: ExperimentRuns | None,
+) -> tuple[list[Path], list[str]]:
+    """Write the report's files into ``staging`` (:data:`NAMES`, the plots, ``again``'s CSV, the guard's
+    section and its plots); return the plots and the lines saying what is missing."""
+    plots, skipped = draw_plots(table, staging)
+    missing = [m.describe(spec) for m in table.missing] + skipped + (again.missing if again else [])
+    if again is not None:
+        (staging / CSV_NAME).write_text(again.to_csv(), encoding="utf-8")
+    shared, of = (train_runs.shared, "experiment") if train_runs is not None else (None, "study")
+    document = markdown_document(table, study, missing, shared, of=of)
+    shown = again.apply(runs) if again else runs
+    included = shown[shown["state"].isin(spec.include_states)]
+    if (guarded := study_section(tracking_uri, parent, included, staging)) is not None:  # optimize.guard
+        document += "\n" + guarded.markdown
+        plots += [f for f in guarded.files if f.suffix == ".png"]
+    (staging / NAMES["markdown"]).write_text(document, encoding="utf-8")
+    (staging / NAMES["latex"]).write_text(to_latex(table), encoding="utf-8")
+    (staging / NAMES["csv"]).write_text(to_csv(table), encoding="utf-8")
+    runs.to_csv(staging / NAMES["runs_csv"], index=False)
+    return plots, missing
+
+
+def _log_artifacts(tracking_uri: str, parent: str, staging: Path) -> bool:
+    """The report's files as artifacts of the study's parent run, under ``report/`` (StorageError if not):
+    True, logged."""
+    try:
+        MlflowClient(tracking_uri=tracking_uri).log_artifacts(parent, str(staging), ARTIFACT_PATH)
+    except Exception as exc:  # noqa: BLE001 - any failure of the artifact store
+        raise StorageError(f"{tracking_uri}: cannot log report artifacts on run {parent} ({exc})") from exc
+    return True
 
 
 def render_console(result: ReportResult, console: Console | None = None) -> None:

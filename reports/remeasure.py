@@ -184,11 +184,11 @@ class _Model:
 
 
 def _configs(
-    client: MlflowClient, records: list[dict[str, Any]], tmp: Path, key: Callable[[Any], tuple[str, ...]]
-) -> tuple[dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]], list[str]]:
+    client: MlflowClient, records: list[dict[str, Any]], tmp: Path, key: Callable[[ExperimentConfig], tuple[str, ...]]
+) -> tuple[dict[tuple[str, ...], tuple[ExperimentConfig, list[dict[str, Any]]]], list[str]]:
     """Each distinct deployed artifact's config (by ``key``) with the runs that share it, and a line for
     each run whose config cannot be read or built (left out)."""
-    configs: dict[tuple[str, ...], tuple[Any, list[dict[str, Any]]]] = {}
+    configs: dict[tuple[str, ...], tuple[ExperimentConfig, list[dict[str, Any]]]] = {}
     missing: list[str] = []
     for run in records:
         try:
@@ -219,6 +219,51 @@ def _rows(models: list[_Model], logged_cols: list[str]) -> tuple[list[dict[str, 
             row |= {RUNTIME: m.timing.target.label, "why": m.why or ""}
             rows.append(row | {name: metrics.get(name, math.nan) for name in REMEASURED_METRICS} | logged)
     return rows, machines
+
+
+def _bar(console: Console | None, progress: bool) -> Progress:
+    """The re-measuring progress bar (on ``console``, default stderr; off without ``progress``)."""
+    return Progress(
+        TextColumn("[bold]re-measuring latency[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console or Console(stderr=True),
+        transient=True,
+        disable=not progress,
+    )
+
+
+def _time_models(
+    client: MlflowClient,
+    records: list[dict[str, Any]],
+    tmp: Path,
+    bar: Progress,
+    turns: tuple[int, int, int],
+    settings: dict[str, int],
+) -> tuple[list[_Model], list[str]]:
+    """Make each distinct deployed artifact of ``records`` in ``tmp``, then time them all in turns
+    (``turns``: repeats, warmup, rounds); the models timed, and a line per run left out."""
+    from ablate.lightning_modules.measure import deployed as timing
+    from ablate.lightning_modules.measure.reference_load import reference_workload
+    from ablate.reports.deployed import deployed, key
+
+    repeats, warmup, rounds = turns
+    models: list[_Model] = []
+    configs, missing = _configs(client, records, tmp, key)
+    task = bar.add_task("", total=len(configs) + rounds * len(configs))
+    for i, (cfg, shared) in enumerate(configs.values()):
+        bar.update(task, description=f"preparing {', '.join(str(r['run_name']) for r in shared)}")
+        made = deployed(cfg, tmp / f"model-{i}")
+        models.append(_Model(timing.Turns(made.target), made.why, shared))
+        bar.advance(task)
+    workloads = {str(m.timing.target.device): reference_workload(m.timing.target.device) for m in models}
+    for r in range(rounds):
+        bar.update(task, description=f"round {r + 1}/{rounds}: {len(models)} models in turns")
+        timing.time_round([m.timing for m in models], repeats, warmup, workloads, settings)
+        bar.advance(task, len(models))
+    return models, missing
 
 
 def remeasure_runs(
@@ -256,8 +301,6 @@ def remeasure_runs(
         and named in ``missing``.
     """
     from ablate.lightning_modules.measure import deployed as timing
-    from ablate.lightning_modules.measure.reference_load import reference_workload
-    from ablate.reports.deployed import deployed, key
 
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
@@ -267,30 +310,9 @@ def remeasure_runs(
     start = time.perf_counter()
     records = runs.to_dict("records")
     settings = timing.thread_settings()
-    bar = Progress(
-        TextColumn("[bold]re-measuring latency[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console or Console(stderr=True),
-        transient=True,
-        disable=not progress,
-    )
-    models: list[_Model] = []
-    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads(), bar:
-        configs, missing = _configs(client, records, Path(tmp), key)
-        task = bar.add_task("", total=len(configs) + rounds * len(configs))
-        for i, (cfg, shared) in enumerate(configs.values()):
-            bar.update(task, description=f"preparing {', '.join(str(r['run_name']) for r in shared)}")
-            made = deployed(cfg, Path(tmp) / f"model-{i}")
-            models.append(_Model(timing.Turns(made.target), made.why, shared))
-            bar.advance(task)
-        workloads = {str(m.timing.target.device): reference_workload(m.timing.target.device) for m in models}
-        for r in range(rounds):
-            bar.update(task, description=f"round {r + 1}/{rounds}: {len(models)} models in turns")
-            timing.time_round([m.timing for m in models], repeats, warmup, workloads, settings)
-            bar.advance(task, len(models))
+    with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads():
+        with _bar(console, progress) as bar:
+            models, missing = _time_models(client, records, Path(tmp), bar, (repeats, warmup, rounds), settings)
     logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
     rows, machines = _rows(models, logged_cols)
     loads = [x for x in (load_before, _load()) if x is not None]

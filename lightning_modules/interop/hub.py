@@ -168,52 +168,18 @@ def model_card(
     from ablate.lightning_modules.model.classifier import Classifier
 
     classifier = isinstance(model, Classifier)
-    m, where = cfg.model, repo or "PATH/TO/THIS/FOLDER"
+    where = repo or "PATH/TO/THIS/FOLDER"
     family = (
         hf_class.removesuffix("ForSequenceClassification").removesuffix("ForPreTraining").lower() if hf_class else None
     )
-    task = ["text-classification", cfg.finetune.task] if classifier else ["masked-lm"]
-    tags = ["ablate", *task, *([family] if family else [])]
-    pipeline_tag = "text-classification" if classifier else "fill-mask"
-    front = ["---", *(["library_name: transformers", f"pipeline_tag: {pipeline_tag}"] if hf_class else [])]
-    front += ["tags:", *(f"- {t}" for t in tags), "---", ""]
     title = repo.rsplit("/", 1)[-1] if repo else cfg.tracking.run_name or cfg.name
     what = f"a transformers `{hf_class}` checkpoint" if hf_class else "an ablate checkpoint (not a transformers model)"
     name = f"{'An' if family == 'albert' else 'A'} {_FAMILY_NAMES.get(family or '', 'BERT-family')}"
-    lines = [*front, f"# {title}", ""]
+    lines = [*_front_matter(cfg, hf_class, family, classifier), f"# {title}", ""]
     if isinstance(model, Classifier):
         lines += classifier_use(model, cfg, name, what, hf_class, metrics or {}, source, where, labels)
     else:
-        lines += [
-            f"{name} encoder trained with ablate (regime `{cfg.regime}`)"
-            + (f" in {source}" if source else "")
-            + f", exported as {what}.",
-            "",
-            "## Use",
-            "",
-        ]
-        if hf_class:
-            lines += [
-                "```python",
-                "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
-                "",
-                f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
-                f'model = AutoModelForMaskedLM.from_pretrained("{where}")',
-                f'fill = pipeline("fill-mask", model="{where}")',
-                'print(fill("The capital of France is [MASK]."))',
-                "```",
-                "",
-                f"`{hf_class}` loads the sentence head ({'SOP' if family == 'albert' else 'NSP'}) too; "
-                "`AutoModelForSequenceClassification` starts a classifier from the same weights. "
-                "In ablate, a local copy of this folder is a `finetune.source` (fine-tuned with this folder's "
-                "tokenizer) and an `init_from` (pre-training continues; the run's data settings must give "
-                "the same tokenizer).",
-            ]
-            if family == "mobilebert" and m.mlm_head != "mobilebert":
-                lines += [
-                    "",
-                    "Its MLM head is ablate's `factorized` one, approximated in transformers (the encoder is exact).",
-                ]
+        lines += _pretrained_use(cfg, name, what, hf_class, family, source, where)
     if not hf_class:
         loader = "classifier.load_classifier" if classifier else "pretrained.load_pretrained"
         lines += [
@@ -222,21 +188,88 @@ def model_card(
             + ("" if classifier else ", or name the folder as `finetune.source` or `init_from` in an ablate config")
             + (" (`AutoTokenizer.from_pretrained(folder)` loads its tokenizer)." if tokens is not None else "."),
         ]
-    lines += ["", "## Tokenizer", ""]
-    if tokens is not None:
-        origin = (
-            f"the tokenizer of its pre-trained model (`{cfg.finetune.source}`)"
-            if classifier
-            else f"trained on `{cfg.data.corpus}` (first {cfg.data.tokenizer_docs:,} documents)"
-        )
-        lines.append(
-            f"WordPiece, {tokens:,} tokens, {'lowercased' if cfg.data.lowercase else 'cased'}, "
-            f"`model_max_length` {tokenizer_length(cfg, classifier)}; {origin}."
-        )
-    else:
-        lines.append("None saved: use the tokenizer the model was trained with.")
-    lines += [
+    lines += ["", "## Tokenizer", "", _tokenizer_line(cfg, tokens, classifier)]
+    lines += ["", *_size_section(model, cfg)]
+    rows = _metric_rows(metrics or {})
+    if rows:
+        lines += ["", "## Metrics", "", f"Final values logged by {source or 'the run'}.", ""]
+        lines += ["| metric | value |", "|---|---:|", *rows]
+    lines += ["", "## Configuration", "", "```yaml", redact(to_yaml(cfg)).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _front_matter(cfg: ExperimentConfig, hf_class: str | None, family: str | None, classifier: bool) -> list[str]:
+    """The card's YAML front matter: its library and pipeline (a transformers export) and its tags."""
+    task = ["text-classification", cfg.finetune.task] if classifier else ["masked-lm"]
+    tags = ["ablate", *task, *([family] if family else [])]
+    pipeline_tag = "text-classification" if classifier else "fill-mask"
+    front = ["---", *(["library_name: transformers", f"pipeline_tag: {pipeline_tag}"] if hf_class else [])]
+    return [*front, "tags:", *(f"- {t}" for t in tags), "---", ""]
+
+
+def _pretrained_use(
+    cfg: ExperimentConfig,
+    name: str,
+    what: str,
+    hf_class: str | None,
+    family: str | None,
+    source: str | None,
+    where: str,
+) -> list[str]:
+    """What a pre-trained encoder's card says it is, and how to use it (with transformers, and in ablate)."""
+    lines = [
+        f"{name} encoder trained with ablate (regime `{cfg.regime}`)"
+        + (f" in {source}" if source else "")
+        + f", exported as {what}.",
         "",
+        "## Use",
+        "",
+    ]
+    if not hf_class:
+        return lines
+    lines += [
+        "```python",
+        "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+        f'model = AutoModelForMaskedLM.from_pretrained("{where}")',
+        f'fill = pipeline("fill-mask", model="{where}")',
+        'print(fill("The capital of France is [MASK]."))',
+        "```",
+        "",
+        f"`{hf_class}` loads the sentence head ({'SOP' if family == 'albert' else 'NSP'}) too; "
+        "`AutoModelForSequenceClassification` starts a classifier from the same weights. "
+        "In ablate, a local copy of this folder is a `finetune.source` (fine-tuned with this folder's "
+        "tokenizer) and an `init_from` (pre-training continues; the run's data settings must give "
+        "the same tokenizer).",
+    ]
+    if family == "mobilebert" and cfg.model.mlm_head != "mobilebert":
+        lines += [
+            "",
+            "Its MLM head is ablate's `factorized` one, approximated in transformers (the encoder is exact).",
+        ]
+    return lines
+
+
+def _tokenizer_line(cfg: ExperimentConfig, tokens: int | None, classifier: bool) -> str:
+    """The card's line on the tokenizer saved beside the weights (``tokens``: its size; None: none saved)."""
+    if tokens is None:
+        return "None saved: use the tokenizer the model was trained with."
+    origin = (
+        f"the tokenizer of its pre-trained model (`{cfg.finetune.source}`)"
+        if classifier
+        else f"trained on `{cfg.data.corpus}` (first {cfg.data.tokenizer_docs:,} documents)"
+    )
+    return (
+        f"WordPiece, {tokens:,} tokens, {'lowercased' if cfg.data.lowercase else 'cased'}, "
+        f"`model_max_length` {tokenizer_length(cfg, classifier)}; {origin}."
+    )
+
+
+def _size_section(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> list[str]:
+    """The card's size section: the architecture and the counts, as ``ablate params`` counts them."""
+    m = cfg.model
+    return [
         "## Size",
         "",
         "Counted as `ablate params` counts them (backbone = embeddings + encoder; shared layers once).",
@@ -247,12 +280,6 @@ def model_card(
         f"ffn={m.ffn_dim} F={m.num_ffn} sharing={m.sharing} |",
         *_size_rows(model, cfg),
     ]
-    rows = _metric_rows(metrics or {})
-    if rows:
-        lines += ["", "## Metrics", "", f"Final values logged by {source or 'the run'}.", ""]
-        lines += ["| metric | value |", "|---|---:|", *rows]
-    lines += ["", "## Configuration", "", "```yaml", redact(to_yaml(cfg)).rstrip(), "```", ""]
-    return "\n".join(lines)
 
 
 def _size_rows(model: PretrainingModel | Classifier, cfg: ExperimentConfig) -> list[str]:
