@@ -48,6 +48,7 @@ RUN_BY = {
 """Each runs block (page, name) and the test of this module that runs it."""
 SMALL = {"trainer.max_steps": "2", "trainer.val_every": "2", "trainer.val_batches": "1"}
 """The smoke size of a pre-training run or study: two steps, validated once on one batch."""
+needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared test data not found at {SHARED_DATA}")
 
 
 def _of(kind: Kind) -> list[Block]:
@@ -195,6 +196,7 @@ def test_the_first_session_runs_and_prints_where_its_report_is(tmp_path: Path):
     assert embed == ["128", "32"], said[-2000:]  # the file's E, and E overridden on the command line
 
 
+@needs_data
 def test_the_quick_commands_print_what_the_docs_show(tmp_path: Path):
     """Commands of a second or two, each printing the line its page shows (a report before any run in a
     folder without a store; the study checks through the session's data catalog)."""
@@ -213,6 +215,7 @@ def test_the_quick_commands_print_what_the_docs_show(tmp_path: Path):
     assert not (tmp_path / "ablate-runs").exists()  # refused before anything is written
 
 
+@needs_data
 def test_the_data_catalog_examples_run(tmp_path: Path):
     """docs/data.md's catalog over the data here: a shipped study checks and smoke-runs through it; the
     slices read the rows and questions their comments count; the broken catalogs say what the page shows."""
@@ -281,6 +284,7 @@ def _sst2_classifier(folder: Path) -> str:
     return train(build_config(tree)).run_id
 
 
+@needs_data
 def test_the_onnx_export_and_its_snippet_run(tmp_path: Path):
     """The interop page's ONNX export of a fine-tuned SST-2 classifier prints the line the page shows; the
     page's ``## Use`` snippet is the card's, and runs as written from the export's folder (no torch)."""
