@@ -94,8 +94,9 @@ def load_span_model(path: str | Path) -> tuple[ModelConfig, SpanModel]:
     if (folder / "config.json").is_file():
         config = read_json(folder / "config.json")
         assert isinstance(config, dict)  # read_json's expect
-        name = config.get("model_type")
-        if name not in QA_CLASSES or not any(str(a).endswith("ForQuestionAnswering") for a in config["architectures"]):
+        name, found = config.get("model_type"), config.get("architectures")
+        architectures = [str(a) for a in found] if isinstance(found, list) else []
+        if name not in QA_CLASSES or not any(a.endswith("ForQuestionAnswering") for a in architectures):
             raise ConfigError(f"{folder}: not a transformers question-answering checkpoint ({', '.join(QA_CLASSES)})")
         require("transformers.utils.logging", "hf").disable_progress_bar()
         hf = hf_class(name, QA_CLASSES).from_pretrained(str(folder), local_files_only=True)
