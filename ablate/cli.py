@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ablate.process import prepare
 
-    prepare()  # all that ablate changes in its process, once, here (library notes hidden too)
+    prepare(verbose=args.verbose)  # all that ablate changes in its process, once, here (library notes hidden too)
     try:
         code = args.func(args)  # None, or a benchmark's 1 when a target was missed
     except AblateError as exc:

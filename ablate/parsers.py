@@ -274,6 +274,8 @@ def parser() -> Parser:
     for add in (_train, _sweep, _report, _export, _predict):
         add(sub, store)
     _bench(sub)
+    for leaf in leaves(p):  # every command and mode: the library notes ablate hides, shown (ablate.quiet)
+        leaf.add_argument("--verbose", action="store_true", help="also show the library notes ablate hides")
     p.description = f"BERT compression ablations: {', '.join(sub.choices)}."
     return p
 

@@ -13,7 +13,7 @@ from ablate.quiet import hide_library_notes
 from ablate.sweeps.engine import forksafe, interrupt, tracking
 
 
-def prepare(*, signals: bool = True) -> None:
+def prepare(*, signals: bool = True, verbose: bool = False) -> None:
     """Set up this process for ablate's commands:
 
     * SIGINT and SIGTERM end the working run KILLED, with the signal as its reason, and the command
@@ -28,12 +28,16 @@ def prepare(*, signals: bool = True) -> None:
     * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters;
     * the library notes a user reads past hidden (:mod:`ablate.quiet`: torchao's kernel libraries,
       Lightning's tips and its accelerator lines).
+
+    ``verbose`` (``--verbose``) leaves the last three out: every library line shows.
     """
     if signals:
         interrupt.install()
     forksafe.install()
     for key, value in tracking.MLFLOW_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if verbose:
+        return
     for name in tracking.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=UserWarning)

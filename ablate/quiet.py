@@ -1,31 +1,13 @@
-"""Lines libraries print that a user of the ``ablate`` command reads past, and the filters that drop
-them, installed by the command at its start (:func:`hide_library_notes`, called by
-:func:`ablate.process.prepare`); importing an ablate module installs nothing. Each filter drops only its
-own message; everything else those loggers say still shows.
-
-* torchao, on import, logs ``Failed to load .../torchao/_C_mxfp8...so`` (and ``_C_cutlass_90a``) for
-  each CUDA kernel library a machine without that GPU cannot load: nothing is wrong, ablate's
-  quantization runs on the kernels that do load.
-* torch, when torchao registers an enum, logs that registering an Enum subclass is deprecated.
-* Lightning, when a Trainer starts, logs ``💡 Tip: For seamless cloud uploads ...`` (and one for
-  cloud logging): advertisements for its hosted services; ablate logs to MLflow.
-* Lightning, for every Trainer (a run has one per phase: fine-tuning, exits, QAT ...), logs which
-  accelerators exist (``GPU available: ...``, ``TPU available: ...``, ``HPU available: ...``), the
-  devices a CUDA fit sees (``LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [0]``) and that a limit of one
-  batch or the whole set ``was configured so ...``: ablate chose those settings itself, and logs
-  where each run trained (``measure.device``); that a fit ``stopped: `max_steps=N` reached`` (the
-  status line of the run's next phase follows), that it is restoring a checkpoint (the phase's status
-  line names it); and ``Detected KeyboardInterrupt, attempting graceful
-  shutdown`` (or ``Received SIGTERM``) when a signal stops a fit: ablate says which signal it was and
-  what resumes the run.
-"""
+"""The library notes the ``ablate`` command hides, each by an exact filter (:data:`HIDDEN`: a logger and the
+message it drops; everything else that logger says still shows), installed at the command's start unless
+``--verbose`` (:func:`hide_library_notes`, called by :func:`ablate.process.prepare`); importing ablate installs
+nothing. Which notes and why: docs/development.md, "Quiet by default, complete with --verbose"."""
 
 from __future__ import annotations
 
 import logging
 import re
 
-#: Logger name -> the message it stops showing (a regular expression searched in the message).
 LIGHTNING = (
     r"^(💡 Tip: For seamless cloud|[GTH]PU available: |`Trainer\(\w+=[\d.]+\)` was configured so "
     r"|\s*Detected KeyboardInterrupt, attempting graceful shutdown|`Trainer.fit` stopped: `max_steps=\d+` reached"
@@ -33,15 +15,22 @@ LIGHTNING = (
 )
 """Lightning's notes: its cloud tips, the accelerators it found, the batch limits it was given, and its
 Ctrl-C line (ablate says which signal stopped a run, and what resumes it)."""
+#: Logger name -> the message it stops showing (a regular expression searched in the message).
 HIDDEN: dict[str, str] = {
+    # on import, per CUDA kernel library a machine without that GPU cannot load; the others serve
     "torchao": r"^Failed to load \S*torchao[/\\]_C\w*\.\S*so\b",
+    # on import: torchao registers an enum (a deprecation of torch's, nothing of ablate's)
     "torch.utils._pytree": r"is an Enum subclass and is now natively supported",
+    # every Trainer: cloud tips, accelerators, batch limits ablate set, max_steps reached, restoring, Ctrl-C
     "lightning.pytorch.utilities.rank_zero": LIGHTNING,
     "lightning.fabric.utilities.rank_zero": LIGHTNING,
     "lightning_utilities.core.rank_zero": LIGHTNING,  # whichever Lightning set last
+    # a CUDA fit's devices: the run logs measure.device
     "lightning.pytorch.accelerators.cuda": r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: ",
+    # a signal: ablate says which signal stopped the run and what resumes it
     "lightning.pytorch.trainer.connectors.signal_connector": r"Received SIGTERM: ",
-    "root": r"^Please consider (to run )?pre-processing before quantization",  # onnxruntime's, on --quantize
+    # onnxruntime's quantizer, on every export --quantize: ablate checks the quantized model on dev rows
+    "root": r"^Please consider (to run )?pre-processing before quantization",
 }
 
 

@@ -52,3 +52,21 @@ def test_onnxruntime_pre_processing_advice_is_hidden_and_other_root_warnings_are
     assert "Please consider" in _stderr(advice)
     hidden = _stderr(HIDE + advice)
     assert "Please consider" not in hidden and "a real warning" in hidden
+
+
+def test_every_command_and_mode_takes_verbose() -> None:
+    from ablate.parsers import leaves, parser
+
+    assert [leaf.prog for leaf in leaves(parser()) if "--verbose" not in leaf._option_string_actions] == []
+
+
+@pytest.mark.parametrize(("verbose", "installed"), [(False, "True"), (True, "False")])
+def test_verbose_installs_no_filter(verbose: bool, installed: str) -> None:
+    """``--verbose`` (``prepare(verbose=True)``): no note filtered, so every library line shows."""
+    code = (
+        f"from ablate.process import prepare; prepare(signals=False, verbose={verbose}); import logging; "
+        "from ablate.quiet import HIDDEN, DropMessage; "
+        "print(any(isinstance(f, DropMessage) for n in HIDDEN for f in logging.getLogger(n).filters))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == installed
