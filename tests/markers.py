@@ -53,6 +53,14 @@ E2E: Table = {
     ),
     "sweeps/test_sweep_e2e.py": None,
     "sweeps/test_task_teachers.py": ("test_a_task_teacher_is_the_study_model_fine_tuned_once",),
+    "test_quiet_commands.py": (  # every kind of command, each a process, on one store
+        "test_a_command_prints_no_library_note",
+        "test_verbose_shows_the_notes_that_are_hidden_otherwise",
+    ),
+    "test_readme_table.py": (  # the quickstart study swept and reported at its smallest
+        "test_the_readme_table_has_the_reports_columns_rows_and_counted_cells",
+        "test_the_readme_shows_what_ablate_report_prints",
+    ),
 }
 """Tests of several processes, servers, or whole studies."""
 
