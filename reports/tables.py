@@ -34,7 +34,7 @@ SPREAD_LIMIT = 0.10
 SPREAD_MARK = "†"
 SPREAD_NOTE = (
     f"{SPREAD_MARK} spread over {SPREAD_LIMIT * 100:.0f} % between repeats: the machine was busy; "
-    "rerun with --remeasure on a quiet machine"
+    "rerun ablate report on a quiet machine (it times every model again)"
 )
 #: A metric ``m`` whose runs also logged ``m_reference`` (the time of a fixed reference workload run
 #: beside its repeats; ``ablate.lightning_modules.measure.reference_load``) gets :data:`REFERENCE_MARK` on
@@ -47,7 +47,8 @@ REFERENCE_MARK = "‡"
 MEASURED_ON = "measure.device"  # ablate.lightning_modules.measure.accounting.MEASURED_ON
 REFERENCE_NOTE = (
     f"{REFERENCE_MARK} measured while a fixed reference workload ran over {REFERENCE_LIMIT:g}x slower than beside "
-    "the table's quietest run: the machine was busy; rerun with --remeasure on a quiet machine"
+    "the table's quietest run: the machine was busy; rerun ablate report on a quiet machine (it times every "
+    "model again)"
 )
 
 
