@@ -144,11 +144,13 @@ def _options(command: argparse.ArgumentParser) -> set[str]:
 
 def test_the_command_lists_name_every_command_and_option():
     """Every command and mode (``ablate sweep check``, ``ablate bench loop``) has a line in the README's and
-    the overview's command list, and its lines name every option its ``--help`` lists and no other."""
+    the overview's command list, and its lines name every option its ``--help`` lists and no other; an option
+    every command has (``--verbose``) is said once, beside the list, instead of on every line."""
     from ablate.parsers import leaves, parser
 
     lists = _command_lists()
     assert set(lists) == {README, DOCS / "index.md"}, "a command list (starting 'ablate --version') is gone"
+    shared = set.intersection(*(_options(command) for command in leaves(parser())))
     for page, block in lists.items():
         given: dict[str, set[str]] = {}
         for line in block.replace("\n ", " ").splitlines():  # a line that starts with spaces goes on the last
@@ -156,7 +158,10 @@ def test_the_command_lists_name_every_command_and_option():
                 given.setdefault(command.prog, set()).update(options)
         for command in leaves(parser()):
             assert command.prog in given, f"{page.name}: no line for {command.prog}"
-            assert given[command.prog] == _options(command), f"{page.name}: {command.prog} lists other options"
+            listed = _options(command) - shared
+            assert given[command.prog] == listed, f"{page.name}: {command.prog} lists other options"
+        after = page.read_text(encoding="utf-8").split(block, 1)[1].split("\n\n", 2)[1]
+        assert all(f"`{option}`" in after for option in shared), f"{page.name}: the list is not followed by {shared}"
 
 
 _SHELL = re.compile(r"^(?:\$ )?(?:[A-Z_0-9]+=\S* )*(?:\.venv/bin/)?(ablate .*?)\s*(?:#.*)?$")
