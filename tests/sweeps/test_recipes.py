@@ -6,6 +6,7 @@ mapping ``bert-base-uncased`` to a tiny BERT written locally."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,10 @@ def test_a_recipe_checks_out_with_the_catalogs_copy_of_its_checkpoint(name, tmp_
     cfg = load_config(RECIPES / f"{name}.yaml")
     names = {cfg.distill.teacher, cfg.data.tokenizer, cfg.finetune.source} - {None}
     assert names == {"bert-base-uncased"}
-    (tmp_path / "bert").mkdir()
+    folder = write_checkpoint(tmp_path / "bert", layers=4, hidden=128)  # where the catalog says (its files are read)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["max_position_embeddings"] = 512  # as the public checkpoint: the recipes read 128 tokens
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     monkeypatch.setenv(ENV, str(_catalog(tmp_path, "bert")))
     check_run(cfg, None, None)  # what sweep --check and ablate train check first
     monkeypatch.setenv(ENV, str(_catalog(tmp_path, "gone")))
