@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 
 from ablate.quiet import hide_library_notes
 from ablate.sweeps.engine import forksafe, interrupt, tracking
@@ -25,11 +24,11 @@ def prepare(*, signals: bool = True, verbose: bool = False) -> None:
     * MLflow's HTTP retries and timeout short unless the user set them (a dead server fails fast), and
       its background logging batched by the second (a run ends without waiting on its idle poll);
     * INFO lines of database migrations and MLflow's tracking-URI notices hidden;
-    * library warnings (``UserWarning``, ``FutureWarning``) hidden: ablate's own checks say what matters;
-    * the library notes a user reads past hidden (:mod:`ablate.quiet`: torchao's kernel libraries,
-      Lightning's tips and its accelerator lines).
+    * the library notes and warnings a user reads past hidden, each by an exact filter (:mod:`ablate.quiet`:
+      torchao's kernel libraries, Lightning's tips and its accelerator lines, torch's deprecation notes to
+      Lightning); every other warning shows.
 
-    ``verbose`` (``--verbose``) leaves the last three out: every library line shows.
+    ``verbose`` (``--verbose``) leaves the last two out: every library line shows.
     """
     if signals:
         interrupt.install()
@@ -40,6 +39,4 @@ def prepare(*, signals: bool = True, verbose: bool = False) -> None:
         return
     for name in tracking.QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
     hide_library_notes()

@@ -1,5 +1,5 @@
 """The library notes the ``ablate`` command hides, each by an exact filter (:data:`HIDDEN`: a logger and the
-message it drops; everything else that logger says still shows), installed at the command's start unless
+message it drops; :data:`WARNINGS`: a warning's category and message), installed at the command's start unless
 ``--verbose`` (:func:`hide_library_notes`, called by :func:`ablate.process.prepare`); importing ablate installs
 nothing. Which notes and why: docs/development.md, "Quiet by default, complete with --verbose"."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 
 LIGHTNING = (
     r"^(💡 Tip: For seamless cloud|[GTH]PU available: |`Trainer\(\w+=[\d.]+\)` was configured so "
@@ -45,8 +46,20 @@ class DropMessage(logging.Filter):
         return self.pattern.search(record.getMessage()) is None
 
 
+WARNINGS: tuple[tuple[type[Warning], str], ...] = (
+    # Lightning flattens batches with torch's deprecated LeafSpec: torch's note to Lightning, not to a user
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    # a run's frozen teacher (and a quantized model's observers) stay in eval mode while the student trains
+    (UserWarning, r"Found \d+ module\(s\) in eval mode at the start of training"),
+)
+"""Library warnings the command hides: (category, the start of the message); every other warning shows."""
+
+
 def hide_library_notes() -> None:
-    """Install the :data:`HIDDEN` filters on their loggers (once: calling again adds none)."""
+    """Install the :data:`HIDDEN` filters on their loggers (once: calling again adds none) and the
+    :data:`WARNINGS` filters."""
+    for category, message in WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
     for name, pattern in HIDDEN.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropMessage) and f.pattern.pattern == pattern for f in logger.filters):
