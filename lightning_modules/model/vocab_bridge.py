@@ -24,7 +24,8 @@ def own_vocabulary(student: ModelConfig, teacher: ModelConfig) -> bool:
     if student.vocab_size > teacher.vocab_size:
         raise ConfigError(
             f"model.vocab_size: the student's vocabulary ({student.vocab_size}) is larger than the teacher's "
-            f"({teacher.vocab_size}); a student with its own vocabulary must have a smaller one"
+            f"({teacher.vocab_size}); a student with its own vocabulary must have a smaller one, and "
+            f"model.vocab_size={teacher.vocab_size} shares the teacher's"
         )
     return student.vocab_size < teacher.vocab_size
 
