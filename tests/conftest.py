@@ -89,6 +89,25 @@ def wiki_validation() -> Path:
     return path
 
 
+@pytest.fixture()
+def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wiki_validation: Path) -> Path:
+    """A test's own working directory (a refusal must leave it empty), with the data catalog's variable
+    restored after the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(CATALOG_ENV, os.environ.get(CATALOG_ENV, ""))
+    return tmp_path
+
+
+def one_error(code: int, err: str, ignore: tuple[str, ...] = ()) -> str:
+    """The one ``error:`` line a refused command printed (exit status 2, no traceback); lines holding one of
+    ``ignore`` are not counted."""
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip() and not any(word in line for word in ignore)]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err, err
+    return lines[0]
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models on a shared 2-core CPU: one thread is as fast, and far faster when the cores are

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from tests.conftest import CATALOG_ENV, SHARED_DATA
+from tests.conftest import CATALOG_ENV, SHARED_DATA, one_error
 from tests.sweeps.conftest import tiny_base
 
 WIKI = SHARED_DATA / "wiki-en" / "validation-00-of-01.jsonl.gz"
@@ -216,23 +216,6 @@ CASES: dict[str, tuple[Make, str]] = {
 }
 
 
-@pytest.fixture()
-def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Path:
-    if not WIKI.is_file():
-        pytest.skip(f"shared test data not found at {WIKI}")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(CATALOG_ENV, os.environ.get(CATALOG_ENV, ""))  # restored after the test
-    return tmp_path
-
-
-def _one_error(code: int, err: str) -> str:
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err, err
-    return lines[0]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_class_of_bad_input_is_one_line_and_creates_nothing(case, fresh, capsys):
     make, needle = CASES[case]
@@ -242,7 +225,7 @@ def test_each_class_of_bad_input_is_one_line_and_creates_nothing(case, fresh, ca
     start = time.monotonic()
     code = main(argv)
     elapsed = time.monotonic() - start
-    line = _one_error(code, capsys.readouterr().err)
+    line = one_error(code, capsys.readouterr().err)
     assert needle.replace("TMP", str(fresh)) in line, line
     assert elapsed < 10, f"took {elapsed:.1f} s to say so"
     assert sorted(p.name for p in fresh.iterdir()) == before, "something was created"
@@ -255,7 +238,7 @@ def test_an_error_names_the_searched_value_that_breaks_the_rule_not_one_beside_i
         fresh, search={"model.sharing": {"choices": ["all", "none"]}, "model.num_heads": {"choices": [2, 4, 3]}}
     )
     code = main(["sweep", "--check", str(_write(fresh, study, "study.yaml"))])
-    line = _one_error(code, capsys.readouterr().err)
+    line = one_error(code, capsys.readouterr().err)
     assert "search.model.num_heads=3: model.num_heads: hidden_dim 32 is not divisible by num_heads 3" in line, line
     assert "sharing" not in line and "=2" not in line and "=4" not in line, line
 
@@ -326,7 +309,7 @@ def test_a_study_whose_search_changed_since_its_trials_ran_is_named_before_anyth
     tree = _study_tree(fresh, **{"sampler": "random" if "n_trials" in changes else "grid", **changes})
     capsys.readouterr()
     code = main(["sweep", str(_write(fresh, tree, "study.yaml"))])
-    line = _one_error(code, capsys.readouterr().err)
+    line = one_error(code, capsys.readouterr().err)
     assert needle.replace("TMP", str(fresh)) in line, line
     assert "give the study a new name (name:) or another store (--storage)" in line, line
     (summary,) = optuna.get_all_study_summaries(url)
@@ -389,5 +372,5 @@ def test_a_rule_between_two_fields_names_the_one_the_config_set(case, fresh, cap
     overrides, needle, not_named = BLAMED[case]
     cfg = _write(fresh, "model: {preset: albert-tiny}\n", "cfg.yaml")  # 4 heads of H 128
     code = main(["params", str(cfg), *overrides])
-    line = _one_error(code, capsys.readouterr().err)
+    line = one_error(code, capsys.readouterr().err)
     assert needle in line and not_named not in line, line

@@ -13,7 +13,6 @@ one line ``error: ...`` naming the file and the field, nothing created (no store
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from ablate.lightning_modules.config.jsonio import JsonProblem, parse_json, read
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.interop.export import export
 from ablate.lightning_modules.model.heads import build_pretraining_model
-from tests.conftest import CATALOG_ENV, SHARED_DATA
+from tests.conftest import SHARED_DATA, one_error
 from tests.sweeps.conftest import tiny_base
 
 WIKI = SHARED_DATA / "wiki-en" / "validation-00-of-01.jsonl.gz"
@@ -262,23 +261,6 @@ CASES: dict[str, tuple[Make, str]] = {
 }
 
 
-@pytest.fixture()
-def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    if not WIKI.is_file():
-        pytest.skip(f"shared test data not found at {WIKI}")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(CATALOG_ENV, os.environ.get(CATALOG_ENV, ""))  # restored after the test
-    return tmp_path
-
-
-def _one_error(code: int, err: str) -> str:
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if line.strip() and "torchao" not in line and "_pytree" not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err, err
-    return lines[0]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_bad_file_is_one_line_naming_file_and_field_and_creates_nothing(case, fresh, source, capsys):
     make, needle = CASES[case]
@@ -286,7 +268,7 @@ def test_each_bad_file_is_one_line_naming_file_and_field_and_creates_nothing(cas
     before = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*"))
     capsys.readouterr()
     code = main(argv)
-    line = _one_error(code, capsys.readouterr().err)
+    line = one_error(code, capsys.readouterr().err, ignore=("torchao", "_pytree"))
     assert needle.replace("TMP-SOURCE", str(source)).replace("TMP", str(fresh)) in line, line
     after = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*"))
     assert after == before, f"created: {sorted(set(after) - set(before))}"
