@@ -5,6 +5,7 @@ data catalog's model entry or a hub name; and the checks that they fit the run (
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,44 +256,68 @@ def _local_folder(name: str) -> Path | None:
     return folder if folder is not None and folder.is_dir() else None
 
 
-def _fits(cfg: ExperimentConfig, field: str, m: ModelConfig, name: str) -> None:
-    """What the method ``field`` names a source for asks of the source's shape ``m``."""
-    if field == "init_from":
-        check_architecture(cfg, m)
-    if field == "prune.source":
-        if cfg.prune.method != "fewer-layers":
-            try:
-                check_supported(m)
-            except ConfigError as exc:
-                raise ConfigError(f"prune.source: {exc}") from None
-        have, want = backbone_params(m), cfg.prune.target_params(backbone_params(m))
-        if want >= have:
-            raise ConfigError(
-                f"prune.target: {cfg.prune.target:g} is {want} backbone parameters, but {name} has {have}: a "
-                "pruning target is below the source's size (a count, or a fraction of it below 1)"
-            )
-    if field in ("prune.source", "quant.source") and m.position == "learned" and m.max_position < cfg.data.max_length:
+def _positions(cfg: ExperimentConfig, field: str, m: ModelConfig, name: str) -> None:
+    """The source has positions for the ``data.max_length`` tokens a pruning or quantization run reads."""
+    if m.position == "learned" and m.max_position < cfg.data.max_length:
         raise ConfigError(
             f"{field}: {name} has {m.max_position} positions (its model.max_position), fewer than data.max_length "
             f"{cfg.data.max_length}"
         )
-    if field == "finetune.source":
-        f = cfg.finetune
-        if m.position == "learned" and m.max_position < f.max_length:
-            raise ConfigError(
-                f"finetune.max_length: {f.max_length} is more than the {m.max_position} positions of {field} {name} "
-                f"(its model.max_position); at most {m.max_position}"
-            )
-        if f.exits and m.num_layers < 2:
-            raise ConfigError(
-                f"finetune.exits: {field} {name} has {m.num_layers} layer, and FastBERT's exits sit after every "
-                "layer but the last"
-            )
-    if field in ("quant.source", "finetune.source"):
+
+
+def _group_size(cfg: ExperimentConfig, field: str, m: ModelConfig) -> None:
+    try:
+        check_group_size(cfg.quant, m)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (the model of {field})") from None
+
+
+def _fits_init(cfg: ExperimentConfig, m: ModelConfig, name: str) -> None:
+    check_architecture(cfg, m)
+
+
+def _fits_prune(cfg: ExperimentConfig, m: ModelConfig, name: str) -> None:
+    if cfg.prune.method != "fewer-layers":
         try:
-            check_group_size(cfg.quant, m)
-        except ValueError as exc:
-            raise ConfigError(f"{exc} (the model of {field})") from None
+            check_supported(m)
+        except ConfigError as exc:
+            raise ConfigError(f"prune.source: {exc}") from None
+    have, want = backbone_params(m), cfg.prune.target_params(backbone_params(m))
+    if want >= have:
+        raise ConfigError(
+            f"prune.target: {cfg.prune.target:g} is {want} backbone parameters, but {name} has {have}: a "
+            "pruning target is below the source's size (a count, or a fraction of it below 1)"
+        )
+    _positions(cfg, "prune.source", m, name)
+
+
+def _fits_quant(cfg: ExperimentConfig, m: ModelConfig, name: str) -> None:
+    _positions(cfg, "quant.source", m, name)
+    _group_size(cfg, "quant.source", m)
+
+
+def _fits_finetune(cfg: ExperimentConfig, m: ModelConfig, name: str) -> None:
+    f = cfg.finetune
+    if m.position == "learned" and m.max_position < f.max_length:
+        raise ConfigError(
+            f"finetune.max_length: {f.max_length} is more than the {m.max_position} positions of finetune.source "
+            f"{name} (its model.max_position); at most {m.max_position}"
+        )
+    if f.exits and m.num_layers < 2:
+        raise ConfigError(
+            f"finetune.exits: finetune.source {name} has {m.num_layers} layer, and FastBERT's exits sit after "
+            "every layer but the last"
+        )
+    _group_size(cfg, "finetune.source", m)
+
+
+FITS: Mapping[str, Callable[[ExperimentConfig, ModelConfig, str], None]] = {
+    "init_from": _fits_init,
+    "prune.source": _fits_prune,
+    "quant.source": _fits_quant,
+    "finetune.source": _fits_finetune,
+}
+"""Each source field -> what its method asks of the source's shape (the source read from its config files)."""
 
 
 def check_sources_fit(cfg: ExperimentConfig) -> None:
@@ -318,4 +343,4 @@ def check_sources_fit(cfg: ExperimentConfig) -> None:
             model = folder_model(folder)
         except ConfigError as exc:
             raise ConfigError(f"{field}: {exc}") from None
-        _fits(cfg, field, model, name)
+        FITS[field](cfg, model, name)
