@@ -6,9 +6,10 @@ the answer's tokens or [CLS] (docs/guides/squad.md, "Data" and "Windows and answ
 from __future__ import annotations
 
 import gzip
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -86,7 +87,19 @@ def _open(path: str) -> TextIO:
 
 def _read_file(path: str, part: Slice | None = None) -> list[Question]:
     """A local file: the official JSON, a JSON list of flat rows, or JSON lines of flat rows; ``part``
-    the data catalog's slice of it (articles of the official JSON, or rows: questions), else SliceError."""
+    the data catalog's slice of it (articles of the official JSON, or rows: questions), else SliceError.
+    Parsed once per process while the file is unchanged (a study's runs read the same dev set)."""
+    stat = os.stat(path)
+    return list(_parsed(path, stat.st_size, stat.st_mtime_ns, part))
+
+
+@lru_cache(maxsize=4)
+def _parsed(path: str, size: int, mtime_ns: int, part: Slice | None) -> tuple[Question, ...]:
+    """:func:`_read_file`'s questions, kept by the file's path, size and modification time (errors are not kept)."""
+    return tuple(_parse_file(path, part))
+
+
+def _parse_file(path: str, part: Slice | None) -> list[Question]:
     with _open(path) as fh:
         text = fh.read()
     tree: Any = parse_squad(text)  # as parsed: a malformed file raises KeyError or TypeError (read_questions)

@@ -6,11 +6,13 @@ keeps its classifier the same way (:func:`ablate.lightning_modules.interop.class
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -230,20 +232,38 @@ def _load_run(
         raise _a_classifier(run_id, params.get("finetune.source"))
     if not {WEIGHTS, "config.yaml"} <= names:
         raise ConfigError(f"run {run_id}: saved no weights (no {ARTIFACT}/{WEIGHTS} artifact)")
+    finished = run.info.status == "FINISHED" and run.info.end_time is not None
+    cfg, model = _finished_run(uri, run_id, run.info.end_time) if finished else _download(client, run_id)
+    if want == "classifier" and cfg.regime != "finetune":
+        raise _not_a_classifier(run_id, cfg.regime or "pretrain")
+    if want == "pretrained" and cfg.regime == "finetune":
+        raise _a_classifier(run_id, cfg.finetune.source)
+    return cfg, copy.deepcopy(model)  # the caller's own: it trains it
+
+
+Loaded = tuple[ExperimentConfig, PretrainingModel | Classifier | SpanModel]
+
+
+@lru_cache(maxsize=2)
+def _finished_run(uri: str, run_id: str, end_time: int) -> Loaded:
+    """A finished run's saved model, downloaded once per process (a study's tasks and seeds each start from
+    their trial's pre-trained run); kept by its end time, which a resumed run's new end changes."""
+    return _download(store(uri), run_id)
+
+
+def _download(client: MlflowClient, run_id: str) -> Loaded:
+    """The config and model a run saved, built without drawing from torch's random generator (a model read
+    from a cache or downloaded leaves the run's random numbers where they were: the same numbers either way)."""
     tmp = tempfile.mkdtemp(prefix="ablate-weights-")
     try:
-        with tracking.quiet_downloads():  # a run's model: no progress bar between the run's status lines
+        with tracking.quiet_downloads(), torch.random.fork_rng(devices=[]):  # no progress bar; no draws
             local = Path(client.download_artifacts(run_id, ARTIFACT, tmp))
-        cfg = load_config(local / "config.yaml")
-        if want == "classifier" and cfg.regime != "finetune":
-            raise _not_a_classifier(run_id, cfg.regime or "pretrain")
-        if want == "pretrained" and cfg.regime == "finetune":
-            raise _a_classifier(run_id, cfg.finetune.source)
-        model: PretrainingModel | Classifier | SpanModel
-        if cfg.regime == "finetune" and cfg.finetune.kind == "span":  # a span task's model (SQuAD)
-            _, model = load_span_model(local)
-        else:
-            _, model = load_classifier(local) if cfg.regime == "finetune" else load_pretrained(local)
+            cfg = load_config(local / "config.yaml")
+            model: PretrainingModel | Classifier | SpanModel
+            if cfg.regime == "finetune" and cfg.finetune.kind == "span":  # a span task's model (SQuAD)
+                _, model = load_span_model(local)
+            else:
+                _, model = load_classifier(local) if cfg.regime == "finetune" else load_pretrained(local)
     except MlflowException as exc:
         raise StorageError(f"run {run_id}: cannot download its {ARTIFACT}/ artifacts ({exc.message})") from None
     finally:

@@ -116,6 +116,26 @@ def test_flat_rows_read_as_the_official_json(files, tmp_path):
     assert any(not q.answers for q in questions)
 
 
+def test_a_file_is_parsed_once_while_it_is_unchanged_and_again_once_it_changes(files, tmp_path, monkeypatch):
+    """A study's runs read one dev file: parsed once per process; a file written anew is read anew."""
+    from ablate.datamodules import squad
+
+    path = tmp_path / "dev.json"
+    path.write_text(files["v1"].read_text(encoding="utf-8"), encoding="utf-8")
+    parsed = []
+    real = squad._parse_file
+    monkeypatch.setattr(squad, "_parse_file", lambda p, part: parsed.append(p) or real(p, part))
+    src = resolve_task("finetune.train", str(path))
+    first = read_questions(src, None, no_answer=False)
+    again = read_questions(src, 3, no_answer=False)
+    assert parsed == [str(path)] and again == first[:3]
+    tree = json.loads(path.read_text(encoding="utf-8"))
+    tree["data"] = tree["data"][:1]
+    path.write_text(json.dumps(tree), encoding="utf-8")  # another size: read anew
+    changed = read_questions(src, None, no_answer=False)
+    assert len(parsed) == 2 and 0 < len(changed) < len(first)
+
+
 def test_the_catalog_names_squad_by_its_hub_name():
     src = resolve_task("finetune.validation", "rajpurkar/squad", None, "validation")
     if not src.files:
