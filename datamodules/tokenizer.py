@@ -57,8 +57,11 @@ def special_ids(tokenizer: Tokenizer) -> SpecialIds:
 
 def cache_root(data: DataConfig) -> Path:
     """The cache folder: ``data.cache_dir``, else ``$ABLATE_CACHE``, else ``~/.cache/ablate``."""
-    if data.cache_dir is not None:
-        return Path(data.cache_dir).expanduser()
+    return Path(data.cache_dir).expanduser() if data.cache_dir is not None else default_cache_root()
+
+
+def default_cache_root() -> Path:
+    """ablate's cache folder where a config names none: ``$ABLATE_CACHE``, else ``~/.cache/ablate``."""
     env = os.environ.get("ABLATE_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ablate"
 
