@@ -179,7 +179,8 @@ def test_sigkill_in_a_later_phase_of_a_pruning_trial_then_rerun_resumes_in_that_
     )
     raw = yaml.safe_load(study.read_text())
     raw["base"]["model"] = model
-    raw["base"]["prune"] = {"method": "schubert-all", "rounds": 2, "gate_steps": 16, "finetune_steps": 16}
+    # the third phase (gates): 48 steps, checkpointed from step 5 on, a window a busy machine's poll does not miss
+    raw["base"]["prune"] = {"method": "schubert-all", "rounds": 2, "gate_steps": 48, "finetune_steps": 16}
     study.write_text(yaml.safe_dump(raw, sort_keys=False))
     checkpoints = tmp_path / "runs" / "checkpoints"
     # killed once the second phase has ended and the third has checkpointed (its first validation)
