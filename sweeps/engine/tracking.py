@@ -156,25 +156,19 @@ def new_sqlite_store(uri: str) -> None:
     if path.exists():
         return
     template = empty_store()
-    if template is None or not path.parent.is_dir() and not _made(path.parent):
+    if template is None:
         return
     copy = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(template, copy)
         with suppress(FileExistsError):
             os.link(copy, path)  # fails where the store exists: a second worker starting the same study
     except OSError:
         return  # MLflow makes it, or says why it cannot
     finally:
-        copy.unlink(missing_ok=True)
-
-
-def _made(folder: Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return True
+        with suppress(OSError):  # not there, or its folder could not be made
+            copy.unlink(missing_ok=True)
 
 
 @cache

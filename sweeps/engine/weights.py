@@ -214,9 +214,10 @@ def _a_classifier(run_id: str, source: object) -> ConfigError:
     )
 
 
-def _load_run(
-    uri: str, run_id: str, want: Literal["pretrained", "classifier", "any"]
-) -> tuple[ExperimentConfig, PretrainingModel | Classifier | SpanModel]:
+Loaded = tuple[ExperimentConfig, PretrainingModel | Classifier | SpanModel]
+
+
+def _load_run(uri: str, run_id: str, want: Literal["pretrained", "classifier", "any"]) -> Loaded:
     """The config and model run ``run_id`` saved with :func:`log_weights`; ``want`` refuses the other kind."""
     client = store(uri)
     try:
@@ -233,15 +234,16 @@ def _load_run(
     if not {WEIGHTS, "config.yaml"} <= names:
         raise ConfigError(f"run {run_id}: saved no weights (no {ARTIFACT}/{WEIGHTS} artifact)")
     finished = run.info.status == "FINISHED" and run.info.end_time is not None
-    cfg, model = _finished_run(uri, run_id, run.info.end_time) if finished else _download(client, run_id)
+    if finished:  # the process's copy: the caller gets one of its own (it trains it)
+        cfg, kept = _finished_run(uri, run_id, run.info.end_time)
+        model = copy.deepcopy(kept)
+    else:
+        cfg, model = _download(client, run_id)
     if want == "classifier" and cfg.regime != "finetune":
         raise _not_a_classifier(run_id, cfg.regime or "pretrain")
     if want == "pretrained" and cfg.regime == "finetune":
         raise _a_classifier(run_id, cfg.finetune.source)
-    return cfg, copy.deepcopy(model)  # the caller's own: it trains it
-
-
-Loaded = tuple[ExperimentConfig, PretrainingModel | Classifier | SpanModel]
+    return cfg, model
 
 
 @lru_cache(maxsize=2)
