@@ -203,6 +203,15 @@ def test_help_and_config_errors_answer_without_torch(tmp_path: Path, args: list[
         assert done.stderr.strip().startswith("error: "), done.stderr
 
 
+def test_params_counts_without_lightning(tmp_path: Path) -> None:
+    """``ablate params`` builds the model and counts it: torch, but not Lightning (seconds of imports)."""
+    script = _NO_TORCH.replace('"torch imported" if "torch"', '"lightning imported" if "lightning"')
+    script = script.replace('"no torch"', '"no lightning"')
+    done = subprocess.run([sys.executable, "-c", script, "params", "albert-tiny"], capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "no lightning 0", done.stdout + done.stderr
+    assert "backbone" in done.stdout
+
+
 def _reading_path() -> list[tuple[str, str]]:
     """docs/development.md's "Reading one fine-tuning run" table: (file, the first name it says to read)."""
     text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")

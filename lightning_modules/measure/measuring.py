@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
 
 FIRST_ID = 5  # ids below are special tokens ([PAD], [CLS], ...): never drawn
 
@@ -69,6 +68,8 @@ def autocast_for(precision: str, device: torch.device) -> AbstractContextManager
     on ``device``: Lightning's own :class:`MixedPrecision` context for ``bf16-mixed`` and
     ``16-mixed`` (``torch.autocast`` to bf16 / fp16, no cast cache), nothing for ``32-true``."""
     if precision in ("bf16-mixed", "16-mixed"):
+        from lightning.pytorch.plugins.precision import MixedPrecision  # here: Lightning's import costs seconds
+
         return MixedPrecision(precision, device=device.type).forward_context()  # type: ignore[arg-type]
     return nullcontext()
 
