@@ -1,6 +1,7 @@
-"""Every kind of ``ablate`` command, run as a user runs it (a subprocess, at the smallest size, one store
+"""Every kind of ``ablate`` command, run as a user runs it (a process of its own, at the smallest size, one store
 shared by all), prints no library warning or note but those :data:`ALLOWED` lists; ``--verbose`` shows
-the notes :mod:`ablate.quiet` hides (docs/development.md, "Quiet by default")."""
+the notes :mod:`ablate.quiet` hides (docs/development.md, "Quiet by default"). The training commands start new
+interpreters (what the libraries print as they are imported); the others are forked (tests/forked.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
+from tests import forked
 from tests.conftest import SHARED_DATA
 from tests.sweeps.conftest import tiny_base
 
@@ -36,19 +39,29 @@ ALLOWED: tuple[re.Pattern[str], ...] = ()
 HIDDEN_NOTE = "GPU available: "
 
 
-def _ablate(cwd: Path, *args: str) -> str:
-    """Run ``python -m ablate ARGS`` in ``cwd``; its stdout and stderr together (exit status 0 asserted)."""
+def _ablate(cwd: Path, *args: str, fresh: bool = False) -> str:
+    """Run ``ablate ARGS`` in ``cwd``; its stdout and stderr together (exit status 0 asserted). ``fresh``: in a
+    new interpreter (``python -m ablate``), which prints what torch, Lightning and MLflow print as they are
+    imported; otherwise in a process forked from one that imported them already (tests/forked.py), which
+    prints everything else a command prints (every other module is imported by the command)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "ablate", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    if fresh:
+        done = subprocess.run(
+            [sys.executable, "-m", "ablate", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    else:
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as out:
+            proc = forked.popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            code = proc.wait(timeout=600)
+            out.seek(0)
+            done = subprocess.CompletedProcess(args, code, out.read())
     assert done.returncode == 0, f"ablate {' '.join(args)} ended {done.returncode}:\n{done.stdout}"
     return done.stdout
 
@@ -79,7 +92,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory, wiki_validation: Path) -> 
     base["optim"]["warmup_steps"] = 1
     run = _write(tmp / "run.yaml", base)
     out: dict[str, str] = {"params": _ablate(tmp, "params", "albert-tiny", "model.sharing=none")}
-    out["train"] = _ablate(tmp, "train", str(run), "--tracking-uri", uri)
+    out["train"] = _ablate(tmp, "train", str(run), "--tracking-uri", uri, fresh=True)
     source = _run_id(out["train"])
     rows = (SST2 / "train.tsv").read_text(encoding="utf-8").splitlines()[:129]  # header + 128 rows
     (tmp / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
@@ -97,7 +110,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory, wiki_validation: Path) -> 
     onnx = ("--format", "onnx", "--quantize", "dynamic-int8", "--tracking-uri", uri)
     out["export"] = _ablate(tmp, "export", tuned_id, str(tmp / "onnx"), *onnx)
     out["bench"] = _ablate(tmp, "bench", "train", "--case", "micro", "--steps", "2", "--device", "cpu")
-    out["verbose"] = _ablate(tmp, "train", str(run), "--tracking-uri", uri, "--verbose")
+    out["verbose"] = _ablate(tmp, "train", str(run), "--tracking-uri", uri, "--verbose", fresh=True)
     return out
 
 

@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from tests import forked
+
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = ROOT / "sweeps" / "studies" / "quickstart.yaml"
 #: The smallest quickstart: key=value overrides of ``ablate sweep`` (docs/studies.md); the grid stays whole.
@@ -36,9 +38,7 @@ TOOL = _tool()
 
 def _ablate(cwd: Path, *args: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "ablate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
-    )
+    done = forked.run(args, cwd=cwd, env=env, timeout=900)
     assert done.returncode == 0, f"ablate {' '.join(args)} ended {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

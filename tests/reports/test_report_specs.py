@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +16,7 @@ from ablate.reports.build import build_report
 from ablate.reports.runs import parse_param
 from ablate.reports.spec import ReportSpec
 from ablate.sweeps.spec import load_study
+from tests import forked
 from tests.reports.recorded import FIXTURE, replay
 
 NAMES = catalog.names()
@@ -99,16 +98,9 @@ def test_report_from_mlflow_alone(recorded, tmp_path):
     _, root, ids = recorded
     (tmp_path / "ablate-runs").mkdir()
     shutil.copy(root / "mlflow.db", tmp_path / "ablate-runs" / "mlflow.db")
-    ablate = [sys.executable, "-m", "ablate"]
     env_path = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run(
-        [*ablate, "report", "albert-table5"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
+    env = {"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}
+    proc = forked.run(["report", "albert-table5"], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "ablate-runs" / "reports" / "albert-table5" / "report.md").read_text()
     assert all(rid in md for rid in ids["albert-table5"])
@@ -122,14 +114,7 @@ def test_report_from_mlflow_alone(recorded, tmp_path):
         "report/report.tex",
     }
 
-    bad = subprocess.run(
-        [*ablate, "report", "albert-table9"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
+    bad = forked.run(["report", "albert-table9"], cwd=tmp_path, env=env, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert bad.stderr.startswith("error: albert-table9: not a shipped report (one of albert-table3")
 

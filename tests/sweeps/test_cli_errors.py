@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
 from ablate.cli import main
+from tests import forked
 from tests.sweeps.conftest import write_study
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    """``ablate ARGS`` in a process of its own (tests/forked.py)."""
+    return forked.run(args, cwd=cwd or os.getcwd(), env=os.environ, timeout=300)
 
 
 def test_params_json_matches_published_cell():

@@ -1,7 +1,8 @@
 """SIGKILL a worker mid-trial, run the same command again: the trial resumes from its checkpoint, in
 the killed attempt's run.
 
-Real processes, a real SQLite Optuna storage with heartbeats and a real MLflow store.
+Real processes (forked from a warm interpreter: tests/forked.py), a real SQLite Optuna storage with heartbeats
+and a real MLflow store.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,23 +24,25 @@ from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study, trial_config
 from ablate.sweeps.study import run_study
+from tests import forked
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sweep(study: Path, log: Path, *stores: str) -> subprocess.Popen:
+def _sweep(study: Path, log: Path, *stores: str) -> forked.Forked:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "ablate", "sweep", str(study), *stores],
-        cwd=study.parent,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as out:
+        return forked.popen(
+            ["sweep", str(study), *stores],
+            cwd=study.parent,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _kill_at_first_checkpoint(study: Path, checkpoints: Path, pattern: str, *stores: str) -> None:

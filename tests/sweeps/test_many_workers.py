@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ import pytest
 from mlflow import MlflowClient
 
 from ablate.sweeps import workers
+from tests import forked
 from tests.servers import mlflow_server, postgres_cluster
 from tests.sweeps.conftest import write_study
 from tests.sweeps.test_study_teacher import TEACHER_MODEL
@@ -64,17 +64,18 @@ def test_workers_opening_an_empty_database_at_once(cluster):
     assert results == ["ok"] * 6
 
 
-def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> subprocess.Popen:
+def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> forked.Forked:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "ablate", "sweep", str(study), "--storage", storage, "--tracking-uri", uri],
-        cwd=cwd,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as out:
+        return forked.popen(
+            ["sweep", str(study), "--storage", storage, "--tracking-uri", uri],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _two_workers(study: Path, storage: str, uri: str, tmp_path: Path) -> list[Path]:
@@ -119,22 +120,10 @@ def test_two_workers_share_one_study(servers, tmp_path, wiki_validation):
     assert len({r.data.tags["ablate.worker"] for r in runs}) == 2  # the work was shared
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rep = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ablate",
-            "report",
-            str(study),
-            "--tracking-uri",
-            uri,
-            "--out",
-            str(tmp_path / "report"),
-        ],
+    rep = forked.run(
+        ["report", str(study), "--tracking-uri", uri, "--out", str(tmp_path / "report")],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert rep.returncode == 0, rep.stderr
@@ -262,13 +251,8 @@ def test_two_workers_killed_at_random_moments_still_finish_every_configuration_o
     assert set(finished) == expected and set(finished.values()) == {1}, finished
 
     out = tmp_path / "report"
-    rep = subprocess.run(
-        [sys.executable, "-m", "ablate", "report", str(study), "--tracking-uri", uri, "--out", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    rep = forked.run(
+        ["report", str(study), "--tracking-uri", uri, "--out", str(out)], cwd=tmp_path, env=env, timeout=300
     )
     assert rep.returncode == 0, rep.stderr
     rows = pd.read_csv(out / "runs.csv")  # every attempt, with its state; the table counts COMPLETE ones

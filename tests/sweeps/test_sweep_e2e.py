@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ablate.reports.build import build_report
 from ablate.reports.spec import ReportSpec
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study
+from tests import forked
 from tests.sweeps.conftest import tiny_base, write_study
 
 
@@ -122,13 +122,7 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "sweep.log"  # a file, not a pipe: a pipe nobody reads while the sweep runs can fill and stall it
     with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ablate", "sweep", str(path)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = forked.popen(["sweep", str(path)], cwd=os.getcwd(), env=env, stdout=out, stderr=subprocess.STDOUT)
     storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     checkpoints = tmp_path / "runs" / "checkpoints" / "interrupted"
     try:

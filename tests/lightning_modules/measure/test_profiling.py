@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from ablate.lightning_modules.measure.profiling import (
     time_forward,
 )
 from ablate.lightning_modules.model.heads import PretrainingModel, build_pretraining_model
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[3]
 V = 8192  # albert-tiny's vocabulary
@@ -100,13 +100,8 @@ def test_measuring_leaves_model_and_random_stream_unchanged() -> None:
 
 
 def test_params_measure_json_has_measured_keys() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "ablate", "params", "albert-tiny", "data.max_length=32", "--measure", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["params", "albert-tiny", "data.max_length=32", "--measure", "--json"]
+    out = forked.run(args, cwd=ROOT, env=os.environ, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert {"backbone", "flops_per_token", "latency_ms_b1", "latency_ms_b32", "train_activation_mb", "device"} <= set(

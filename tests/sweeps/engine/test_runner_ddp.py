@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -22,6 +20,7 @@ from ablate.sweeps.engine import tracking
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.sources import load_source
+from tests import forked
 from tests.sweeps.conftest import tiny_base, write_study
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,14 +90,7 @@ def test_pruning_across_ranks(tmp_path, wiki_validation):
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "ablate", "sweep", str(study)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = forked.run(["sweep", str(study)], cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     trials = optuna.load_study(study_name="ddp-prune", storage=f"sqlite:///{tmp_path}/runs/optuna.db").trials

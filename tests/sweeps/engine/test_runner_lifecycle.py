@@ -1,20 +1,21 @@
 """A run's state is the truth: killed in any phase of a fine-tuning run with FastBERT's exits and Q-BERT's
 QAT, ``ablate train`` ends its run KILLED with the signal and the phase as the reason, and exits with
 128 + the signal's number; a run that fails after its training ends FAILED; the message says what
-resumes the run, and that resumes it. Real processes, real MLflow (SQLite), real SST-2 and Wikipedia."""
+resumes the run, and that resumes it. Real processes (forked from a warm interpreter: tests/forked.py), real
+MLflow (SQLite), real SST-2 and Wikipedia."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests import forked
 from tests.conftest import ROOT, SHARED_DATA
 from tests.sweeps.conftest import trained_run
 
@@ -70,14 +71,7 @@ def _run(config: Path, *args: str, stop_at: str | None = None, sig: int = signal
     run says it begins that phase. Its exit status and stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate", "train", *args],
-        cwd=config.parent,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = forked.popen(["train", *args], cwd=config.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     seen = []
     try:
@@ -153,13 +147,8 @@ def test_a_failure_after_training_ends_the_run_failed(config):
     artifacts go): logging the classifier fails, and the run ends FAILED with the reason, not FINISHED."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate", "train", str(config)],
-        cwd=config.parent,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = forked.popen(
+        ["train", str(config)], cwd=config.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     assert proc.stderr is not None
     try:
