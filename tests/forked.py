@@ -17,6 +17,7 @@ real interpreters.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -125,11 +126,20 @@ class Forked:
         return code
 
     def send_signal(self, sig: int) -> None:
+        """Signal the child; nothing once it has ended (the fork server reaps it at once: no zombie keeps its pid)."""
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):  # ended between the poll and the signal
+                os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the child's process group (``start_new_session``: the child and its loader workers);
+        nothing once the child has ended."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
 
 
 def _target(spec: Output, pipes: list[int]) -> tuple[_Fd | None, IO[str] | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -31,6 +32,8 @@ def test_a_forked_command_has_its_own_session_environment_and_streams(tmp_path):
     assert proc.stdout is not None
     assert "latency" in proc.stdout.read()
     assert proc.wait(timeout=300) == 0 and proc.poll() == 0
+    proc.send_signal(signal.SIGTERM)  # ended (and reaped by the fork server): nothing to signal, no error
+    proc.kill_group()
     with (tmp_path / "out.log").open("w") as out:
         joined = forked.popen(["params", "nope"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     assert joined.wait(timeout=60) == 2

@@ -56,7 +56,7 @@ def _kill_at_first_checkpoint(study: Path, checkpoints: Path, pattern: str, *sto
             assert time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill_group(signal.SIGKILL)
         proc.wait()
 
 
@@ -195,7 +195,7 @@ def test_sigkill_in_a_later_phase_of_a_pruning_trial_then_rerun_resumes_in_that_
             assert time.monotonic() < deadline, "the third phase never checkpointed"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill_group(signal.SIGKILL)
         proc.wait()
 
     second = _sweep(study, tmp_path / "second.log")

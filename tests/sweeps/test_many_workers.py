@@ -87,7 +87,7 @@ def _two_workers(study: Path, storage: str, uri: str, tmp_path: Path) -> list[Pa
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, 9)
+                p.kill_group(signal.SIGKILL)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     return logs
 
@@ -209,12 +209,12 @@ def test_two_workers_killed_at_random_moments_still_finish_every_configuration_o
         time.sleep(chance.uniform(0.0, 4.0) * (0.5 if round_ == 0 else 1.0))
         for p in chance.sample(procs, victims):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                p.kill_group(signal.SIGKILL)
         for p in procs:  # a survivor finishes what it can, then exits
             try:
                 p.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                p.kill_group(signal.SIGKILL)
                 p.wait()
     watch.remove_session()
     watch.engine.dispose()
