@@ -10,8 +10,8 @@ that runs ``ablate.cli.main`` as ``python -m ablate`` does, and whose interprete
 child's (ablate's one such value, and torch's thread count).
 
 What differs from a new interpreter: what the libraries print *while they are imported* is printed once, by the
-server. The tests of what a command prints (tests/test_quiet_commands.py, tests/test_quiet.py) therefore start
-real interpreters.
+server. Where that is what a test reads (the training commands of tests/test_quiet_commands.py,
+tests/test_quiet.py) it starts a new interpreter.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def _child(
         os.close(target.fd)
     if env.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper
+    import ablate.cli
     from ablate.sweeps.engine import tracking
 
     tracking.USER_TRACKING_URI = env.get("MLFLOW_TRACKING_URI")  # read at its import: read again, from this env
@@ -86,12 +87,10 @@ def _child(
         import torch
 
         torch.set_num_threads(int(threads))
-    sys.argv = [str(Path(cwd) / "ablate"), *args]
+    sys.argv = [str(Path(ablate.cli.__file__).with_name("__main__.py")), *args]  # what python -m ablate has
     code = 1
     try:
-        from ablate.cli import main
-
-        code = main(args)
+        code = ablate.cli.main(args)
     finally:
         atexit._run_exitfuncs()  # what the interpreter runs at its exit (multiprocessing's child would skip it)
         sys.stdout.flush()
@@ -192,12 +191,13 @@ def popen(
 
 
 def run(
-    args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], timeout: float
+    args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], timeout: float, joined: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """``ablate ARGS`` to its end: its exit status, stdout and stderr (as ``subprocess.run(...,
-    capture_output=True, text=True, timeout=...)`` gives them); TimeoutExpired kills it first."""
+    capture_output=True, text=True, timeout=...)`` gives them; ``joined``: stderr into stdout, as
+    ``stdout=PIPE, stderr=STDOUT`` gives it); TimeoutExpired kills it first."""
     with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
-        proc = popen(args, cwd=cwd, env=env, stdout=out, stderr=err)
+        proc = popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT if joined else err)
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -206,4 +206,4 @@ def run(
             raise
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(["ablate", *args], code, out.read(), err.read())
+        return subprocess.CompletedProcess(["ablate", *args], code, out.read(), None if joined else err.read())

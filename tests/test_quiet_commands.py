@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,11 +56,7 @@ def _ablate(cwd: Path, *args: str, fresh: bool = False) -> str:
             check=False,
         )
     else:
-        with tempfile.TemporaryFile("w+", encoding="utf-8") as out:
-            proc = forked.popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            code = proc.wait(timeout=600)
-            out.seek(0)
-            done = subprocess.CompletedProcess(args, code, out.read())
+        done = forked.run(args, cwd=cwd, env=env, timeout=600, joined=True)
     assert done.returncode == 0, f"ablate {' '.join(args)} ended {done.returncode}:\n{done.stdout}"
     return done.stdout
 
