@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from ablate.datamodules.corpus import Split, check_corpus
+from ablate.datamodules.handover import direct_context
 from ablate.datamodules.memo import Kept, files_state
 from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import PretrainStream
@@ -120,6 +121,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
             num_workers=workers,
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
+            multiprocessing_context=direct_context() if workers > 0 else None,
             pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
         )
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ablate.datamodules.handover import direct_context
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
@@ -180,4 +182,5 @@ def task_loader(
         collate_fn=packed(collate, workers),
         num_workers=workers,
         persistent_workers=workers > 0,
+        multiprocessing_context=direct_context() if workers > 0 else None,
     )
