@@ -44,7 +44,8 @@ class TrainerConfig:
         compile_mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs:
             the step replays as one launch; for small models on a GPU) or
             ``max-autotune-no-cudagraphs`` (searches matmul kernels; long compile).
-        log_every: log training metrics every this many steps.
+        log_every: log training metrics every this many steps (they reach the MLflow store
+            together, every 5 s, at each checkpoint and when a fit ends).
         progress: show a progress bar.
         measure: measure forward latency (batch 1 and 32) and training activation memory
             before training and log them with the run (costly on CPU for large models).

@@ -19,13 +19,21 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, TQDMProgr
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.profilers import AdvancedProfiler, Profiler, PyTorchProfiler, SimpleProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from mlflow import MlflowClient
+from mlflow.entities import Metric
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.sweeps.engine import forksafe, tracking
+
+SEND_EVERY = 5.0
+"""Seconds between two sends of what a fit logs: the metrics of every log step in between go to MLflow
+as one batch. Writing a batch takes the training process's interpreter lock for milliseconds whatever
+its size, which a send at every log step took from the loop (docs/performance.md, "Log steps")."""
 
 
 class RunLogger(MLFlowLogger):
@@ -34,8 +42,9 @@ class RunLogger(MLFlowLogger):
     Lightning's logger marks its run FINISHED (or FAILED) when a fit ends; a run of ablate has more
     to do after a fit (validation of the quantized model, the exit curve, another phase, its
     weights), and only its owner (:func:`ablate.sweeps.engine.context.tracked_run`) ends it, once all of
-    that is done. At the end of each fit the logger sends what it queued. ``offset`` moves the steps
-    of a later fit of the same run on (a pruning run's phases).
+    that is done. Metrics are held, each with the time it was logged, and sent every
+    :data:`SEND_EVERY` seconds, before each checkpoint and when a fit ends (:meth:`flush`).
+    ``offset`` moves the steps of a later fit of the same run on (a pruning run's phases).
     """
 
     offset = 0
@@ -43,17 +52,33 @@ class RunLogger(MLFlowLogger):
     """Each metric's last step in the run's history before this attempt (a reopened run's): a resumed fit
     does not log those steps again (the steps between its checkpoint and the stop), one point per step."""
 
+    def __init__(self, uri: str, run_id: str, *, synchronous: bool) -> None:
+        super().__init__(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
+        self.held: list[Metric] = []
+        self.sent_at = time.monotonic()
+
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         at = (step or 0) + self.offset
-        new = {k: v for k, v in metrics.items() if at > self.logged.get(k, -1)}
-        if new:
-            super().log_metrics(new, at)
+        now = int(time.time() * 1000)
+        self.held += [Metric(k, float(v), now, at) for k, v in metrics.items() if at > self.logged.get(k, -1)]
+        if self.held and time.monotonic() - self.sent_at >= SEND_EVERY:
+            self.send()
+
+    def send(self) -> None:
+        """Hand the held metrics to MLflow (in batches of MLflow's largest size)."""
+        held, self.held, self.sent_at = self.held, [], time.monotonic()
+        size = MAX_METRICS_PER_BATCH
+        for i in range(0, len(held), size):
+            self.experiment.log_batch(self.run_id, metrics=held[i : i + size], **self._log_batch_kwargs)
 
     def finalize(self, status: str = "success") -> None:
         self.flush()  # sent, not ended
 
     def flush(self) -> None:
-        """Send what is queued (a checkpoint is written only once what was logged before it is stored)."""
+        """Send what is held and queued (a checkpoint is written only once what was logged before it is stored)."""
+        if self.held:
+            self.send()
         if self._initialized:
             self.experiment._tracking_client.store.flush_async_logging()
 
@@ -62,7 +87,7 @@ def run_logger(uri: str, run_id: str, *, synchronous: bool = True, going_on: boo
     """The logger of run ``run_id`` in store ``uri`` (``synchronous`` False: metrics are sent in the
     background during the fit, flushed when it ends; ``going_on``: the run has a history of an earlier
     attempt, whose steps are not logged again)."""
-    logger = RunLogger(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
+    logger = RunLogger(uri, run_id, synchronous=synchronous)
     if going_on:
         client = MlflowClient(uri)
         keys = client.get_run(run_id).data.metrics
