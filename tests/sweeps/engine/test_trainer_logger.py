@@ -3,11 +3,21 @@ the fit's end: each point keeps the step and time it was logged, and none is los
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from mlflow import MlflowClient
 
 from ablate.sweeps.engine import tracking, trainer
 from ablate.sweeps.engine.trainer import run_logger
+
+
+@pytest.fixture(autouse=True)
+def _own_tracking_uri() -> Iterator[None]:
+    # Lightning's logger sets MLflow's process-wide tracking URI (and its environment variable) when first
+    # used; a fit undoes it, and so must these tests, or a later test's child process logs to their store
+    with tracking.scoped_tracking_uri():
+        yield
 
 
 @pytest.fixture
