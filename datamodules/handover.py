@@ -56,16 +56,12 @@ class DirectQueue(Queue):  # type: ignore[type-arg]  # generic in typeshed only
         if getattr(self, "_owner", None) != os.getpid() or q._closed or q._thread is not None or q._wlock is None:
             return False
         payload = ForkingPickler.dumps(obj)
-        if len(payload) > _SMALL or not q._sem.acquire(False):
-            return False
-        if not q._wlock.acquire(False):  # a worker is writing: never wait on a writer here
-            q._sem.release()
+        if len(payload) > _SMALL or not q._wlock.acquire(False):  # a worker is writing: never wait on a writer
             return False
         try:
             poller = select.poll()
             poller.register(q._writer.fileno(), select.POLLOUT)
-            if not poller.poll(0):  # full: a write could block until the reader reads
-                q._sem.release()
+            if not poller.poll(0) or not q._sem.acquire(False):  # full: a write could block until the reader reads
                 return False
             q._writer.send_bytes(payload)
             return True

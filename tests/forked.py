@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import reduction
 from pathlib import Path
 from typing import IO
@@ -126,9 +126,7 @@ class Forked:
 
     def send_signal(self, sig: int) -> None:
         """Signal the child; nothing once it has ended (the fork server reaps it at once: no zombie keeps its pid)."""
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # ended between the poll and the signal
-                os.kill(self.pid, sig)
+        self._signal(os.kill, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -136,9 +134,12 @@ class Forked:
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal the child's process group (``start_new_session``: the child and its loader workers);
         nothing once the child has ended."""
+        self._signal(os.killpg, sig)
+
+    def _signal(self, send: Callable[[int, int], None], sig: int) -> None:
         if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):  # ended between the poll and the signal
+                send(self.pid, sig)
 
 
 def _target(spec: Output, pipes: list[int]) -> tuple[_Fd | None, IO[str] | None]:
