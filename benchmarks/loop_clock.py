@@ -22,11 +22,14 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class Timing:
-    """Timed blocks of steps (seconds, steps) and the real tokens they trained on, in all and per block."""
+    """Timed blocks of steps (seconds, steps), the real tokens they trained on, in all and per block, and
+    the main thread's CPU seconds per block (``time.thread_time``: what the machine's other processes
+    and threads do not inflate)."""
 
     blocks: list[tuple[float, int]] = field(default_factory=list)
     tokens: float = 0.0
     block_tokens: list[float] = field(default_factory=list)
+    block_cpu: list[float] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -72,6 +75,17 @@ def turn_gaps(loop: Timing, alone: Timing) -> list[float]:
     return [a / n - b / m for (a, n), (b, m) in zip(loop.blocks, alone.blocks, strict=True)]
 
 
+def turn_cpu_gaps(loop: Timing, alone: Timing) -> list[float]:
+    """Turn by turn, the main thread's CPU seconds per step of the loop less the step alone's: the loop's
+    own work per step, without the waits (the machine's other processes, the loader, other threads)."""
+    if not (len(loop.blocks) == len(alone.blocks) == len(loop.block_cpu) == len(alone.block_cpu)):
+        return []
+    return [
+        a / n - b / m
+        for a, (_, n), b, (_, m) in zip(loop.block_cpu, loop.blocks, alone.block_cpu, alone.blocks, strict=True)
+    ]
+
+
 @dataclass
 class Alone:
     """The isolated step on pre-built batches, run ``n`` steps at a time; what it did so far."""
@@ -100,7 +114,7 @@ class Alone:
         if n <= 0:
             return
         _sync(self.device)
-        start, tokens = time.perf_counter(), 0.0
+        start, cpu, tokens = time.perf_counter(), time.thread_time(), 0.0
         for _ in range(n):
             i = self._next % len(self.data)
             loss = self.step(self.data[i])
@@ -108,6 +122,7 @@ class Alone:
             self._next += 1
         float(loss)  # reading the loss waits for the last step
         self.timing.blocks.append((time.perf_counter() - start, n))
+        self.timing.block_cpu.append(time.thread_time() - cpu)
         self.timing.tokens += tokens
         self.timing.block_tokens.append(tokens)
 
@@ -135,6 +150,7 @@ class StepClock(pl.Callback):
         self._tokens: torch.Tensor | None = None
         self._counted = 0.0  # real tokens of the blocks timed so far
         self._block_start = 0.0
+        self._block_cpu = 0.0  # the main thread's CPU clock at the block's start
         self._previous = warmup
         self._val_start = 0.0
         self._fits = 0
@@ -162,10 +178,11 @@ class StepClock(pl.Callback):
             self.ends.append(time.perf_counter())
             return
         _sync(self.device)
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self.ends.append(now)
         if step > self.warmup:
             self.timing.blocks.append((now - self._block_start, step - self._previous))
+            self.timing.block_cpu.append(cpu - self._block_cpu)
             counted = float(self._tokens) if self._tokens is not None else 0.0  # read after the sync above
             self.timing.block_tokens.append(counted - self._counted)
             self._counted = counted
@@ -173,10 +190,10 @@ class StepClock(pl.Callback):
         if step < self.last and self.alone is not None:
             following = self.boundaries[self.boundaries.index(step) + 1] - step
             self.alone.run(following)
-            self._block_start = time.perf_counter()
+            self._block_start, self._block_cpu = time.perf_counter(), time.thread_time()
             self.in_run_alone_s += self._block_start - now
         else:
-            self._block_start = now
+            self._block_start, self._block_cpu = now, cpu
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._fits != 1:

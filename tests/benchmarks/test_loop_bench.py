@@ -12,6 +12,7 @@ import torch
 from ablate.benchmarks.cases import CASES
 from ablate.benchmarks.loop import measure, report
 from ablate.benchmarks.loop_clock import StepClock
+from ablate.benchmarks.loop_floor import Floor, lightning_floor
 
 
 def test_turns_split_the_steady_state_into_equal_blocks():
@@ -38,6 +39,16 @@ def test_a_tiny_run_reports_loop_over_step(wiki_validation):
     assert r.loop.block_tokens == r.step.block_tokens and sum(r.loop.block_tokens) == r.loop.tokens
     turns = sorted((a / n) / (b / m) for (b, m), (a, n) in zip(r.loop.blocks, r.step.blocks, strict=True))
     assert r.efficiency == pytest.approx(turns[1])  # the median of 3 turns
+    # the main thread's CPU time per block, beside the wall clock: never more than the block took
+    for side in (r.loop, r.step):
+        assert len(side.block_cpu) == 3 and all(
+            0 < c <= s * 1.05 + 1e-3 for c, (s, _) in zip(side.block_cpu, side.blocks, strict=True)
+        )
+    cpu_gaps = sorted(
+        a / n - b / m
+        for a, (_, n), b, (_, m) in zip(r.loop.block_cpu, r.loop.blocks, r.step.block_cpu, r.step.blocks, strict=True)
+    )
+    assert r.host_cpu_ms == pytest.approx(1e3 * cpu_gaps[1])
     p = r.phases
     parts = [
         "data, tokenizer, model",
@@ -54,6 +65,18 @@ def test_a_tiny_run_reports_loop_over_step(wiki_validation):
     assert p["step alone in the run"] > 0  # its turns are not counted in the run's phases
     lines, ok = report(r, "wiki")
     assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}"
+    assert not any("Lightning's own loop" in line for line in lines)  # no floor timed, none said
     assert ok == (r.efficiency >= 0.9)
     assert any(line.startswith("| the loop (ablate train) |") for line in lines)
     assert any(line.startswith("- loop efficiency turn by turn") for line in lines)
+    assert f"- of it, the loop's own work: {r.host_cpu_ms:.2f} ms of the main thread's CPU time" in "\n".join(lines)
+    floor = Floor(loop_ms=0.9, step_ms=0.25)
+    with_floor, _ = report(r, "wiki", floor)
+    said = next(line for line in with_floor if "Lightning's own loop at its barest" in line)
+    assert "0.65 ms" in said and f"ablate's loop adds {r.host_ms - 0.65:.2f} ms" in said
+
+
+def test_lightning_floor_times_a_bare_fit_against_its_step_by_hand():
+    floor = lightning_floor(steps=40, warmup=5)
+    assert floor.loop_ms > 0 and floor.step_ms > 0
+    assert floor.host_ms == pytest.approx(floor.loop_ms - floor.step_ms)
