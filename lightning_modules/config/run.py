@@ -69,7 +69,8 @@ class TrainerConfig:
             precision used is logged as the param ``measure.matmul_precision``.
         profiler: Lightning's ``simple``, ``advanced`` (cProfile) or ``pytorch`` (torch.profiler,
             with Chrome traces) profiler, or None; its report is logged with the run under the
-            artifacts ``profiler/``.
+            artifacts ``profiler/``. With a profiler each callback is timed apart; without one the
+            run's stateless callbacks reach Lightning as one (:mod:`ablate.sweeps.engine.grouped`).
     """
 
     max_steps: PosInt = 1000

@@ -29,6 +29,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.sweeps.engine import forksafe, tracking
+from ablate.sweeps.engine.grouped import grouped
 
 SEND_EVERY = 5.0
 """Seconds between two sends of what a fit logs: the metrics of every log step in between go to MLflow
@@ -173,6 +174,7 @@ def build_trainer(
     t = cfg.trainer
     max_steps = max_steps or t.max_steps
     extra: list[Callback] = [LearningRateMonitor(logging_interval="step")] if logger else []
+    every = [*extra, *loop_callbacks(t), *callbacks]
     return pl.Trainer(
         max_steps=max_steps,
         val_check_interval=min(val_every or t.val_every, max_steps) * t.accumulate_grad_batches,
@@ -188,7 +190,7 @@ def build_trainer(
         accumulate_grad_batches=t.accumulate_grad_batches,
         profiler=lightning_profiler(t),
         logger=logger or False,
-        callbacks=[*extra, *loop_callbacks(t), *callbacks],
+        callbacks=grouped(every) if t.profiler is None else every,  # a profiler times each apart
         enable_checkpointing=checkpointing,
         enable_progress_bar=t.progress,
         enable_model_summary=False,
