@@ -45,6 +45,7 @@ class DirectQueue(Queue):  # type: ignore[type-arg]  # generic in typeshed only
     def __init__(self, maxsize: int = 0, *, ctx: BaseContext) -> None:
         super().__init__(maxsize, ctx=ctx)
         self._owner: int | None = os.getpid()  # not pickled: a spawned process's copy has none
+        self._room: select.poll | None = None  # asks whether the pipe has room; made at the first put here
 
     def put(self, obj: object, block: bool = True, timeout: float | None = None) -> None:
         """``obj`` written now where it can be (see the class), else queued for the feeder thread."""
@@ -59,9 +60,10 @@ class DirectQueue(Queue):  # type: ignore[type-arg]  # generic in typeshed only
         if len(payload) > _SMALL or not q._wlock.acquire(False):  # a worker is writing: never wait on a writer
             return False
         try:
-            poller = select.poll()
-            poller.register(q._writer.fileno(), select.POLLOUT)
-            if not poller.poll(0) or not q._sem.acquire(False):  # full: a write could block until the reader reads
+            if self._room is None:
+                self._room = select.poll()
+                self._room.register(q._writer.fileno(), select.POLLOUT)
+            if not self._room.poll(0) or not q._sem.acquire(False):  # full: a write could block until the reader reads
                 return False
             q._writer.send_bytes(payload)
             return True

@@ -33,6 +33,15 @@ def _padded(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``, in elements."""
+    strides, size = [], 1
+    for dim in reversed(shape):
+        strides.append(size)
+        size *= dim
+    return tuple(reversed(strides))
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """A dict of tensors as one contiguous ``uint8`` buffer and the layout to read it back."""
@@ -54,11 +63,16 @@ class PackedBatch:
         return cls(buffer, layout)
 
     def unpack(self) -> dict[str, torch.Tensor]:
-        """The original dict, as views into the buffer (on whatever device it is)."""
+        """The original dict, as views into the buffer (on whatever device it is): one view of the buffer
+        per dtype, then one strided view per field (each a host-side tensor operation, every step)."""
         out, offset = {}, 0
+        typed: dict[torch.dtype, torch.Tensor] = {}
         for name, dtype, shape in self.layout:
             nbytes = math.prod(shape) * dtype.itemsize
-            out[name] = self.buffer[offset : offset + nbytes].view(dtype).view(shape)
+            whole = typed.get(dtype)
+            if whole is None:
+                whole = typed[dtype] = self.buffer.view(dtype)  # every field starts at a multiple of _ALIGN bytes
+            out[name] = whole.as_strided(shape, _contiguous(shape), whole.storage_offset() + offset // dtype.itemsize)
             offset += _padded(nbytes)
         return out
 
