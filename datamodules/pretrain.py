@@ -23,7 +23,7 @@ from ablate.datamodules.memo import Kept, files_state
 from ablate.datamodules.sources import resolve_corpus
 from ablate.datamodules.stream import PretrainStream
 from ablate.datamodules.tokenizer import SpecialIds, load_or_train_tokenizer, special_ids
-from ablate.datamodules.transfer import TrainPosition, packed, unpack
+from ablate.datamodules.transfer import GROUP, GroupedLoader, PackedGroup, TrainPosition, packed, unpack
 from ablate.lightning_modules.config.errors import FAIL_REASON, AblateError
 from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
@@ -114,6 +114,18 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
         on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
         if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if workers > 0 and max_batches is None:  # an endless stream: its batches a few at a time
+            return GroupedLoader(
+                stream,
+                batch_size=GROUP,
+                collate_fn=PackedGroup.pack,
+                num_workers=workers,
+                persistent_workers=True,
+                prefetch_factor=2,  # groups: 2 x GROUP batches ready in each worker
+                multiprocessing_context=direct_context(),
+                pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
+                first_worker=stream.skip,  # worker w yields global batches w, w + workers, ...
+            )
         return DataLoader(
             stream,
             batch_size=None,
@@ -122,7 +134,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=4 if workers > 0 else None,
             multiprocessing_context=direct_context() if workers > 0 else None,
-            pin_memory=on_cuda,  # page-locked batches: Lightning's copy to the GPU does not block
+            pin_memory=on_cuda,
         )
 
     def on_exception(self, exception: BaseException) -> None:

@@ -1,13 +1,15 @@
 """Batches from DataLoader workers to the training process as one buffer: :class:`PackedBatch` through
 the worker's pipe instead of a shared-memory hand-over per tensor, viewed again as the original dict by
-:func:`unpack` (``on_after_batch_transfer``); also the resumable shuffled loader of the fine-tuning
-tasks (:func:`task_loader`). Why: docs/data.md, "The pre-training pipeline"."""
+:func:`unpack` (``on_after_batch_transfer``); an endless stream's batches a few at a time
+(:class:`GroupedLoader`); also the resumable shuffled loader of the fine-tuning tasks
+(:func:`task_loader`). Why: docs/data.md, "The pre-training pipeline"."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
@@ -91,6 +93,67 @@ class PackedBatch:
 
 def _from_bytes(data: bytes, layout: Layout) -> PackedBatch:
     return PackedBatch(torch.frombuffer(bytearray(data), dtype=torch.uint8), layout)
+
+
+Part = tuple[int, int, Layout]
+"""One batch of a :class:`PackedGroup`: its first byte in the buffer, its bytes, its layout."""
+
+
+@dataclass(frozen=True)
+class PackedGroup:
+    """Consecutive batches of one worker as one buffer (one message through its pipe)."""
+
+    buffer: torch.Tensor
+    parts: tuple[Part, ...]
+
+    @classmethod
+    def pack(cls, batches: Sequence[Mapping[str, torch.Tensor]]) -> PackedGroup:
+        """Pack each batch and join the buffers (in the worker); each starts at a multiple of ``_ALIGN`` bytes."""
+        packed = [PackedBatch.pack(b) for b in batches]
+        starts = itertools.accumulate((p.buffer.numel() for p in packed), initial=0)
+        parts = tuple((start, p.buffer.numel(), p.layout) for start, p in zip(starts, packed, strict=False))
+        return cls(torch.cat([p.buffer for p in packed]), parts)
+
+    def batches(self) -> list[PackedBatch]:
+        """Each batch, its buffer a view into the group's."""
+        return [PackedBatch(self.buffer[start : start + size], layout) for start, size, layout in self.parts]
+
+    def pin_memory(self) -> PackedGroup:
+        """Page-locked copy (the DataLoader's pin-memory thread calls this)."""
+        return PackedGroup(self.buffer.pin_memory(), self.parts)
+
+    def __reduce__(self) -> tuple[Callable[[bytes, tuple[Part, ...]], PackedGroup], tuple[bytes, tuple[Part, ...]]]:
+        return _group_from_bytes, (self.buffer.numpy().tobytes(), self.parts)
+
+
+def _group_from_bytes(data: bytes, parts: tuple[Part, ...]) -> PackedGroup:
+    return PackedGroup(torch.frombuffer(bytearray(data), dtype=torch.uint8), parts)
+
+
+GROUP = 4
+"""Batches a worker of an endless stream hands over at a time (:class:`GroupedLoader`): a hand-over costs
+the training process about a quarter of a millisecond of host time whatever its size (docs/performance.md)."""
+
+
+class GroupedLoader(DataLoader[dict[str, torch.Tensor]]):
+    """A ``DataLoader`` over an endless iterable dataset of whole batches whose workers hand them over
+    ``batch_size`` at a time (``collate_fn`` :meth:`PackedGroup.pack`); it gives them back one at a time
+    (:class:`PackedBatch`) in the stream's global order: worker ``w`` yields global batches ``w``, ``w + k``,
+    ... of ``k`` workers, so a round of one group from each worker is interleaved, from worker
+    ``first_worker`` on (the stream's skipped batches modulo ``k``: where a resumed fit goes on)."""
+
+    def __init__(self, *args: object, first_worker: int = 0, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # DataLoader's own arguments
+        self.first_worker = first_worker
+
+    def __iter__(self) -> Iterator[PackedBatch]:  # type: ignore[override]  # packed batches, unpacked later
+        groups = cast(Iterator[PackedGroup], super().__iter__())
+        workers = max(1, self.num_workers)
+        first = self.first_worker % workers
+        while round_ := [group.batches() for group in itertools.islice(groups, workers)]:
+            round_ = round_[first:] + round_[:first]
+            for i in range(max(len(batches) for batches in round_)):
+                yield from (batches[i] for batches in round_ if i < len(batches))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from ablate.datamodules.pretrain import PretrainDataModule
-from ablate.datamodules.transfer import PackedBatch, unpack
+from ablate.datamodules.transfer import GROUP, GroupedLoader, PackedBatch, packed, unpack
 from ablate.lightning_modules.config.errors import DataError
 from ablate.lightning_modules.config.experiment import DataConfig, ObjectiveConfig
 
@@ -107,6 +108,15 @@ def test_two_workers(wiki_data: Callable[..., DataConfig]) -> None:
     assert len(list(dm.val_dataloader())) == 3
     again = _dm(data, val_batches=3)
     assert _same(_take(again.train_dataloader(), 6), batches)
+    # handed over GROUP at a time, the batches come in the order a loader of one at a time gives them
+    loader = dm.train_dataloader()
+    assert isinstance(loader, GroupedLoader) and loader.batch_size == GROUP
+    plain = DataLoader(loader.dataset, batch_size=None, collate_fn=packed(None, 2), num_workers=2)
+    assert _same(_take(loader, 3 * 2 * GROUP + 1), _take(plain, 3 * 2 * GROUP + 1))
+    # a resumed fit's loader skips what was consumed: the same batches as the first loader from there on
+    resumed = _dm(data, val_batches=3)
+    resumed.load_state_dict({"train_batches": 5})
+    assert _same(_take(resumed.train_dataloader(), 2 * GROUP), _take(again.train_dataloader(), 5 + 2 * GROUP)[5:])
 
 
 def test_corpus_errors_before_training(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""A batch crosses from a DataLoader worker as one buffer, by value, and unpacks to the same dict."""
+"""A batch crosses from a DataLoader worker as one buffer, by value, and unpacks to the same dict; an
+endless stream's batches cross a few at a time and come back one at a time in the plain loader's order."""
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ablate.datamodules.transfer import PackedBatch, packed, unpack
+from ablate.datamodules.transfer import GROUP, GroupedLoader, PackedBatch, PackedGroup, packed, unpack
 
 
 def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -107,3 +109,57 @@ def test_a_shuffled_task_loader_draws_as_a_seeded_shuffle_and_resumes_at_any_bat
         first = batches(resumed, 1)  # the rest of the epoch it was stopped in
         assert first == want[k : (k // 5 + 1) * 5]
         assert batches(resumed, 1) == want[(k // 5 + 1) * 5 : (k // 5 + 2) * 5]  # and its next epoch
+
+
+class _Endless(IterableDataset[dict[str, torch.Tensor]]):
+    """Each worker's own endless batches, labelled (worker, its count): the order the loader gives them shows."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        for i in itertools.count():
+            yield {"label": torch.tensor([worker, i]), "rows": torch.full((i % 3 + 1, 2), i)}  # shapes vary
+
+
+def test_a_group_crosses_as_one_buffer_and_gives_its_batches_back():
+    group = PackedGroup.pack([_batch(0), _batch(1), _batch(2)])
+    back = pickle.loads(ForkingPickler.dumps(group))
+    assert len(back.parts) == 3 and all(start % 16 == 0 for start, _, _ in back.parts)
+    for seed, part in enumerate(back.batches()):
+        assert _equal(part.unpack(), _batch(seed))
+        assert part.buffer.untyped_storage().data_ptr() == back.buffer.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_grouped_loader_gives_the_batches_in_the_order_a_plain_loader_gives(workers):
+    plain = DataLoader(_Endless(), batch_size=None, collate_fn=packed(None, workers), num_workers=workers)
+    grouped = GroupedLoader(_Endless(), batch_size=GROUP, collate_fn=PackedGroup.pack, num_workers=workers)
+    n = 5 * GROUP * workers + 3
+    expected = [unpack(b) for b in itertools.islice(plain, n)]
+    got = list(itertools.islice(grouped, n))
+    assert all(isinstance(b, PackedBatch) for b in got)
+    assert [b["label"].tolist() for b in expected] == [b.unpack()["label"].tolist() for b in got]
+    assert all(_equal(a, b.unpack()) for a, b in zip(expected, got, strict=True))
+
+
+class _Global(IterableDataset[dict[str, torch.Tensor]]):
+    """Worker w of k yields global batches w, w + k, ..., the first ``skip`` of the stream left out (a resumed fit)."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for g in itertools.count(worker, workers):
+            if g >= self.skip:
+                yield {"index": torch.tensor([g])}
+
+
+@pytest.mark.parametrize(("workers", "skip"), [(2, 5), (3, 7), (3, 9)])
+def test_a_resumed_grouped_loader_goes_on_in_the_streams_order(workers, skip):
+    loader = GroupedLoader(
+        _Global(skip), batch_size=GROUP, collate_fn=PackedGroup.pack, num_workers=workers, first_worker=skip
+    )
+    got = [int(b.unpack()["index"]) for b in itertools.islice(loader, 3 * GROUP * workers)]
+    assert got == list(range(skip, skip + 3 * GROUP * workers))

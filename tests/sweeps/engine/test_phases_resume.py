@@ -95,23 +95,25 @@ def _weights(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, torch.Te
     return load_file(str(next(folder.glob("*.safetensors"))))
 
 
-# regime, the fit stopped in (1-based), the step it is stopped at: after a validation of that fit
+# regime, the fit stopped in (1-based), the step it is stopped at (after a validation of that fit), loader workers
 CASES = [
-    ("pretrain", 1, 4),
-    ("distill", 1, 4),
-    ("prune", 3, 4),  # the second round's gates
-    ("quant", 1, 4),  # QAT
-    ("finetune", 1, 5),  # fine-tuning, after its first validation
-    ("finetune", 3, 4),  # QAT, after the fine-tuning and the exits ended
+    ("pretrain", 1, 4, 0),
+    ("pretrain", 1, 4, 2),  # resumed at step 3: the next batch is the second worker's
+    ("distill", 1, 4, 0),
+    ("prune", 3, 4, 0),  # the second round's gates
+    ("quant", 1, 4, 0),  # QAT
+    ("finetune", 1, 5, 0),  # fine-tuning, after its first validation
+    ("finetune", 3, 4, 0),  # QAT, after the fine-tuning and the exits ended
 ]
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("regime", "fit", "step"), CASES)
-def test_a_run_stopped_mid_phase_resumes_and_ends_as_an_uninterrupted_one(source, tmp_path, regime, fit, step):
+@pytest.mark.parametrize(("regime", "fit", "step", "workers"), CASES)
+def test_a_run_stopped_mid_phase_resumes_and_ends_as_an_uninterrupted_one(source, tmp_path, regime, fit, step, workers):
     base, src = source
     tree = _tree(base, regime, src)
-    tree["tracking"]["experiment"] = f"resume-{regime}-{fit}"  # the source's store, an experiment of its own
+    tree["data"]["num_workers"] = workers
+    tree["tracking"]["experiment"] = f"resume-{regime}-{fit}-{workers}"  # the source's store, an experiment of its own
     cfg = build_config(tree)
     assert len(runner.plan(cfg).phases) >= fit
     plan = checkpoints.run_place(str(tmp_path / "ckpt"), cfg.tracking.root, cfg)
