@@ -58,10 +58,11 @@ for _hook in HOOKS:
 def grouped(callbacks: Sequence[Callback]) -> list[Callback]:
     """``callbacks`` with the groupable ones as one :class:`Grouped`, where the first of them was;
     the others as they were, in order. Fewer than two groupable: unchanged."""
-    members = [c for c in callbacks if groupable(c)]
+    joins = [groupable(c) for c in callbacks]
+    members = [c for c, join in zip(callbacks, joins, strict=True) if join]
     if len(members) < 2:
         return list(callbacks)
-    first = callbacks.index(members[0])
-    rest = [c for c in callbacks if not groupable(c)]
-    at = sum(1 for c in callbacks[:first] if not groupable(c))
-    return [*rest[:at], Grouped(members), *rest[at:]]
+    group = Grouped(members)
+    return [
+        group if c is members[0] else c for c, join in zip(callbacks, joins, strict=True) if c is members[0] or not join
+    ]
