@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest
+from ablate.sweeps.engine.ckpt_files import link_copy
 
 LAST = "last.ckpt"
 MLFLOW = "mlflow"
@@ -123,16 +124,28 @@ def run_place(where: str, root: str | Path, cfg: ExperimentConfig) -> Checkpoint
     return CheckpointPlace.at(where, root, cfg, "runs", per_run=True)
 
 
-class _Mirrored(ModelCheckpoint):
-    """A ModelCheckpoint that hands every ``last.ckpt`` it writes to ``upload``."""
+class KeptCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, with a ``last.ckpt`` that holds the state ``best.ckpt`` was just written
+    with at the same step kept as a hard link to it rather than serialized a second time (the two differ
+    only in the name of the last checkpoint this callback records); each ``last.ckpt`` it keeps handed to
+    ``upload`` when given (a run whose checkpoints are MLflow artifacts)."""
 
-    def __init__(self, upload: Callable[[str], None], **kwargs: Any) -> None:
+    def __init__(self, upload: Callable[[str], None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.upload = upload
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
-        if trainer.is_global_zero and Path(filepath).name == LAST:
+        last = Path(filepath).name == LAST
+        if last and self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
+            linked = link_copy(self._last_checkpoint_saved, filepath) if trainer.is_global_zero else False
+            linked = trainer.strategy.broadcast(linked)  # every rank takes rank 0's way (a save waits for all)
+        else:
+            linked = False
+        if linked:
+            self._last_checkpoint_saved = filepath
+        else:
+            super()._save_checkpoint(trainer, filepath)
+        if self.upload is not None and trainer.is_global_zero and last:
             self.upload(filepath)
 
 
@@ -161,12 +174,8 @@ def callbacks(
         save_last=monitor is not None,
         enable_version_counter=False,
     )
-    saving = (
-        _Mirrored(lambda path: client.log_artifact(run_id, path, ARTIFACTS), **kwargs)
-        if plan.mirror
-        else ModelCheckpoint(**kwargs)
-    )
-    return [saving, RngState(on_resume)]
+    upload = (lambda path: client.log_artifact(run_id, path, ARTIFACTS)) if plan.mirror else None
+    return [KeptCheckpoint(upload, **kwargs), RngState(on_resume)]
 
 
 def exists(path: str) -> bool:

@@ -154,8 +154,10 @@ class PhaseMark(Callback):
         checkpoint[PHASE] = self.index
         if isinstance(trainer.logger, RunLogger):  # what was logged before the checkpoint is in the store
             trainer.logger.flush()
-        if self.ended is not None:
+        if self.ended is not None:  # an ended phase is restored, never trained on: its optimizer state is left out
             checkpoint[ENDED] = {"step": self.ended[0], "metrics": self.ended[1]}
+            for training_only in ("optimizer_states", "lr_schedulers"):
+                checkpoint.pop(training_only, None)
 
 
 @dataclass
@@ -226,7 +228,7 @@ class PhaseStore:
             return
         self.mark.ended = (step, dict(metrics))
         path = f"{self.plan.folder}/{ended_name(index)}"
-        trainer.save_checkpoint(path, weights_only=False)  # whole, as a resume reads it (and no note that it was unset)
+        trainer.save_checkpoint(path, weights_only=False)  # its state for a resume (PhaseMark leaves the optimizer out)
         self.mark.ended = None
         if self.plan.mirror:
             self.run.client.log_artifact(self.run.run_id, path, checkpoints.ARTIFACTS)

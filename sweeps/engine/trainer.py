@@ -29,6 +29,7 @@ from torch.multiprocessing.spawn import ProcessRaisedException
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.run import TrainerConfig
 from ablate.sweeps.engine import forksafe, tracking
+from ablate.sweeps.engine.ckpt_files import FileWriter
 from ablate.sweeps.engine.grouped import grouped
 
 SEND_EVERY = 5.0
@@ -192,6 +193,7 @@ def build_trainer(
         logger=logger or False,
         callbacks=grouped(every) if t.profiler is None else every,  # a profiler times each apart
         enable_checkpointing=checkpointing,
+        plugins=[FileWriter()],
         enable_progress_bar=t.progress,
         enable_model_summary=False,
         log_every_n_steps=t.log_every,
