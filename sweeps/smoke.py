@@ -44,6 +44,7 @@ RULES: Mapping[str, Rule] = {
     "trainer.val_every": _steps,
     "trainer.val_batches": _at_most(1),
     "trainer.measure": lambda value, k: False,  # latency and memory: of a model a few steps old, meaningless
+    "trainer.probe_batches": _at_most(4),
     "optim.warmup_steps": _steps,
     "distill.stage_steps": _steps,
     "prune.gate_steps": _steps,

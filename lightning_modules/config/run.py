@@ -52,6 +52,8 @@ class TrainerConfig:
         intrinsic: after training, score MLM accuracy and NSP and SOP accuracy by linear
             probes on the frozen [CLS] vector, whatever the run's own objective (logged as
             ``intrinsic/mlm_acc``, ``intrinsic/nsp_acc``, ``intrinsic/sop_acc``).
+        probe_batches: the intrinsic probes' training batches per sentence task (``data.batch_size``
+            rows each; the probes are tested on a quarter as many validation batches, at least one).
         accumulate_grad_batches: batches whose gradients are summed into one optimizer step
             (Lightning's): a step sees ``data.batch_size`` x this many sequences per device.
             ``max_steps``, ``val_every``, ``log_every``, ``optim.warmup_steps`` and the LR
@@ -86,6 +88,7 @@ class TrainerConfig:
     progress: bool = True
     measure: bool = True
     intrinsic: bool = False
+    probe_batches: PosInt = 40
     accumulate_grad_batches: PosInt = 1
     num_nodes: PosInt = 1
     deterministic: bool = False

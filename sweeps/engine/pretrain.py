@@ -52,7 +52,8 @@ def _probes(m: PretrainRun, handed: None, run: ActiveRun, step: int, metrics: di
     cfg = m.module.cfg
     run.phase("probes", "MLM, NSP and SOP probes on the frozen encoder")
     with placed(m.module.model, training_device(cfg.trainer.accelerator), train=False):
-        streams = probe_streams(cfg.data, cfg.model.vocab_size, seed=cfg.seed)
+        n = cfg.trainer.probe_batches
+        streams = probe_streams(cfg.data, cfg.model.vocab_size, cfg.seed, n, max(1, n // 4))
         scores = intrinsic_eval(m.module.model, streams, seed=cfg.seed).as_metrics()
     run.log(scores, step=step)
     return scores

@@ -62,6 +62,9 @@ def test_every_shipped_study_runs_in_smoke_mode(study: Path, elsewhere: Path, ca
         assert [r.data.tags["ablate.role"] for r in runs].count(model.SECTION) == 1
     steps = [int(r.data.params["trainer.max_steps"]) for r in trials if "trainer.max_steps" in r.data.params]
     assert max(steps, default=0) <= 16  # a handful of steps, not the study's own
+    probed = [r for r in runs if r.data.params.get("trainer.intrinsic") == "True"]
+    assert bool(probed) == ("intrinsic: true" in study.read_text(encoding="utf-8"))
+    assert {r.data.params["trainer.probe_batches"] for r in probed} <= {"4"}  # the probes on a little data too
 
 
 def test_a_run_that_fails_makes_the_smoke_fail_and_says_which(wiki_validation, elsewhere: Path, capsys) -> None:
