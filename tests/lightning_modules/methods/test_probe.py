@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -117,26 +116,24 @@ def test_cls_features_skip_unlabelled_rows(tiny_data: DataConfig) -> None:
 
 
 @pytest.fixture(scope="module")
-def scored(tiny_data: DataConfig) -> tuple[PretrainingModel, dict[str, torch.Tensor], IntrinsicScores, float]:
+def scored(tiny_data: DataConfig) -> tuple[PretrainingModel, dict[str, torch.Tensor], IntrinsicScores]:
     model = _tiny_model("none")
     model.train()
     model.encoder.eval()  # a mixed state (e.g. frozen layers) must come back as it was
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    start = time.perf_counter()
     scores = intrinsic_eval(model, probe_streams(tiny_data, VOCAB, seed=0), seed=0)
-    return model, before, scores, time.perf_counter() - start
+    return model, before, scores
 
 
-def test_intrinsic_eval_scores_in_range_and_fast(scored) -> None:
-    _, _, scores, seconds = scored
+def test_intrinsic_eval_scores_in_range(scored) -> None:
+    _, _, scores = scored
     for value in (scores.mlm_acc, scores.nsp_acc, scores.sop_acc):
         assert 0.0 <= value <= 1.0
     assert 0.2 < scores.nsp_acc < 0.85 and 0.2 < scores.sop_acc < 0.85  # a random model is near chance
-    assert seconds < 60, f"intrinsic_eval took {seconds:.1f}s"
 
 
 def test_intrinsic_eval_leaves_the_model_unchanged(scored) -> None:
-    model, before, _, _ = scored
+    model, before, _ = scored
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
     assert model.training and model.mlm_head.training
@@ -145,7 +142,7 @@ def test_intrinsic_eval_leaves_the_model_unchanged(scored) -> None:
 
 
 def test_intrinsic_eval_is_deterministic(scored, tiny_data: DataConfig) -> None:
-    model, _, scores, _ = scored
+    model, _, scores = scored
     again = intrinsic_eval(model, probe_streams(tiny_data, VOCAB, seed=0, train_batches=40, test_batches=10), seed=0)
     assert again == scores
 
