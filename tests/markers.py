@@ -128,7 +128,7 @@ SLOW: Table = {
         "test_bf16_with_gradient_clipping_trains_with_the_fused_optimizer",
         "test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step",
     ),
-    "lightning_modules/methods/test_probe.py": ("test_intrinsic_eval_scores_in_range_and_fast",),
+    "lightning_modules/methods/test_probe.py": ("test_intrinsic_eval_scores_in_range",),
     "lightning_modules/methods/test_squad_metrics.py": (
         "test_squad_v1_em_and_f1_are_the_official_ones_to_the_last_digit",
     ),
