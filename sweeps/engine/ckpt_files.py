@@ -26,7 +26,7 @@ class FileWriter(TorchCheckpointIO):
     """Lightning's ``torch.save`` checkpoints, written to a local disk without an in-memory copy.
 
     Lightning serializes the whole checkpoint into memory first and then copies it to its file: a
-    BERT-small pre-training checkpoint with its AdamW state (about 350 MB) took 0.7 s so against 0.5 s
+    BERT-small pre-training checkpoint with its AdamW state (about 350 MB) took 0.7 s that way, 0.5 s
     written straight (docs/performance.md). Here ``torch.save`` writes a temporary file beside the
     target, renamed into place when it is whole: as atomic as Lightning's write (a reader never sees
     part of a checkpoint), and every save a new file, never one rewritten in place, so a hard link to an
