@@ -51,6 +51,8 @@ WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
     # a run's frozen teacher (and a quantized model's observers) stay in eval mode while the student trains
     (UserWarning, r"Found \d+ module\(s\) in eval mode at the start of training"),
+    # a resumed run (a retried trial) finds its own earlier checkpoints in its folder: what it resumes from
+    (UserWarning, r"Checkpoint directory .* exists and is not empty\."),
 )
 """Library warnings the command hides: (category, the start of the message); every other warning shows."""
 

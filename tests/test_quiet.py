@@ -54,6 +54,23 @@ def test_onnxruntime_pre_processing_advice_is_hidden_and_other_root_warnings_are
     assert "Please consider" not in hidden and "a real warning" in hidden
 
 
+def test_the_note_on_a_resumed_runs_checkpoint_folder_is_hidden_and_other_warnings_are_not() -> None:
+    """Lightning warns when a fit's checkpoint folder already holds files, which a resumed run's (a retried
+    trial's) always does: hidden; another warning still shows."""
+    fit = (
+        "import pathlib, tempfile, warnings, lightning.pytorch as pl; "
+        "from lightning.pytorch.demos.boring_classes import BoringModel; "
+        "d = tempfile.mkdtemp(); pathlib.Path(d, 'last.ckpt').write_bytes(b'earlier'); "
+        "pl.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False, "
+        "enable_model_summary=False, accelerator='cpu', default_root_dir=d, "
+        "callbacks=[pl.callbacks.ModelCheckpoint(dirpath=d)]).fit(BoringModel()); "
+        "warnings.warn('a real warning')"
+    )
+    assert "exists and is not empty" in _stderr(fit)
+    hidden = _stderr(HIDE + fit)
+    assert "exists and is not empty" not in hidden and "a real warning" in hidden
+
+
 def test_every_command_and_mode_takes_verbose() -> None:
     from ablate.parsers import leaves, parser
 
