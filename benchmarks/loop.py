@@ -22,6 +22,7 @@ from rich.progress import Progress
 from ablate.benchmarks import mark
 from ablate.benchmarks.cases import CASES, Case
 from ablate.benchmarks.finetune_tasks import DEFAULT_TASK, check_task
+from ablate.benchmarks.host_reads import ReadCount, Reads
 from ablate.benchmarks.loop_clock import Alone, StepClock, Timing, turn_cpu_gaps, turn_gaps, turn_ratios
 from ablate.benchmarks.loop_floor import STEPS as FLOOR_STEPS
 from ablate.benchmarks.loop_floor import Floor, lightning_floor
@@ -35,6 +36,7 @@ HOST_TARGET_MS = 1.0  # the loop's host time per step that a GPU cannot hide (is
 WARMUP = {"cpu": 5, "cuda": 30}  # steps before the steady state: compilation and CUDA graph recording, workers starting
 STEPS = {"cpu": 40, "cuda": 300}
 BLOCK = {"cpu": 1, "cuda": None}  # steps per turn; None: the step alone after the run
+READ_STEPS = 30  # steady steps of the run whose device reads are counted (three log steps at the default)
 
 
 def run_config(
@@ -79,6 +81,7 @@ class LoopResult:
     phases: dict[str, float]
     load: tuple[float, float]  # 1-minute load average before and after
     after: list[str] = field(default_factory=list)  # the regime's own measurement (fine-tuning: padding)
+    reads: Reads | None = None  # the host's reads of device values, from a short counted run
 
     @property
     def by_median(self) -> float:
@@ -160,6 +163,8 @@ def measure(
         if s.after is not None:
             progress(f"{regime}: padding to the longest row against max_length")
             after = s.after()
+        progress(f"{regime}: device reads, counted in a run of {warmup + READ_STEPS} steps")
+        reads = counted_reads(s, device, warmup)
     if not clock.timing.blocks or not clock.timing.tokens:
         raise RuntimeError("the run ended before its steady state")
     return LoopResult(
@@ -176,7 +181,18 @@ def measure(
         phases,
         (load_before, os.getloadavg()[0]),
         after,
+        reads,
     )
+
+
+def counted_reads(s: Setup, device: torch.device, warmup: int) -> Reads:
+    """The host's reads of device values in a run of ``s`` stopped after ``warmup`` + :data:`READ_STEPS`
+    steps (counting slows the host, so it is not the timed run; eager, as counting sees only Python)."""
+    count = ReadCount(device, warmup, READ_STEPS)
+    eager = torch.compiler.set_stance("force_eager") if device.type == "cpu" else contextlib.nullcontext()
+    with eager, contextlib.redirect_stdout(sys.stderr):
+        s.run(RunContext(callbacks=(count,)))
+    return count.reads
 
 
 def _timed_run(s: Setup, clock: StepClock) -> dict[str, float]:
@@ -288,6 +304,7 @@ def report(r: LoopResult, corpus: str, floor: Floor | None = None) -> tuple[list
         f"- machine load (1-minute average) {r.load[0]:.2f} before, {r.load[1]:.2f} after",
         *_estimates(r),
         *_host_lines(r, floor),
+        *(r.reads.lines() if r.reads is not None else []),
         f"- target: loop efficiency >= {TARGET} ({mark(r.efficiency >= TARGET)})",
         "",
         f"loop efficiency: {r.efficiency:.2f}",

@@ -360,7 +360,8 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         assert self.tokenizer is not None
         buckets = self.buckets if shuffle else ()
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad, buckets=buckets)
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip)
+        pin = self.pinned()
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip, pin)
 
     def train_dataloader(self) -> DataLoader[Example]:
         """Training batches, shuffled by a generator seeded with ``seed``."""

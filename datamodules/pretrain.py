@@ -111,7 +111,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
         )
         trainer = self.trainer
         workers = self.data.workers(trainer.world_size if trainer is not None else 1)
-        on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        on_cuda = self.pinned()
         if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if workers > 0 and max_batches is None:  # an endless stream: its batches a few at a time
@@ -185,9 +185,7 @@ class PretrainDataModule(TrainPosition, pl.LightningDataModule):
                 max_batches=self.val_batches,
             )
         )
-        trainer = self.trainer
-        on_cuda = trainer is not None and trainer.strategy.root_device.type == "cuda"
-        return DataLoader(batches, batch_size=None, pin_memory=on_cuda)  # type: ignore[arg-type]  # a list
+        return DataLoader(batches, batch_size=None, pin_memory=self.pinned())  # type: ignore[arg-type]  # a list
 
 
 _VALIDATION: Kept[list[dict[str, torch.Tensor]]] = Kept(8)

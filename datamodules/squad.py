@@ -389,7 +389,8 @@ class SquadDataModule(TrainPosition, pl.LightningDataModule):
     def _loader(self, split: SpanSplit, shuffle: bool, skip: int = 0) -> DataLoader[Feature]:
         assert self.tokenizer is not None
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip)
+        pin = self.pinned()
+        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip, pin)
 
     def train_dataloader(self) -> DataLoader[Feature]:
         """Training windows, shuffled by a generator seeded with ``seed``."""

@@ -201,6 +201,12 @@ class TrainPosition:
         skip, self.skip_train_batches = self.skip_train_batches, 0
         return skip
 
+    def pinned(self) -> bool:
+        """Whether the loaders hand batches over in page-locked memory: on a CUDA device, where Lightning's
+        copy of a batch from pageable memory would make the host wait for the device's queue every step."""
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
 
 class ResumedShuffle(Sampler[int]):
     """``RandomSampler(generator=generator)``: the same draws, the first ``skip`` samples of its first
@@ -244,10 +250,12 @@ def task_loader(
     shuffle: bool,
     workers: int,
     skip_batches: int = 0,
+    pin: bool = False,
 ) -> DataLoader[T]:
     """A fine-tuning task's loader: shuffled by a generator seeded with ``seed`` (the same seed gives the
     same batches; ``skip_batches``: started that many batches in, where a resumed fit goes on) or in
-    order, its batches collated by ``collate`` (packed when ``workers`` collate them)."""
+    order, its batches collated by ``collate`` (packed when ``workers`` collate them), in page-locked
+    memory when ``pin`` (:meth:`TrainPosition.pinned`)."""
     if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sampler, generator = _shuffled(len(split), seed, batch_size, workers, skip_batches) if shuffle else (None, None)  # type: ignore[arg-type]
@@ -260,4 +268,5 @@ def task_loader(
         num_workers=workers,
         persistent_workers=workers > 0,
         multiprocessing_context=direct_context() if workers > 0 else None,
+        pin_memory=pin,
     )

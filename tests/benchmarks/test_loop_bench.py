@@ -67,6 +67,8 @@ def test_a_tiny_run_reports_loop_over_step(wiki_validation):
     assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}"
     assert not any("Lightning's own loop" in line for line in lines)  # no floor timed, none said
     assert ok == (r.efficiency >= 0.9)
+    assert r.reads is not None and r.reads.per("training step") == 0  # pre-training reads nothing between log steps
+    assert any(line.startswith("- device reads per log step: ") for line in lines)
     assert any(line.startswith("| the loop (ablate train) |") for line in lines)
     assert any(line.startswith("- loop efficiency turn by turn") for line in lines)
     assert f"- of it, the loop's own work: {r.host_cpu_ms:.2f} ms of the main thread's CPU time" in "\n".join(lines)

@@ -45,6 +45,9 @@ def test_each_regime_runs_and_prints_its_table(regime, name, wiki_validation):
     assert lines[0].startswith(f"### {case.name}: ablate train --regime {regime}{task} (")
     assert any(line.startswith("| the loop (ablate train) |") for line in lines)
     assert lines[-1] == f"loop efficiency: {r.efficiency:.2f}" and ok == (r.efficiency >= 0.9)
+    # the host reads no device value between log steps (on a GPU each read waits for the device's queue)
+    assert r.reads is not None and r.reads.seen["training step"] > 0 and r.reads.per("training step") == 0
+    assert "- device reads per training step: 0.00 (over" in "\n".join(lines)
     # fine-tuning also times its step on the same batches padded to max_length
     assert any(line.startswith("- padding to the longest row: **") for line in lines) == (regime == "finetune")
 

@@ -299,3 +299,19 @@ def test_tokenizer_padding_and_truncation_settings_are_ignored(tmp_path: Path, t
     plain = next(iter(ClassificationDataModule(cfg, tokenizer_file).val_dataloader()))
     other = next(iter(ClassificationDataModule(cfg, tmp_path / "padded.json").val_dataloader()))
     assert all(torch.equal(plain[k], other[k]) for k in plain)
+
+
+@pytest.mark.parametrize(("device", "pinned"), [("cpu", False), ("cuda", True)])
+def test_batches_are_page_locked_on_cuda(
+    make_dm: Callable[..., ClassificationDataModule], device: str, pinned: bool
+) -> None:
+    """On CUDA the training and dev loaders hand batches over page-locked, so that Lightning's copy to the
+    device does not make the host wait for the device's queue; not on a CPU. The trainer stands in for one
+    that placed the run (no GPU needed)."""
+    from types import SimpleNamespace
+
+    dm = make_dm()
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))  # type: ignore[assignment]
+    assert dm.train_dataloader().pin_memory is pinned
+    assert dm.val_dataloader().pin_memory is pinned

@@ -158,3 +158,16 @@ def test_bad_answers_and_unanswerable_questions_are_refused_naming_the_file(file
         task = {"kind": "span", "metric": "f1", "train": str(files["v1"]), "max_length": 64, field: value}
         with pytest.raises(ConfigError, match=f"finetune.{field}"):
             build_config({"finetune": {"source": str(files["v1"].parent), "validation": str(files["v1"]), **task}})
+
+
+@pytest.mark.parametrize(("device", "pinned"), [("cpu", False), ("cuda", True)])
+def test_windows_are_page_locked_on_cuda(files, device, pinned):
+    """As a classification task's batches: page-locked on CUDA, not on a CPU (the trainer stands in)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    dm = _dm(files)
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+    assert dm.train_dataloader().pin_memory is pinned
+    assert dm.val_dataloader().pin_memory is pinned

@@ -1,0 +1,80 @@
+"""The host's reads of device values, counted per training step, log step and validation batch of a real
+Lightning fit: a read asked for in the step is counted at its line, a loop without one counts none, and
+ablate's own loops read nothing between log steps."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from ablate.benchmarks.host_reads import ReadCount
+
+
+class _Line(pl.LightningModule):
+    """A linear fit whose training step reads its loss ``reads`` times (``.item()``) and logs every 4 steps."""
+
+    def __init__(self, reads: int) -> None:
+        super().__init__()
+        self.layer, self.reads = torch.nn.Linear(4, 1), reads
+
+    def logs_this_step(self) -> bool:
+        return (self.global_step + 1) % 4 == 0
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch).pow(2).mean()
+        for _ in range(self.reads):
+            loss.detach().item()
+        if self.logs_this_step():
+            float(loss.detach())
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        bool(self.layer(batch).sum() > 0)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _counted(reads: int, warmup: int = 2, steps: int = 12) -> ReadCount:
+    data = DataLoader(torch.randn(64, 4), batch_size=2)
+    count = ReadCount(torch.device("cpu"), warmup, steps)
+    trainer = pl.Trainer(
+        max_steps=100,
+        val_check_interval=8,
+        limit_val_batches=3,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[count],
+    )
+    trainer.fit(_Line(reads), data, data)
+    return count
+
+
+def test_reads_in_the_step_are_counted_at_their_line_by_kind():
+    count = _counted(reads=2)
+    r = count.reads
+    # steps 2..13 counted: 12 steps, of which 3 log (steps 3, 7, 11 zero-based: (g + 1) % 4 == 0)
+    assert r.seen["training step"] + r.seen["log step"] == 12 and r.seen["log step"] == 3
+    assert r.per("training step") == 2.0
+    (site,) = r.sites["training step"]
+    assert site.startswith("benchmarks/test_host_reads.py:") and site.endswith("(training_step)")
+    # a log step reads twice at that line and once at the next; on a CPU every tensor read counts, so
+    # Lightning's own read of its loader's state when a validation starts shows too (not a device's)
+    ours = {s: n for s, n in r.sites["log step"].items() if s.startswith("benchmarks/")}
+    assert sorted(ours.values()) == [3, 6] and site in ours
+    # two validations (after step 8, and where the fit stopped) of 3 batches, each batch reading once
+    assert r.seen["validation batch"] == 6 and r.per("validation batch") == 1.0
+    lines = r.lines()
+    assert lines[0].startswith("- device reads per training step: 2.00 (over 9): 2 benchmarks/test_host_reads.py:")
+
+
+def test_a_loop_without_reads_counts_none_and_the_fit_stops_where_asked():
+    count = _counted(reads=0, warmup=1, steps=5)
+    r = count.reads
+    assert r.per("training step") == 0.0 and r.sites["training step"] == {}
+    assert r.seen["training step"] + r.seen["log step"] == 5
+    assert r.lines()[0] == "- device reads per training step: 0.00 (over 4)"
