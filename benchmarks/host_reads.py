@@ -1,9 +1,7 @@
-"""Host reads of device values in the training loop, counted per training step, log step and validation
-batch, with where each comes from: on a GPU each one drains the device's queue (the host waits for every
-kernel before it and the device then waits for the host), a cost a CPU's timings do not show. On a CPU
-every read of a tensor counts (a GPU run reads the same values from the device); on CUDA the reads are the
-synchronizing operations torch reports (``torch.cuda.set_sync_debug_mode``). docs/performance.md,
-"Device reads"."""
+"""Host reads of device values in the training loop, per training step, log step and validation batch,
+with the line that asked: on a GPU each drains the device's queue, which a CPU's timings do not show. On
+a CPU every read of a tensor counts; on CUDA, torch's synchronizing operations
+(``torch.cuda.set_sync_debug_mode``). docs/performance.md, "Device reads"."""
 
 from __future__ import annotations
 
