@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
@@ -108,6 +108,14 @@ class OptimSetup:
     def describe(self) -> str:
         """``AdamW lr 0.001, warm-up 10``: what ``--print-plan`` shows of a phase's optimizer."""
         return f"AdamW lr {self.lr:g}, warm-up {self.warmup_steps}"
+
+
+@runtime_checkable
+class DeviceLogger(Protocol):
+    """A logger that takes a log step's values on the device and reads them when it sends them
+    (:class:`ablate.sweeps.engine.trainer.RunLogger`): a GPU's queue is not drained at every log step."""
+
+    def log_tensor(self, names: Sequence[str], values: torch.Tensor, step: int) -> None: ...
 
 
 class TrainModule(pl.LightningModule, abc.ABC):
@@ -245,21 +253,31 @@ class TrainModule(pl.LightningModule, abc.ABC):
         return total
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        """One step's loss; on log steps only, the total and each term are logged (one host read)."""
+        """One step's loss; on log steps only, the total, the tokens and each term are logged (read by the
+        logger later, :meth:`log_training`)."""
         self.new_step()
         stage = self._stage or self.stage_at(self.global_step)
         losses = self.losses(batch, stage)
         loss = self.weighted(losses)
         if self.logs_this_step():
-            bs = batch["input_ids"].shape[0]
-            self.log("train/loss", loss.detach().clone(), batch_size=bs)
-            self.log("train/tokens", batch["attention_mask"].sum().float(), reduce_fx="sum", batch_size=bs)
-            if self.logger is not None and losses:
-                # straight to the logger: a term that is off in this stage must not repeat its last value
-                values = torch.stack([v.detach().float() for v in losses.values()]).tolist()
-                names = [f"train/{k}_loss" for k in losses]
-                self.logger.log_metrics(dict(zip(names, values, strict=True)), step=self.global_step)
+            self.log_training(loss, batch, losses)
         return loss
+
+    def log_training(self, loss: torch.Tensor, batch: Batch, losses: Mapping[str, torch.Tensor]) -> None:
+        """A log step's ``train/loss``, ``train/tokens`` and ``train/<term>_loss``, as one tensor on the
+        device: a :class:`DeviceLogger` reads it when it sends (the step does not wait for the device),
+        another logger at once; a term that is off in this stage is not logged (no repeat of its last value).
+        The same values stand in ``trainer.callback_metrics`` (the fit's result, the progress bar), unread."""
+        names = ["train/loss", "train/tokens", *(f"train/{k}_loss" for k in losses)]
+        parts = [loss, batch["attention_mask"].sum(), *losses.values()]
+        values = torch.stack([v.detach().float() for v in parts])  # (2 + terms,)
+        logger = self.logger
+        if isinstance(logger, DeviceLogger):
+            logger.log_tensor(names, values, step=self.global_step)
+        elif logger is not None:
+            logger.log_metrics(dict(zip(names, values.tolist(), strict=True)), step=self.global_step)
+        if self._trainer is not None:
+            self._trainer.callback_metrics.update({"train/loss": values[0], "train/tokens": values[1]})
 
     # -- stages ----------------------------------------------------------------------------
     def set_stages(self, stages: list[Stage], optim: OptimSetup | None = None) -> None:

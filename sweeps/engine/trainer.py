@@ -9,7 +9,8 @@ import builtins
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ class RunLogger(MLFlowLogger):
     to do after a fit (validation of the quantized model, the exit curve, another phase, its
     weights), and only its owner (:func:`ablate.sweeps.engine.context.tracked_run`) ends it, once all of
     that is done. Metrics are held, each with the time it was logged, and sent every
-    :data:`SEND_EVERY` seconds, before each checkpoint and when a fit ends (:meth:`flush`).
+    :data:`SEND_EVERY` seconds, before each checkpoint and when a fit ends (:meth:`flush`); a log step's
+    values on the device (:meth:`log_tensor`) are read then, all in one read.
     ``offset`` moves the steps of a later fit of the same run on (a pruning run's phases).
     """
 
@@ -57,6 +59,7 @@ class RunLogger(MLFlowLogger):
     def __init__(self, uri: str, run_id: str, *, synchronous: bool) -> None:
         super().__init__(tracking_uri=uri, run_id=run_id, log_model=False, synchronous=synchronous)
         self.held: list[Metric] = []
+        self.unread: list[tuple[Sequence[str], torch.Tensor, int, int]] = []  # names, values, step, time (ms)
         self.sent_at = time.monotonic()
 
     @rank_zero_only
@@ -64,12 +67,35 @@ class RunLogger(MLFlowLogger):
         at = (step or 0) + self.offset
         now = int(time.time() * 1000)
         self.held += [Metric(k, float(v), now, at) for k, v in metrics.items() if at > self.logged.get(k, -1)]
-        if self.held and time.monotonic() - self.sent_at >= SEND_EVERY:
+        self._send_when_due()
+
+    @rank_zero_only
+    def log_tensor(self, names: Sequence[str], values: torch.Tensor, step: int) -> None:
+        """``values`` (one per name, on the device) at ``step``, read when they are sent."""
+        self.unread.append((names, values, step + self.offset, int(time.time() * 1000)))
+        self._send_when_due()
+
+    def _send_when_due(self) -> None:
+        if (self.held or self.unread) and time.monotonic() - self.sent_at >= SEND_EVERY:
             self.send()
+
+    def _read(self) -> list[Metric]:
+        """The unread values, read from their device at once, less the steps an earlier attempt logged."""
+        unread, self.unread = self.unread, []
+        if not unread:
+            return []
+        values = torch.cat([v.to(unread[0][1].device) for _, v, _, _ in unread]).tolist()
+        read = iter(values)
+        return [
+            Metric(name, value, now, at)
+            for names, _, at, now in unread
+            for name, value in zip(names, read, strict=False)
+            if at > self.logged.get(name, -1)
+        ]
 
     def send(self) -> None:
         """Hand the held metrics to MLflow (in batches of MLflow's largest size)."""
-        held, self.held, self.sent_at = self.held, [], time.monotonic()
+        held, self.held, self.sent_at = [*self.held, *self._read()], [], time.monotonic()
         size = MAX_METRICS_PER_BATCH
         for i in range(0, len(held), size):
             self.experiment.log_batch(self.run_id, metrics=held[i : i + size], **self._log_batch_kwargs)
@@ -79,7 +105,7 @@ class RunLogger(MLFlowLogger):
 
     def flush(self) -> None:
         """Send what is held and queued (a checkpoint is written only once what was logged before it is stored)."""
-        if self.held:
+        if self.held or self.unread:
             self.send()
         if self._initialized:
             self.experiment._tracking_client.store.flush_async_logging()
@@ -228,20 +254,35 @@ def fit(
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
+@dataclass
+class _Asked:
+    """A check's question: the steps and losses kept, and whether each is finite, on its way to the host."""
+
+    steps: list[int]
+    losses: list[torch.Tensor]
+    finite: torch.Tensor
+    ready: torch.cuda.Event | None  # recorded after the copy on a CUDA device
+
+
 class FiniteLoss(Callback):
     """Fail the run when the training loss is NaN or infinite.
 
     The module names its loss with a ``loss_name`` attribute (default ``training loss``) and
     may say more with a ``describe_step(step) -> str`` method (a distillation's stage; "" = nothing).
+    Every ``every`` steps a check asks whether the losses kept since the check before were finite (the
+    flags copied to the host without waiting for the device) and reads what the check before asked: the
+    loop never waits for the device here, and a bad step is found at most ``2 x every`` steps later; before
+    a validation and at the fit's end both are read.
 
     Args:
-        every: read the losses kept since the last check every this many steps (``trainer.log_every``).
+        every: steps between two checks (``trainer.log_every``).
     """
 
     def __init__(self, every: int) -> None:
         self.every = every
         self._step = 0
         self._kept: list[tuple[int, torch.Tensor]] = []  # (step, its loss) since the last check, on the device
+        self._asked: _Asked | None = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
@@ -256,27 +297,48 @@ class FiniteLoss(Callback):
             return
         self.update(loss, self._step)
         if trainer.global_step % self.every == 0:
-            self.check(pl_module)
+            self.check(pl_module, wait=False)
 
     def update(self, loss: torch.Tensor, step: int) -> None:
         """Keep one step's loss (a copy on the device: a CUDA graph's next replay overwrites its output)."""
         self._kept.append((step, loss.detach().clone()))
 
-    def check(self, pl_module: pl.LightningModule | None = None) -> None:
-        """Raise ``FloatingPointError`` naming the first step since the last check whose loss was not
-        finite (one host read of every kept loss's flag); the kept losses are then let go."""
+    def check(self, pl_module: pl.LightningModule | None = None, wait: bool = True) -> None:
+        """Ask about the losses kept since the last check and answer what the check before asked; ``wait``:
+        answer this one too (one host read). Raises ``FloatingPointError`` naming the first step whose loss
+        was not finite."""
+        earlier, self._asked = self._asked, self._ask()
+        self._answer(earlier, pl_module)
+        if wait:
+            now, self._asked = self._asked, None
+            self._answer(now, pl_module)
+
+    def _ask(self) -> _Asked | None:
         if not self._kept:
-            return
+            return None
         kept, self._kept = self._kept, []
-        finite = torch.isfinite(torch.stack([loss.float() for _, loss in kept])).tolist()
+        losses = [loss for _, loss in kept]
+        finite = torch.isfinite(torch.stack([loss.float() for loss in losses]))
+        ready = None
+        if finite.device.type == "cuda":  # into page-locked memory, without waiting; the event says when it is there
+            finite, ready = finite.to("cpu", non_blocking=True), torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record()
+        return _Asked([step for step, _ in kept], losses, finite, ready)
+
+    def _answer(self, asked: _Asked | None, pl_module: pl.LightningModule | None) -> None:
+        if asked is None:
+            return
+        if asked.ready is not None:
+            asked.ready.synchronize()
+        finite = asked.finite.tolist()
         if all(finite):
             return
-        step, loss = kept[finite.index(False)]
+        i = finite.index(False)
         describe = getattr(pl_module, "describe_step", None)
-        text = describe(step) if describe is not None else ""
+        text = describe(asked.steps[i]) if describe is not None else ""
         detail = f" ({text})" if text else ""
         what = getattr(pl_module, "loss_name", "training loss")
-        raise FloatingPointError(f"{what} became {float(loss)} at step {step}{detail}")
+        raise FloatingPointError(f"{what} became {float(asked.losses[i])} at step {asked.steps[i]}{detail}")
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.check(pl_module)

@@ -87,3 +87,29 @@ def test_a_resumed_fit_holds_only_steps_after_the_runs_history(run):
         again.log_metrics({"train/loss": float(step)}, step=step)
     again.flush()
     assert [s for s, _, _ in sorted(_history(uri, run_id, "train/loss"))] == list(range(8))
+
+
+def test_values_on_the_device_are_read_once_when_sent_with_their_steps(run, monkeypatch):
+    """A log step's values handed over as one tensor are not read until the send, then all together in one
+    read; each keeps its step and time, and a resumed fit's steps already in the history are left out."""
+    import torch
+
+    uri, run_id = run
+    first = run_logger(uri, run_id, synchronous=True)
+    first.log_metrics({"train/loss": 9.0}, step=0)
+    first.flush()
+    logger = run_logger(uri, run_id, synchronous=True, going_on=True)
+    for step in range(4):
+        logger.log_tensor(["train/loss", "train/tokens"], torch.tensor([10.0 - step, 64.0]), step=step)
+    assert len(logger.unread) == 4 and _history(uri, run_id, "train/tokens") == []
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t, _tolist=torch.Tensor.tolist: reads.append(1) or _tolist(t))
+    logger.flush()
+    assert reads == [1] and logger.unread == []
+    assert [(s, v) for s, v, _ in sorted(_history(uri, run_id, "train/loss"))] == [
+        (0, 9.0),
+        (1, 9.0),
+        (2, 8.0),
+        (3, 7.0),
+    ]
+    assert [(s, v) for s, v, _ in sorted(_history(uri, run_id, "train/tokens"))] == [(s, 64.0) for s in range(4)]

@@ -1,4 +1,4 @@
-"""What every training loop gets: the NaN guard reads the device only at its checks and names
+"""What every training loop gets: the NaN guard reads the device only at its checks, one check late, and names
 the first bad step; bf16 with gradient clipping trains with the fused AdamW."""
 
 from __future__ import annotations
@@ -14,6 +14,17 @@ from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.engine.trainer import FiniteLoss
+
+
+def test_a_check_that_does_not_wait_answers_at_the_next_check():
+    guard = FiniteLoss(every=2)
+    guard.update(torch.tensor(1.0), 0)
+    guard.update(torch.tensor(float("nan")), 1)
+    guard.check(wait=False)  # asked, not read
+    assert guard._kept == [] and guard._asked is not None
+    guard.update(torch.tensor(1.0), 2)
+    with pytest.raises(FloatingPointError, match=r"training loss became nan at step 1$"):
+        guard.check(wait=False)  # the answer to the check before
 
 
 def test_the_guard_names_the_first_non_finite_step_only_when_it_checks():
@@ -82,11 +93,12 @@ class _PoisonAt(pl.Callback):
 
 
 def test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step(tmp_path, wiki_validation):
-    """NaN from step 7 on, read at step 10 (trainer.log_every = 5): the error names step 7, not the
+    """NaN from step 7 on (trainer.log_every = 2): the check after step 7 asks about steps 6 and 7 without
+    waiting for the device, the next one (after step 9) reads the answer; the error names step 7, not the
     step at which it was read, and the run ends FAILED."""
     import mlflow
 
-    cfg = _cfg(tmp_path, wiki_validation, log_every=5, max_steps=12, val_every=12)
+    cfg = _cfg(tmp_path, wiki_validation, log_every=2, max_steps=12, val_every=12)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     seen: list[int] = []
 
@@ -96,7 +108,7 @@ def test_the_guard_checks_every_log_every_steps_and_names_the_first_bad_step(tmp
 
     with pytest.raises(FloatingPointError, match=r"training loss became nan at step 7$"):
         train(cfg, RunContext(tracking_uri=uri, callbacks=(_PoisonAt(7), Steps())))
-    assert seen[-1] == 9  # trained on past the bad step until the guard's read after 10 steps
+    assert seen[-1] == 9  # trained on past the bad step until the guard's read, one check later
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "FAILED"
