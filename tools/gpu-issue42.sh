@@ -22,10 +22,12 @@ step() {  # step FILE NAME SECONDS COMMAND...: its output appended to $OUT/FILE,
 study=${STUDY:-sweeps/studies/albert_table5_gpu.yaml}  # STUDY=...: another (2026-11-27 ran the one-seed form)
 if [ "$dev" = cuda ]; then
   step study.txt study 200 ablate bench study "$study" --device cuda --out "$OUT/study.md"
-  step loops.txt finetune-sst2-b32 85 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32 --steps 200
-  step loops.txt finetune-mrpc-b128 70 ablate bench loop --regime finetune --device cuda --task mrpc --batch 128 --steps 150
-  step loops.txt finetune-squad-b32 70 ablate bench loop --regime finetune --device cuda --task squad --batch 32 --steps 150
+  # each loop bench ends with its device reads per step, log step and validation batch (torch's sync warnings)
+  step loops.txt pretrain-bert-small 75 ablate bench loop --device cuda --steps 300
+  step loops.txt finetune-sst2-b32 100 ablate bench loop --regime finetune --device cuda --task sst2 --batch 32 --steps 200
+  step loops.txt finetune-mrpc-b128 80 ablate bench loop --regime finetune --device cuda --task mrpc --batch 128 --steps 150
   step train.txt train-bert-base 90 ablate bench train --case bert-base --device cuda --compile
+  step loops.txt finetune-squad-b32 80 ablate bench loop --regime finetune --device cuda --task squad --batch 32 --steps 150
 else
   step study.txt study 300 ablate bench study sweeps/studies/quickstart.yaml --smoke --out "$OUT/study.md"
   step loops.txt finetune-sst2-b8 200 ablate bench loop --regime finetune --device cpu --task sst2 --batch 8 --steps 10 --compile
