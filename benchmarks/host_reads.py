@@ -20,9 +20,26 @@ from torch.overrides import TorchFunctionMode
 # tensor methods that hand a value to the host: a GPU waits for the kernels that make it (``.to("cpu")``
 # is not among them: on a CPU it cannot be told from a move to the run's device)
 READS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__format__", "numpy", "cpu"})
+# operations whose result's size depends on the values: the host reads that size before it goes on
+SIZED_BY_VALUES = frozenset({"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"})
 KINDS = ("training step", "log step", "validation batch")
 _SKIPPED = (str(Path(torch.__file__).parent), __file__, warnings.__file__)  # frames that only pass a read on
 _OPTIM = str(Path(torch.optim.__file__).parent)  # torch's optimizers read only their step counts, host-side
+
+
+def _reads(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+    """Whether ``name`` called with ``args`` reads a value (or a size made of values) on the host."""
+    if name in READS or name in SIZED_BY_VALUES:
+        return True
+    if name == "where":  # torch.where(condition): the positions
+        return len(args) == 1 and not kwargs
+    if name == "repeat_interleave":  # repeats given as a tensor, without output_size
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+    if name in ("__getitem__", "__setitem__") and len(args) > 1:  # indexing by a boolean mask
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    return False
 
 
 def _site() -> str | None:
@@ -53,9 +70,10 @@ class _Reads(TorchFunctionMode):
     ) -> object:
         kwargs = kwargs or {}
         first = args[0] if args else None
-        read = getattr(func, "__name__", "") in READS
-        if read and isinstance(first, torch.Tensor) and first.device.type == self.device_type:
-            self.seen(_site())
+        name = getattr(func, "__name__", "")
+        if isinstance(first, torch.Tensor) and first.device.type == self.device_type and _reads(name, args, kwargs):
+            site = _site()
+            self.seen(None if site is None else f"{site} {name}")
         return func(*args, **kwargs)
 
 

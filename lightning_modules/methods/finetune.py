@@ -78,10 +78,14 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-METRICS: dict[str, Callable[[int], Metric]] = {
-    "accuracy": lambda c: MulticlassAccuracy(num_classes=c, average="micro"),
-    "f1": lambda c: BinaryF1Score() if c == 2 else MulticlassF1Score(num_classes=c, average="macro"),
-    "mcc": lambda c: MatthewsCorrCoef(num_classes=c),
+METRICS: dict[str, Callable[[int], Metric]] = {  # arguments unchecked: labels are checked when read
+    "accuracy": lambda c: MulticlassAccuracy(num_classes=c, average="micro", validate_args=False),
+    "f1": lambda c: (
+        BinaryF1Score(validate_args=False)
+        if c == 2
+        else MulticlassF1Score(num_classes=c, average="macro", validate_args=False)
+    ),
+    "mcc": lambda c: MatthewsCorrCoef(num_classes=c, validate_args=False),
     "pearson": lambda c: PearsonCorrCoef().set_dtype(torch.float64),
     "spearman": lambda c: SpearmanCorr().set_dtype(torch.float64),
 }
