@@ -59,21 +59,24 @@ class _FrozenEval:
 
 
 def _run(model: PretrainingModel, batches: Iterable[dict[str, torch.Tensor]]) -> _Pass:
-    """One frozen forward per batch: [CLS] features, sentence labels and MLM counts."""
+    """One frozen forward per batch: [CLS] features, sentence labels and MLM counts. Nothing is read from
+    the device until every batch has run (on a GPU a read per batch would make each forward wait)."""
     device = next(model.parameters()).device
-    feats, labels, correct, total = [], [], 0, 0
+    feats, labels = [], []
+    correct = total = torch.zeros((), dtype=torch.long, device=device)
     with _FrozenEval(model):
         for batch in batches:
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             out = model(batch)
-            keep = batch["sentence_label"] != IGNORE_INDEX  # (B,)
-            feats.append(out.cls[keep].float())  # (B', H), on the model's device
-            labels.append(batch["sentence_label"][keep])
-            correct += int(((out.mlm_logits.argmax(-1) == out.mlm_targets) & out.mlm_valid).sum())
-            total += int(out.mlm_valid.sum())
-    x = torch.cat(feats) if feats else torch.empty(0, 0, device=device)
-    y = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long, device=device)
-    return _Pass(x, y, correct, total)
+            feats.append(out.cls.float())  # (B, H), on the model's device
+            labels.append(batch["sentence_label"])
+            correct = correct + ((out.mlm_logits.argmax(-1) == out.mlm_targets) & out.mlm_valid).sum()
+            total = total + out.mlm_valid.sum()
+    if not feats:
+        return _Pass(torch.empty(0, 0, device=device), torch.empty(0, dtype=torch.long, device=device), 0, 0)
+    y = torch.cat(labels)
+    keep = y != IGNORE_INDEX  # (N,): rows without a sentence label are left out
+    return _Pass(torch.cat(feats)[keep], y[keep], int(correct), int(total))
 
 
 def cls_features(

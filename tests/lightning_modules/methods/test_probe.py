@@ -115,6 +115,20 @@ def test_cls_features_skip_unlabelled_rows(tiny_data: DataConfig) -> None:
     assert len(x) == len(y) == len(batch["input_ids"]) - 3
 
 
+def test_a_pass_reads_the_device_once_at_its_end_not_per_batch(tiny_data: DataConfig) -> None:
+    """On a GPU a read per batch would make each probe forward wait for the one before."""
+    from ablate.benchmarks.host_reads import _watching
+
+    model, batches = _tiny_model(), _batches(tiny_data, 4)
+    reads = []
+    for n in (1, 4):
+        seen: list[str | None] = []
+        with _watching(torch.device("cpu"), seen.append):
+            probe._run(model, batches[:n])
+        reads.append(len(seen))
+    assert reads[0] == reads[1] <= 4  # the rows kept (features, labels), the two MLM counts
+
+
 @pytest.fixture(scope="module")
 def scored(tiny_data: DataConfig) -> tuple[PretrainingModel, dict[str, torch.Tensor], IntrinsicScores]:
     model = _tiny_model("none")
