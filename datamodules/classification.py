@@ -355,13 +355,15 @@ class ClassificationDataModule(TrainPosition, pl.LightningDataModule):
         return float((val.labels == majority).mean())
 
     def _loader(self, split: EncodedSplit, shuffle: bool, skip: int = 0) -> DataLoader[Example]:
-        """Training batches padded to a bucket's width when ``bucketed`` (a compiled step), dev batches
-        (scored eager) to their longest row."""
+        """Training batches padded to a bucket's width and all of ``batch_size`` rows when ``bucketed`` (a
+        compiled step: a few shapes), dev batches (scored eager) to their longest row."""
         assert self.tokenizer is not None
         buckets = self.buckets if shuffle else ()
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad, buckets=buckets)
-        pin = self.pinned()
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip, pin)
+        size = self.cfg.batch_size
+        return task_loader(
+            split, size, collate_rows, self.seed, shuffle, self.num_workers, skip, self.pinned(), bool(buckets)
+        )
 
     def train_dataloader(self) -> DataLoader[Example]:
         """Training batches, shuffled by a generator seeded with ``seed``."""

@@ -299,6 +299,8 @@ class SquadDataModule(TrainPosition, pl.LightningDataModule):
         seed: seeds the training order.
         num_workers: DataLoader workers.
         limit_train: keep only the first N training questions.
+        whole_batches: every training batch of ``batch_size`` windows, an epoch's smaller last one left
+            out (a compiled step would compile again for its size).
 
     Attributes:
         tokenizer, train_set, val_set: after ``setup``; ``val_set.dev`` holds the dev questions and
@@ -316,8 +318,10 @@ class SquadDataModule(TrainPosition, pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         limit_train: int | None = None,
+        whole_batches: bool = False,
     ) -> None:
         super().__init__()
+        self.whole_batches = whole_batches
         if cfg.train is None:
             raise ConfigError("finetune.train: required to fine-tune (a data file or a hub name)")
         self.cfg, self.tokenizer_path, self.seed = cfg, Path(tokenizer_path), seed
@@ -389,8 +393,9 @@ class SquadDataModule(TrainPosition, pl.LightningDataModule):
     def _loader(self, split: SpanSplit, shuffle: bool, skip: int = 0) -> DataLoader[Feature]:
         assert self.tokenizer is not None
         collate_rows = partial(collate, pad_id=special_ids(self.tokenizer).pad)
-        pin = self.pinned()
-        return task_loader(split, self.cfg.batch_size, collate_rows, self.seed, shuffle, self.num_workers, skip, pin)
+        whole = self.whole_batches and shuffle
+        size = self.cfg.batch_size
+        return task_loader(split, size, collate_rows, self.seed, shuffle, self.num_workers, skip, self.pinned(), whole)
 
     def train_dataloader(self) -> DataLoader[Feature]:
         """Training windows, shuffled by a generator seeded with ``seed``."""

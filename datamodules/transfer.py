@@ -225,13 +225,14 @@ class ResumedShuffle(Sampler[int]):
 
 
 def _shuffled(
-    n: int, seed: int, batch_size: int, workers: int, skip_batches: int
+    n: int, seed: int, batch_size: int, workers: int, skip_batches: int, per_epoch: int
 ) -> tuple[ResumedShuffle, torch.Generator]:
-    """The sampler and loader generator of a shuffled loader that draws what ``DataLoader(shuffle=True,
-    generator=seeded)`` draws, started ``skip_batches`` batches in: the epochs before are replayed (each
-    epoch's iterator draws the loader's seed, persistent workers' only the first; the order draws twice)."""
+    """The sampler and loader generator of a shuffled loader (``per_epoch`` batches an epoch) that draws
+    what ``DataLoader(shuffle=True, generator=seeded)`` draws, started ``skip_batches`` batches in: the
+    epochs before are replayed (each epoch's iterator draws the loader's seed, persistent workers' only the
+    first; the order draws twice)."""
     generator = torch.Generator().manual_seed(seed)
-    epochs, within = divmod(skip_batches, math.ceil(n / batch_size))
+    epochs, within = divmod(skip_batches, per_epoch)
     for epoch in range(epochs):
         if workers == 0 or epoch == 0:
             torch.empty((), dtype=torch.int64).random_(generator=generator)
@@ -251,19 +252,26 @@ def task_loader(
     workers: int,
     skip_batches: int = 0,
     pin: bool = False,
+    whole: bool = False,
 ) -> DataLoader[T]:
     """A fine-tuning task's loader: shuffled by a generator seeded with ``seed`` (the same seed gives the
     same batches; ``skip_batches``: started that many batches in, where a resumed fit goes on) or in
     order, its batches collated by ``collate`` (packed when ``workers`` collate them), in page-locked
-    memory when ``pin`` (:meth:`TrainPosition.pinned`)."""
+    memory when ``pin`` (:meth:`TrainPosition.pinned`). ``whole``: every batch holds ``batch_size`` rows,
+    an epoch's last, smaller one left out (a compiled step would compile again for its size), unless the
+    split is smaller than one batch."""
     if workers > 0:  # the Rust tokenizer's thread pool must not be used across fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sampler, generator = _shuffled(len(split), seed, batch_size, workers, skip_batches) if shuffle else (None, None)  # type: ignore[arg-type]
+    n = len(split)  # type: ignore[arg-type]
+    drop = whole and n >= batch_size
+    per_epoch = n // batch_size if drop else math.ceil(n / batch_size)
+    sampler, generator = _shuffled(n, seed, batch_size, workers, skip_batches, per_epoch) if shuffle else (None, None)
     return DataLoader(
         split,
         batch_size,
         sampler=sampler,
         generator=generator,
+        drop_last=drop,
         collate_fn=packed(collate, workers),
         num_workers=workers,
         persistent_workers=workers > 0,

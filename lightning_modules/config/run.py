@@ -40,7 +40,9 @@ class TrainerConfig:
             spawned once CUDA is initialised), ``ddp_spawn`` or ``ddp_fork``; ``auto`` = ``ddp``
             when ``devices`` > 1.
         compile: compile the encoder's layer block with ``torch.compile`` (one graph per layer shape, reused by
-            every layer and every later model of that shape; embeddings, heads and losses eager).
+            every layer and every later model of that shape; embeddings, heads and losses eager); a
+            fine-tuning run's training batches then come in a few widths and all of ``finetune.batch_size``
+            rows (an epoch's smaller last batch left out).
         compile_mode: ``torch.compile``'s mode: ``default``, ``reduce-overhead`` (CUDA graphs:
             the step replays as one launch; for small models on a GPU) or
             ``max-autotune-no-cudagraphs`` (searches matmul kernels; long compile).

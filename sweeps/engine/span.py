@@ -40,7 +40,14 @@ def span_module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) 
 def span_data(cfg: ExperimentConfig, tokenizer: Path) -> SquadDataModule:
     """The span task's data, read, checked and tokenized (before the run exists)."""
     f = cfg.finetune
-    data = SquadDataModule(f, tokenizer, seed=cfg.seed, limit_train=f.train_examples, num_workers=task_workers(cfg))
+    data = SquadDataModule(
+        f,
+        tokenizer,
+        seed=cfg.seed,
+        limit_train=f.train_examples,
+        num_workers=task_workers(cfg),
+        whole_batches=cfg.trainer.compile,
+    )
     data.setup("fit")
     return data
 

@@ -115,3 +115,30 @@ def test_a_compiled_step_sees_a_few_bucketed_widths_and_the_same_logits(dev):
             widths.add(width)
     assert len(lengths) > len(widths)  # batches of many lengths, a few widths
     assert counters["stats"]["unique_graphs"] == len(widths)
+
+
+def test_a_compiled_steps_batches_are_all_of_one_size_so_an_epoch_compiles_nothing_more(dev):
+    """SST-2's 872 dev rows in batches of 32: bucketed (a compiled step), the epoch's last 8 rows are left
+    out rather than given as a batch of their own size, which would compile every layer again; the batches
+    are the plain loader's first 27, and a whole epoch builds one graph per width."""
+    from torch._dynamo.utils import counters
+
+    bucketed = ClassificationDataModule(dev.cfg, dev.tokenizer_path, bucketed=True)
+    bucketed.setup("fit")
+    plain = [b["labels"] for b in dev.train_dataloader()]
+    whole = list(bucketed.train_dataloader())
+    assert [len(b) for b in plain[-2:]] == [32, 872 % 32] and len(whole) == 872 // 32
+    assert all(len(b["labels"]) == 32 for b in whole)
+    assert torch.equal(torch.cat([b["labels"] for b in whole]), torch.cat(plain)[: 27 * 32])
+    torch.manual_seed(0)
+    model_cfg = ModelConfig(
+        vocab_size=1000, hidden_dim=32, embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, max_position=MAX_LENGTH
+    )
+    classifier = build_classifier(build_pretraining_model(model_cfg, ObjectiveConfig()), 2, 0.0, 0.5).eval()
+    compiled = torch.compile(classifier, backend="aot_eager", dynamic=False)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        for batch in whole:
+            compiled(batch)
+    assert counters["stats"]["unique_graphs"] == len({b["input_ids"].shape[1] for b in whole})

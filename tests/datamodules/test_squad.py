@@ -171,3 +171,24 @@ def test_windows_are_page_locked_on_cuda(files, device, pinned):
     dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
     assert dm.train_dataloader().pin_memory is pinned
     assert dm.val_dataloader().pin_memory is pinned
+
+
+def test_a_compiled_steps_windows_come_in_whole_batches(files):
+    """``whole_batches`` (``trainer.compile``): every training batch holds ``batch_size`` windows, the
+    epoch's smaller last one left out (it would compile the layers again); the dev batches are all kept."""
+    cfg = FinetuneConfig(
+        kind="span",
+        metric="f1",
+        train=str(files["v1"]),
+        validation=str(files["v1"]),
+        max_length=64,
+        max_query_length=24,
+        batch_size=8,
+    )
+    plain, whole = SquadDataModule(cfg, files["tok"]), SquadDataModule(cfg, files["tok"], whole_batches=True)
+    plain.setup()
+    whole.setup()
+    n = len(plain.train_set)
+    assert n % 8 and [len(b["input_ids"]) for b in whole.train_dataloader()] == [8] * (n // 8)
+    assert sum(len(b["input_ids"]) for b in plain.train_dataloader()) == n
+    assert sum(len(b["input_ids"]) for b in whole.val_dataloader()) == len(whole.val_set)

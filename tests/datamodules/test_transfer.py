@@ -74,10 +74,11 @@ def test_pinned_and_moved_in_one_copy():
     assert _equal({k: v.cpu() for k, v in on_gpu.items()}, _batch())
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_a_shuffled_task_loader_draws_as_a_seeded_shuffle_and_resumes_at_any_batch(workers):
+@pytest.mark.parametrize(("workers", "whole"), [(0, False), (1, False), (0, True), (1, True)])
+def test_a_shuffled_task_loader_draws_as_a_seeded_shuffle_and_resumes_at_any_batch(workers, whole):
     """The loader's order is ``DataLoader(shuffle=True, generator=seeded)``'s, epoch after epoch; one
-    started k batches in (a resumed fit) goes on with the batch the first would have given next."""
+    started k batches in (a resumed fit) goes on with the batch the first would have given next. ``whole``
+    (a compiled step's loader): every batch of 5 rows, each epoch's last 3 rows left out, as ``drop_last``."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -100,15 +101,26 @@ def test_a_shuffled_task_loader_draws_as_a_seeded_shuffle_and_resumes_at_any_bat
         collate_fn=packed(collate, workers),
         num_workers=workers,
         persistent_workers=workers > 0,
+        drop_last=whole,
     )
-    ours = task_loader(rows, 5, collate, 7, True, workers)
-    want = batches(plain, 4)
-    assert batches(ours, 4) == want and len(want) == 20
-    for k in (1, 4, 5, 7, 12):  # inside the first epoch, at an epoch's end, in later epochs
-        resumed = task_loader(rows, 5, collate, 7, True, workers, skip_batches=k)
+    ours = task_loader(rows, 5, collate, 7, True, workers, whole=whole)
+    want = batches(plain, 5)
+    e = 4 if whole else 5  # batches an epoch
+    assert batches(ours, 5) == want and len(want) == 5 * e
+    assert all(len(b) == 5 for b in want) == whole
+    for k in (1, 3, 4, 5, 7, 12):  # inside the first epoch, at an epoch's end, in later epochs
+        resumed = task_loader(rows, 5, collate, 7, True, workers, skip_batches=k, whole=whole)
         first = batches(resumed, 1)  # the rest of the epoch it was stopped in
-        assert first == want[k : (k // 5 + 1) * 5]
-        assert batches(resumed, 1) == want[(k // 5 + 1) * 5 : (k // 5 + 2) * 5]  # and its next epoch
+        assert first == want[k : (k // e + 1) * e]
+        assert batches(resumed, 1) == want[(k // e + 1) * e : (k // e + 2) * e]  # and its next epoch
+
+
+def test_whole_batches_keep_a_split_smaller_than_a_batch():
+    from ablate.datamodules.transfer import task_loader
+
+    rows = [{"x": torch.tensor([i])} for i in range(3)]
+    loader = task_loader(rows, 5, lambda b: {"x": torch.cat([r["x"] for r in b])}, 7, True, 0, whole=True)
+    assert [len(b["x"]) for b in loader] == [3]  # not an empty epoch
 
 
 class _Endless(IterableDataset[dict[str, torch.Tensor]]):
