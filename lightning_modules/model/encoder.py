@@ -156,11 +156,15 @@ class Encoder(nn.Module):
         self.embeddings, self.attentions, self.ffn_stacks = embeddings, attentions, ffn_stacks
         self.bottlenecks, self.plan = bottlenecks, plan
         self.layer = LayerBlock()
+        self.any_length = False  # the compiled block's graphs take any sequence length (compile_layers)
 
-    def compile_layers(self, mode: str = "default", dynamic: bool | None = None) -> None:
+    def compile_layers(self, mode: str = "default", any_length: bool = False) -> None:
         """Compile the layer block (regional compilation): the stack's one graph per layer shape, reused
-        by every layer and every later encoder of that shape; embeddings and heads stay eager."""
-        self.layer.compile(mode=mode, dynamic=dynamic, **recompile_limit(LAYER_RECOMPILE_LIMIT))
+        by every layer and every later encoder of that shape; embeddings and heads stay eager.
+        ``any_length``: the sequence length is a dimension of the graph rather than a constant (fine-tuning's
+        few bucketed widths: one graph for all instead of one each)."""
+        self.any_length = any_length
+        self.layer.compile(mode=mode, **recompile_limit(LAYER_RECOMPILE_LIMIT))
 
     def forward(
         self,
@@ -219,6 +223,10 @@ class Encoder(nn.Module):
         to ``keep`` when given."""
         ffn = cast(nn.ModuleList, self.ffn_stacks[step.ffn])
         neck = cast(Bottleneck, self.bottlenecks[step.bottleneck]) if self.bottlenecks else None
+        if self.any_length:  # T symbolic in the graph compiled for these inputs (no error if it must be fixed)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            if mask is not None:
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
         out: torch.Tensor = self.layer(self.attentions[step.attention], ffn, neck, x, mask, keep, rows)
         return out
 

@@ -240,3 +240,37 @@ def test_recompile_limit_on_a_torch_without_the_argument(monkeypatch: pytest.Mon
     with config.patch(recompile_limit=100):
         recompile_limit(LAYER_RECOMPILE_LIMIT)
         assert config.recompile_limit == 100
+
+
+@pytest.mark.parametrize("family", ["bert", "mobilebert"])
+def test_a_fine_tuning_encoder_compiles_one_graph_for_every_bucketed_width(family: str) -> None:
+    """``compile_layers(any_length=True)`` (a fine-tuning run: batches in a few bucketed widths): the
+    sequence length is a dimension of the block's graph, so the widths 16, 32 and 64 build the graphs
+    one width builds, not one each (compiled with ``dynamic=False``, as fine-tuning was before); the
+    outputs are eager's."""
+    from ablate.lightning_modules.model.classifier import build_classifier
+
+    cfg, model = _model(family)
+
+    def graphs(any_length: bool) -> int:
+        torch.manual_seed(0)
+        classifier = build_classifier(model, 2, 0.0, 0.5).eval()  # no dropout: eager's outputs to compare
+        encoder = classifier.model.encoder if hasattr(classifier, "model") else classifier.encoder
+        encoder.compile_layers(any_length=any_length)
+        assert encoder.any_length is any_length
+        dynamic = None if any_length else False
+        encoder.layer.compile(
+            backend="aot_eager", fullgraph=True, dynamic=dynamic, recompile_limit=LAYER_RECOMPILE_LIMIT
+        )
+        torch._dynamo.reset()
+        counters.clear()
+        for width in (16, 32, 64):
+            batch = random_batch(cfg.model.vocab_size, B, width, torch.device("cpu"), seed=width)
+            logits = classifier(batch)
+            logits.sum().backward()
+            with torch.compiler.set_stance("force_eager"):
+                torch.testing.assert_close(logits, classifier(batch), rtol=1e-5, atol=1e-5)
+        return int(counters["stats"]["unique_graphs"])
+
+    per_width, any_width = graphs(False), graphs(True)
+    assert any_width >= 1 and per_width == 3 * any_width
