@@ -43,6 +43,18 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> ClassificationDataModule:
     return dm
 
 
+def _compiled_classifier() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A 1-layer classifier (eval) and its whole forward compiled with static shapes (aot_eager), dynamo reset."""
+    torch.manual_seed(0)
+    model_cfg = ModelConfig(
+        vocab_size=1000, hidden_dim=32, embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, max_position=MAX_LENGTH
+    )
+    classifier = build_classifier(build_pretraining_model(model_cfg, ObjectiveConfig()), 2, 0.0, 0.5).eval()
+    compiled = torch.compile(classifier, backend="aot_eager", dynamic=False)
+    torch._dynamo.reset()
+    return classifier, compiled
+
+
 @pytest.mark.parametrize("sharing", ["none", "all"])  # BERT and ALBERT
 def test_padding_to_the_longest_row_gives_the_same_logits_and_accuracy(dev, sharing):
     torch.manual_seed(0)
@@ -94,13 +106,7 @@ def test_a_compiled_step_sees_a_few_bucketed_widths_and_the_same_logits(dev):
     bucketed = ClassificationDataModule(dev.cfg, dev.tokenizer_path, bucketed=True)
     bucketed.setup("fit")
     assert bucketed.train_set is dev.train_set  # the split tokenized once in this process
-    torch.manual_seed(0)
-    model_cfg = ModelConfig(
-        vocab_size=1000, hidden_dim=32, embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, max_position=MAX_LENGTH
-    )
-    classifier = build_classifier(build_pretraining_model(model_cfg, ObjectiveConfig()), 2, 0.0, 0.5).eval()
-    compiled = torch.compile(classifier, backend="aot_eager", dynamic=False)
-    torch._dynamo.reset()
+    classifier, compiled = _compiled_classifier()
     counters.clear()
     pairs = zip(bucketed.train_dataloader(), dev.train_dataloader(), strict=True)  # the same seed, the same rows
     lengths, widths = set(), set()
@@ -130,13 +136,7 @@ def test_a_compiled_steps_batches_are_all_of_one_size_so_an_epoch_compiles_nothi
     assert [len(b) for b in plain[-2:]] == [32, 872 % 32] and len(whole) == 872 // 32
     assert all(len(b["labels"]) == 32 for b in whole)
     assert torch.equal(torch.cat([b["labels"] for b in whole]), torch.cat(plain)[: 27 * 32])
-    torch.manual_seed(0)
-    model_cfg = ModelConfig(
-        vocab_size=1000, hidden_dim=32, embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, max_position=MAX_LENGTH
-    )
-    classifier = build_classifier(build_pretraining_model(model_cfg, ObjectiveConfig()), 2, 0.0, 0.5).eval()
-    compiled = torch.compile(classifier, backend="aot_eager", dynamic=False)
-    torch._dynamo.reset()
+    classifier, compiled = _compiled_classifier()
     counters.clear()
     with torch.no_grad():
         for batch in whole:
