@@ -205,8 +205,9 @@ def test_two_workers_killed_at_random_moments_still_finish_every_configuration_o
                 break
             time.sleep(0.2)
         # a random moment of a trial: set-up, training, logging, the end (in the first round, of its run's
-        # first 2 s: a run of 4 steps can end sooner than that on a quick machine)
-        time.sleep(chance.uniform(0.0, 4.0) * (0.5 if round_ == 0 else 1.0))
+        # first 0.2 s: a run of 4 steps can end within a second or two, and a kill after it leaves no KILLED,
+        # resumed or taken-over run for the check below; seen once, in a loaded suite, on 2026-11-28)
+        time.sleep(chance.uniform(0.0, 4.0) * (0.05 if round_ == 0 else 1.0))
         for p in chance.sample(procs, victims):
             if p.poll() is None:
                 p.kill_group(signal.SIGKILL)
