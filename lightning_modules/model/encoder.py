@@ -191,6 +191,10 @@ class Encoder(nn.Module):
         forward compiles to one graph."""
         mask = None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, T), True = attend
         x: torch.Tensor = self.embeddings(input_ids, token_type_ids, words)  # (B, T, H)
+        if self.any_length:  # T symbolic in the block's graph; once per forward (the first layer compiles it)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            if mask is not None:
+                torch._dynamo.maybe_mark_dynamic(mask, 3)
         if trace is not None:
             trace.embedding = x
         last = len(self.plan) - 1
@@ -223,10 +227,6 @@ class Encoder(nn.Module):
         to ``keep`` when given."""
         ffn = cast(nn.ModuleList, self.ffn_stacks[step.ffn])
         neck = cast(Bottleneck, self.bottlenecks[step.bottleneck]) if self.bottlenecks else None
-        if self.any_length:  # T symbolic in the graph compiled for these inputs (no error if it must be fixed)
-            torch._dynamo.maybe_mark_dynamic(x, 1)
-            if mask is not None:
-                torch._dynamo.maybe_mark_dynamic(mask, 3)
         out: torch.Tensor = self.layer(self.attentions[step.attention], ffn, neck, x, mask, keep, rows)
         return out
 
