@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest
-from ablate.sweeps.engine.ckpt_files import link_copy
+from ablate.sweeps.engine.ckpt_files import FileWriter, local_path, same_file
 
 LAST = "last.ckpt"
 MLFLOW = "mlflow"
@@ -126,27 +126,31 @@ def run_place(where: str, root: str | Path, cfg: ExperimentConfig) -> Checkpoint
 
 class KeptCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, with a ``last.ckpt`` that holds the state ``best.ckpt`` was just written
-    with at the same step kept as a hard link to it rather than serialized a second time (the two differ
-    only in the name of the last checkpoint this callback records); each ``last.ckpt`` it keeps handed to
-    ``upload`` when given (a run whose checkpoints are MLflow artifacts)."""
+    with at the same step kept as a hard link to it (a copy where links cannot be made) rather than
+    serialized a second time (the two differ only in the name of the last checkpoint this callback
+    records); each ``last.ckpt`` it keeps handed to ``upload`` when given (a run whose checkpoints are
+    MLflow artifacts). Both wait in :class:`FileWriter`'s queue for the file they need."""
 
     def __init__(self, upload: Callable[[str], None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.upload = upload
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        io, upload = trainer.strategy.checkpoint_io, self.upload
         last = Path(filepath).name == LAST
-        if last and self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
-            linked = link_copy(self._last_checkpoint_saved, filepath) if trainer.is_global_zero else False
-            linked = trainer.strategy.broadcast(linked)  # every rank takes rank 0's way (a save waits for all)
-        else:
-            linked = False
-        if linked:
+        again = last and self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved
+        source, target = (local_path(self._last_checkpoint_saved), local_path(filepath)) if again else (None, None)
+        if isinstance(io, FileWriter) and source is not None and target is not None:
+            if trainer.is_global_zero:
+                io.then(lambda: same_file(source, target))
             self._last_checkpoint_saved = filepath
         else:
             super()._save_checkpoint(trainer, filepath)
-        if self.upload is not None and trainer.is_global_zero and last:
-            self.upload(filepath)
+        if upload is not None and trainer.is_global_zero and last:
+            if isinstance(io, FileWriter):
+                io.then(lambda: upload(filepath))
+            else:
+                upload(filepath)
 
 
 def callbacks(

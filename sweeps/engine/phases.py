@@ -17,6 +17,7 @@ from torch import nn
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.sweeps.engine import checkpoints, tracking
+from ablate.sweeps.engine.ckpt_files import FileWriter
 from ablate.sweeps.engine.context import ActiveRun, Prepared, RunContext, say
 from ablate.sweeps.engine.trainer import RunLogger, ValidateAtEnd, build_trainer, run_logger
 from ablate.sweeps.engine.trainer import fit as _fit
@@ -169,12 +170,15 @@ class PhaseStore:
         plan: where its checkpoints are written (None: none kept).
         resume: the context's ``resume``: True (what an earlier attempt at the config left), a
             ``last.ckpt`` (``ablate train --resume``: its folder holds the ended phases), or False.
+        writer: what writes them (and uploads them), in the background, for all the run's fits: the
+            run waits for it before it ends (:meth:`close`).
     """
 
     run: ActiveRun
     plan: checkpoints.CheckpointPlace | None
     resume: str | bool
     mark: PhaseMark | None = None
+    writer: FileWriter = field(default_factory=lambda: FileWriter(held=True))
 
     @classmethod
     def of(cls, ctx: RunContext, run: ActiveRun) -> PhaseStore:
@@ -231,7 +235,17 @@ class PhaseStore:
         trainer.save_checkpoint(path, weights_only=False)  # its state for a resume (PhaseMark leaves the optimizer out)
         self.mark.ended = None
         if self.plan.mirror:
-            self.run.client.log_artifact(self.run.run_id, path, checkpoints.ARTIFACTS)
+            client, run_id = self.run.client, self.run.run_id
+            self.writer.then(lambda: client.log_artifact(run_id, path, checkpoints.ARTIFACTS))
+
+    def close(self, failed: bool = False) -> None:
+        """Wait for the checkpoints still being written (the run's finishers ran beside them); raise a
+        write's error, unless the run ``failed`` already (its own error is the one to see)."""
+        try:
+            self.writer.wait()
+        except Exception:
+            if not failed:
+                raise
 
     def restore(self, index: int, module: pl.LightningModule) -> tuple[int, dict[str, float]]:
         """Load ended phase ``index`` into ``module`` (and the generators); its step and metrics. The data
@@ -252,9 +266,22 @@ def execute(plan: RunPlan[M, H], ready: Prepared[M, H], run: ActiveRun, ctx: Run
     """Run ``plan`` inside ``run`` on what ``ready`` loaded: its phases in turn on one step counter, each
     given what the one before handed on, with the run context's callbacks, clocks and checkpoints in
     each (resuming from what an earlier attempt left), then its finishers, each timed as
-    ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics."""
+    ``finisher:<name>`` (the context's ``timed`` hook); the run's final metrics, once the checkpoints
+    written in the background are on disk."""
     logger = run_logger(run.uri, run.run_id, synchronous=False, going_on=ctx.reopen is not None)
     store = PhaseStore.of(ctx, run)
+    try:
+        metrics = _execute(plan, ready, run, ctx, store, logger)
+    except BaseException:
+        store.close(failed=True)
+        raise
+    store.close()
+    return metrics
+
+
+def _execute(
+    plan: RunPlan[M, H], ready: Prepared[M, H], run: ActiveRun, ctx: RunContext, store: PhaseStore, logger: RunLogger
+) -> Metrics:
     done, partial = store.resume_point(len(plan.phases))
     materials, handed, cfg = ready.materials, ready.handed, ready.cfg
     step, metrics = 0, Metrics()
@@ -320,7 +347,7 @@ def _fit_phase(
         max_steps=phase.steps,
         val_every=val_every,
         val_batches=phase.val_batches,
-        checkpointing=bool(saving),
+        writer=store.writer if saving else None,
     )
     resumed = f", from {start}" if start else ""
     run.phase(phase.name, f"{phase.detail}{', ' if phase.detail else ''}{phase.steps} steps{resumed}")

@@ -185,14 +185,14 @@ def build_trainer(
     max_steps: int | None = None,
     val_every: int | None = None,
     val_batches: int | float | None = None,
-    checkpointing: bool = False,
+    writer: FileWriter | None = None,
 ) -> pl.Trainer:
     """A Lightning Trainer from ``cfg.trainer`` and ``cfg.optim.grad_clip``.
 
     ``max_steps``, ``val_every`` and ``val_batches`` default to the trainer section's (a
     fine-tuning run passes its own; ``1.0`` validates on the whole dev set). Validation runs
     every ``val_every`` steps across epoch ends. Checkpoints are written only when
-    ``callbacks`` bring a ModelCheckpoint (``checkpointing``).
+    ``callbacks`` bring a ModelCheckpoint, by ``writer`` (the run's, :class:`FileWriter`).
 
     Steps are optimizer steps: with ``accumulate_grad_batches`` = k, Lightning's ``max_steps``,
     ``global_step``, ``log_every_n_steps`` and the step-wise LR schedule count them, but its
@@ -218,8 +218,8 @@ def build_trainer(
         profiler=lightning_profiler(t),
         logger=logger or False,
         callbacks=grouped(every) if t.profiler is None else every,  # a profiler times each apart
-        enable_checkpointing=checkpointing,
-        plugins=[FileWriter()],
+        enable_checkpointing=writer is not None,
+        plugins=[writer or FileWriter()],
         enable_progress_bar=t.progress,
         enable_model_summary=False,
         log_every_n_steps=t.log_every,
