@@ -49,7 +49,7 @@ class DropMessage(logging.Filter):
 WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # Lightning flattens batches with torch's deprecated LeafSpec: torch's note to Lightning, not to a user
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
-    # a run's frozen teacher (and a quantized model's observers) stay in eval mode while the student trains
+    # a run's frozen teacher stays in eval mode while the student trains (TrainModule.train)
     (UserWarning, r"Found \d+ module\(s\) in eval mode at the start of training"),
     # a resumed run (a retried trial) finds its own earlier checkpoints in its folder: what it resumes from
     (UserWarning, r"Checkpoint directory .* exists and is not empty\."),

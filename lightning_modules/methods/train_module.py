@@ -319,6 +319,9 @@ class TrainModule(pl.LightningModule, abc.ABC):
             getattr(model, name).requires_grad_(True)
 
     def on_fit_start(self) -> None:
+        # the model trains in train mode (its dropout on), whatever mode it came in: Lightning keeps each
+        # module's mode, and a model read from a run or a folder (a fine-tuning or pruning source) is in eval mode
+        self.train()
         if self.global_rank > 0:  # a spawned DDP rank starts at torch's default; rank 0's run set its own
             torch.set_float32_matmul_precision(resolved(self.cfg.trainer.matmul_precision, self.device.type))
         if self.staged and isinstance(self.logger, MLFlowLogger):  # the boundaries, in the run's tags
@@ -333,7 +336,7 @@ class TrainModule(pl.LightningModule, abc.ABC):
     # -- the teacher stays frozen ------------------------------------------------------
     def train(self, mode: bool = True) -> TrainModule:
         super().train(mode)
-        if self.link is not None:  # Lightning puts the whole module in train mode; the teacher's dropout stays off
+        if self.link is not None:  # the whole module in train mode (on_fit_start); the teacher's dropout stays off
             self.link.teacher.eval()
         return self
 

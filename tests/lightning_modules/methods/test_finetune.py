@@ -129,3 +129,40 @@ def test_glues_metrics_f1_of_class_1_for_two_classes_and_correlations():
     flat = METRICS["pearson"](1)
     flat.update(torch.ones(4), y)  # a constant prediction: undefined, scored 0
     assert float(computed(flat)) == 0.0
+
+
+def test_a_source_read_in_eval_mode_fine_tunes_in_train_mode_and_validates_in_eval_mode():
+    """A model read from a run or a folder is in eval mode, and Lightning keeps each module's mode: the fit
+    puts the classifier, its copied encoder included, in train mode (its dropout on) for every step,
+    and validation in eval mode (the run's dropout off there)."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    cfg = _cfg(num_labels=2, max_steps=3, val_every=2)
+    source = build_pretraining_model(cfg.model, cfg.objective).eval()  # as load_pretrained returns it
+    module = FinetuneModule(cfg, source)
+    assert not module.model.encoder.training  # the copy came in eval mode
+    seen: list[tuple[str, bool]] = []
+
+    class Modes(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(("train", all(m.training for m in pl_module.model.modules())))
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            seen.append(("validate", any(m.training for m in pl_module.model.modules())))
+
+    trainer = pl.Trainer(
+        max_steps=3,
+        val_check_interval=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        callbacks=[Modes()],
+    )
+    batches = DataLoader([_batch() for _ in range(3)], batch_size=None)
+    trainer.fit(module, batches, DataLoader([_batch()], batch_size=None))
+    assert seen[:4] == [("train", True), ("train", True), ("validate", False), ("train", True)]

@@ -45,6 +45,7 @@ def stsb_run(tmp_path_factory):
     tok = train_tokenizer([r[0] for r in rows] + [r[1] for r in rows], vocab_size=1000, lowercase=True)
     tok.save(str(tmp / "tokenizer.json"))
     model = {"preset": "bert-tiny", "num_layers": 2, "vocab_size": 1000, "max_position": 64}
+    model["dropout"] = 0.0  # 40 steps from random weights: scores that still differ row by row
     cfg = build_config({"model": model})
     torch.manual_seed(0)
     export(build_pretraining_model(cfg.model, cfg.objective), cfg, tmp / "source", tokenizer=tmp / "tokenizer.json")
