@@ -166,8 +166,13 @@ class FinetuneModule(TrainModule):
         """The best validation's predictions (CPU tensors, as a checkpoint holds them): per dev set name, each
         row's (:func:`predictions`), in file order; a span task's, every dev window's start and end logits
         (:func:`~ablate.lightning_modules.methods.span.window_logits` reads them): the run's ``predictions/``."""
-        if cfg.trainer.compile:  # the layer block, one graph per layer shape for all the loader's bucketed widths
-            self.model.encoder.compile_layers(cfg.trainer.compile_mode, any_length=True)
+        self.compile_encoder()
+
+    def compile_encoder(self) -> None:
+        """When the run compiles: the encoder's layer block, one graph per layer shape for every width the
+        loader's batches take (bucketed widths; a span task's windows). Validation runs eager."""
+        if self.cfg.trainer.compile:
+            self.model.encoder.compile_layers(self.cfg.trainer.compile_mode, any_length=True)
 
     def dev_metrics(self, dev: int = 0) -> dict[str, Metric]:
         """The metrics of dev set ``dev`` (0: the task's own) by name, its loss as ``loss``."""

@@ -71,6 +71,7 @@ class SpanModule(FinetuneModule):
         """Each dev window's (T,) start and end logits of this validation, by the window's index."""
         self.best_predictions: dict[str, torch.Tensor] | None = None
         """Every dev window's start and end logits at the best validation, packed (the run's ``predictions/``)."""
+        self.compile_encoder()
 
     def task_output(self, model: TaskModel, batch: Batch, trace: Trace | None) -> TaskOutput:
         """The start and end logits as (2B, T) rows (what KD compares: distributions over positions) and the loss."""
@@ -88,7 +89,8 @@ class SpanModule(FinetuneModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self.scoring():
             return
-        logits = self.model(batch)
+        with torch.compiler.set_stance("force_eager"):  # as a classifier's dev batches: no graphs of its own
+            logits = self.model(batch)
         self.val_loss.update(span_loss_of(logits, batch), weight=batch["input_ids"].shape[0])
         start, end = span_logits(logits, batch["attention_mask"])
         lengths = batch["attention_mask"].sum(dim=1).tolist()

@@ -274,3 +274,39 @@ def test_a_fine_tuning_encoder_compiles_one_graph_for_every_bucketed_width(famil
 
     per_width, any_width = graphs(False), graphs(True)
     assert any_width >= 1 and per_width == 3 * any_width
+
+
+@pytest.mark.parametrize("kind", ["classification", "span"])
+def test_a_compiled_fine_tuning_run_compiles_its_encoder_and_validates_eager(kind: str) -> None:
+    """``trainer.compile`` compiles the layer block of every fine-tuning module, a span task's (SQuAD) as a
+    classifier's; its training step builds the block's graph, and a dev batch builds none (eager)."""
+    from ablate.lightning_modules.methods.finetune import FinetuneModule
+    from ablate.lightning_modules.methods.span import SpanModule
+
+    span = kind == "span"
+    ft = {"source": "runs:/s", "task": "squad" if span else "t", "kind": kind, "train": "a", "validation": "b"}
+    ft |= {"metric": "f1" if span else "accuracy", "max_steps": 4}
+    cfg = build_config({"model": {"preset": "bert-tiny"}, "finetune": ft, "trainer": {"compile": True}})
+    torch.manual_seed(0)
+    module = (SpanModule if span else FinetuneModule)(cfg, build_pretraining_model(cfg.model, cfg.objective))
+    encoder = module.model.encoder
+    assert encoder.layer._compiled_call_impl is not None and encoder.any_length
+    encoder.layer.compile(backend="aot_eager", fullgraph=True, recompile_limit=LAYER_RECOMPILE_LIMIT)
+
+    def batch_of(rows: int, width: int) -> dict[str, torch.Tensor]:
+        batch = random_batch(cfg.model.vocab_size, rows, width, torch.device("cpu"), seed=width)
+        spans = {"start_positions": torch.arange(rows), "end_positions": torch.arange(rows) + 1}
+        return batch | spans | {"labels": torch.arange(rows) % 2, "feature": torch.arange(rows)}
+
+    batch = batch_of(B, T)
+    torch._dynamo.reset()
+    counters.clear()
+    module.train()
+    module.task_output(module.model, batch, None).loss.backward()
+    trained = int(counters["stats"]["unique_graphs"])
+    module.eval()
+    with torch.no_grad():
+        module.validation_step(batch_of(3, 20), 0)  # a dev batch: its own rows and width
+    scored = len(module.window_logits) if span else module.dev_metrics()["loss"].update_count
+    assert scored == 3 if span else scored == 1
+    assert trained >= 1 and int(counters["stats"]["unique_graphs"]) == trained
