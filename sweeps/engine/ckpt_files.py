@@ -76,7 +76,8 @@ class FileWriter(TorchCheckpointIO):
     def __init__(self, held: bool = False) -> None:
         super().__init__()
         self.held = held
-        self._pid = os.getpid()
+        self._owner = os.getpid()  # the run's process: a forked or spawned rank's copy waits at its fit's end
+        self._pid = self._owner  # the process whose thread the pool has
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[Future[object]] = []
 
@@ -114,7 +115,7 @@ class FileWriter(TorchCheckpointIO):
             raise errors[0]
 
     def teardown(self) -> None:
-        if not self.held or self._pid != os.getpid():
+        if not self.held or self._owner != os.getpid():
             self.wait()
 
 

@@ -4,6 +4,7 @@ kept without its optimizer state."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -115,6 +116,24 @@ def test_a_run_links_last_to_best_of_the_same_step_and_ends_its_phase_without_th
     weights, trained = ended["state_dict"], last["state_dict"]
     assert weights.keys() == trained.keys() and all(torch.equal(weights[k], trained[k]) for k in weights)
     assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt", ended_name(0)]
+
+
+def _rank_saves(writer: FileWriter, target: Path, written: multiprocessing.Queue) -> None:
+    writer.save_checkpoint(_state(7.0), target)
+    writer.teardown()  # a forked rank's fit ends
+    written.put((not writer._queued, target.is_file()))  # waited for: nothing left queued, the file there
+
+
+def test_a_held_writer_in_a_forked_rank_waits_at_its_fits_end(tmp_path: Path) -> None:
+    """A DDP rank forked from the run's process holds a copy of the run's writer: nobody waits for it but
+    its own fit's end, so that one does."""
+    fork = multiprocessing.get_context("fork")
+    written = fork.Queue()
+    rank = fork.Process(target=_rank_saves, args=(FileWriter(held=True), tmp_path / "last.ckpt", written))
+    rank.start()
+    assert written.get(timeout=60) == (True, True)
+    rank.join(60)
+    assert rank.exitcode == 0
 
 
 def test_same_file_copies_where_links_cannot_be_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
