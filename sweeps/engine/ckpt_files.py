@@ -65,7 +65,8 @@ class FileWriter(TorchCheckpointIO):
     never sees part of a checkpoint), every save a new file, so a hard link to an earlier one
     (:func:`link_copy`) keeps what it held. Work that needs a written file (a link, an upload) goes in
     the same queue (:meth:`then`). Other filesystems (fsspec URLs) are written as Lightning writes them,
-    at once. A write's error is raised by the next save, :meth:`wait` or :meth:`teardown`.
+    at once. A save waits for the saves before the last one, so that host memory holds at most two
+    states. A write's error is raised by the next save, :meth:`wait` or :meth:`teardown`.
 
     Args:
         held: the writer of a run, shared by its fits: each fit's end leaves the writes going and the run
@@ -90,7 +91,7 @@ class FileWriter(TorchCheckpointIO):
             self.wait()
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        self._raise_done()
+        self._settle(1)  # host memory holds at most two states: one waiting or being written, this one
         state = host_copy(checkpoint)
         self.then(lambda: _into_place(target, lambda partial: torch.save(state, partial)))
 
@@ -100,19 +101,18 @@ class FileWriter(TorchCheckpointIO):
             self._pool, self._pid, self._queued = ThreadPoolExecutor(1, "ablate-checkpoints"), os.getpid(), []
         self._queued.append(self._pool.submit(work))
 
-    def _raise_done(self) -> None:
-        """Raise the error of the first finished write that failed; forget the finished ones."""
-        done = [f for f in self._queued if f.done()]
-        self._queued = [f for f in self._queued if not f.done()]
+    def _settle(self, unfinished: int) -> None:
+        """Wait until at most the last ``unfinished`` works queued are still going; forget the finished
+        ones, raising the first one's error."""
+        for earlier in self._queued[: max(0, len(self._queued) - unfinished)]:
+            earlier.exception()  # waits for it
+        done, self._queued = [f for f in self._queued if f.done()], [f for f in self._queued if not f.done()]
         for f in done:
             f.result()
 
     def wait(self) -> None:
         """Wait for every write and work queued; raise the first one's error."""
-        queued, self._queued = self._queued, []
-        errors = [e for e in (f.exception() for f in queued) if e is not None]
-        if errors:
-            raise errors[0]
+        self._settle(0)
 
     def teardown(self) -> None:
         if not self.held or self._owner != os.getpid():

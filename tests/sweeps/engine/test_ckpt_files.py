@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 
 import fsspec
@@ -54,6 +55,17 @@ def test_a_save_that_fails_leaves_the_earlier_file_as_it_was_and_raises_at_the_w
     writer._queued[-1].exception()  # the write has failed: the next save says so
     with pytest.raises(Exception, match="pickle"):
         writer.save_checkpoint(_state(6.0), target)
+
+
+def test_a_save_waits_for_the_saves_before_the_last_so_that_two_states_at_most_wait_in_memory(tmp_path: Path) -> None:
+    writer, released = FileWriter(), threading.Event()
+    writer.then(released.wait)  # a slow disk: the first write holds the queue
+    writer.save_checkpoint(_state(1.0), tmp_path / "a.ckpt")  # queued behind it: two in the queue
+    threading.Timer(0.3, released.set).start()
+    writer.save_checkpoint(_state(2.0), tmp_path / "b.ckpt")  # waits for the first, not for a.ckpt
+    assert released.is_set() and len(writer._queued) <= 2
+    writer.wait()
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["a.ckpt", "b.ckpt"]
 
 
 def test_the_writer_saves_the_state_as_it_was_at_the_save_with_shared_storage_kept(tmp_path: Path) -> None:
