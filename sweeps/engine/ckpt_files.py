@@ -70,7 +70,7 @@ class FileWriter(TorchCheckpointIO):
 
     Args:
         held: the writer of a run, shared by its fits: each fit's end leaves the writes going and the run
-            waits (:meth:`wait`) before it ends; not held: each fit's end waits. A copy in another process
+            closes it (:meth:`close`) before it ends; not held: each fit's end waits. A copy in another process
             (a spawned DDP rank) waits at its fit's end.
     """
 
@@ -117,6 +117,15 @@ class FileWriter(TorchCheckpointIO):
     def teardown(self) -> None:
         if not self.held or self._owner != os.getpid():
             self.wait()
+
+    def close(self) -> None:
+        """Wait for everything queued (raising the first error) and end the writer's thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.shutdown()
+            self._pool = None
 
 
 def link_copy(source: str | Path, target: str | Path) -> bool:

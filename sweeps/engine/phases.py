@@ -242,7 +242,7 @@ class PhaseStore:
         """Wait for the checkpoints still being written (the run's finishers ran beside them); raise a
         write's error, unless the run ``failed`` already (its own error is the one to see)."""
         try:
-            self.writer.wait()
+            self.writer.close()
         except Exception:
             if not failed:
                 raise

@@ -86,8 +86,9 @@ def test_work_queued_after_a_save_finds_its_file_and_a_held_writer_is_waited_for
     held.save_checkpoint(_state(1.0), target)
     held.then(lambda: seen.append(torch.load(target)["state_dict"]["w"][0, 0].item()))
     held.teardown()  # a fit's end: the run waits, not the fit
-    held.wait()
-    assert seen == [1.0]
+    thread = held._pool
+    held.close()  # the run's end: its writes done, its thread ended
+    assert seen == [1.0] and held._pool is None and thread is not None and thread._shutdown
     plain = FileWriter()
     plain.save_checkpoint(_state(2.0), tmp_path / "other.ckpt")
     plain.teardown()  # a writer of its own fit: the fit's end waits
