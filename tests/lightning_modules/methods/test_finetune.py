@@ -60,6 +60,24 @@ def test_a_model_without_sentence_head_gets_a_fresh_pooler_and_more_classes():
     assert module.model(_batch(3)).shape == (4, 3)
 
 
+def _trainer(max_steps: int, callbacks: list | None = None):
+    """A bare CPU Trainer validating one dev batch every 2 steps."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        max_steps=max_steps,
+        val_check_interval=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        callbacks=callbacks or [],
+    )
+
+
 def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():
     """Early stopping's choice is what the run leaves; a later validation (of the quantized
     classifier, whose state holds packed tensors and dtypes) keeps nothing."""
@@ -76,18 +94,7 @@ def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():
 
     batches = DataLoader([_batch() for _ in range(4)], batch_size=None)
     dev = DataLoader([_batch()], batch_size=None)
-    trainer = pl.Trainer(
-        max_steps=4,
-        val_check_interval=2,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-    )
-    trainer.fit(module, batches, dev)
+    _trainer(max_steps=4).fit(module, batches, dev)
     assert module.best_state is not None and module.best is not None
     kept = copy.deepcopy(module.best_state)
     torch.nn.init.zeros_(module.model.head.classifier.weight)  # the weights drift after the best validation
@@ -151,18 +158,6 @@ def test_a_source_read_in_eval_mode_fine_tunes_in_train_mode_and_validates_in_ev
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
             seen.append(("validate", any(m.training for m in pl_module.model.modules())))
 
-    trainer = pl.Trainer(
-        max_steps=3,
-        val_check_interval=2,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        callbacks=[Modes()],
-    )
     batches = DataLoader([_batch() for _ in range(3)], batch_size=None)
-    trainer.fit(module, batches, DataLoader([_batch()], batch_size=None))
+    _trainer(max_steps=3, callbacks=[Modes()]).fit(module, batches, DataLoader([_batch()], batch_size=None))
     assert seen[:4] == [("train", True), ("train", True), ("validate", False), ("train", True)]
