@@ -65,8 +65,8 @@ class FileWriter(TorchCheckpointIO):
     never sees part of a checkpoint), every save a new file, so a hard link to an earlier one
     (:func:`link_copy`) keeps what it held. Work that needs a written file (a link, an upload) goes in
     the same queue (:meth:`then`). Other filesystems (fsspec URLs) are written as Lightning writes them,
-    at once. A save waits for the saves before the last one, so that host memory holds at most two
-    states. A write's error is raised by the next save, :meth:`wait` or :meth:`teardown`.
+    at once. A save waits for the saves before the last one (not for links or uploads), so that host
+    memory holds at most two states. A write's error is raised by the next save, :meth:`wait` or :meth:`teardown`.
 
     Args:
         held: the writer of a run, shared by its fits: each fit's end leaves the writes going and the run
@@ -81,9 +81,10 @@ class FileWriter(TorchCheckpointIO):
         self._pid = self._owner  # the process whose thread the pool has
         self._pool: ThreadPoolExecutor | None = None
         self._queued: list[Future[object]] = []
+        self._saves: list[Future[object]] = []  # the queued saves (each holds a state in host memory)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None, "_queued": []}
+        return {**self.__dict__, "_pool": None, "_queued": [], "_saves": []}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         target = local_path(path)
@@ -91,19 +92,30 @@ class FileWriter(TorchCheckpointIO):
             self.wait()
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        self._settle(1)  # host memory holds at most two states: one waiting or being written, this one
+        self._this_process()
+        for earlier in self._saves[:-1]:  # host memory holds at most two states: the last save's and this one
+            earlier.exception()  # waits for it
+        self._settle(len(self._queued))  # a finished write's error, raised now
         state = host_copy(checkpoint)
         self.then(lambda: _into_place(target, lambda partial: torch.save(state, partial)))
+        self._saves = [*(f for f in self._saves if not f.done()), self._queued[-1]]
+
+    def _this_process(self) -> None:
+        """In a process forked from the one that queued the works (a DDP rank): none of them, no thread yet."""
+        if self._pid != os.getpid():
+            self._pool, self._pid, self._queued, self._saves = None, os.getpid(), [], []
 
     def then(self, work: Callable[[], object]) -> None:
         """Run ``work`` in the writer's thread, after the writes asked for before."""
-        if self._pool is None or self._pid != os.getpid():
-            self._pool, self._pid, self._queued = ThreadPoolExecutor(1, "ablate-checkpoints"), os.getpid(), []
+        self._this_process()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, "ablate-checkpoints")
         self._queued.append(self._pool.submit(work))
 
     def _settle(self, unfinished: int) -> None:
         """Wait until at most the last ``unfinished`` works queued are still going; forget the finished
         ones, raising the first one's error."""
+        self._this_process()
         for earlier in self._queued[: max(0, len(self._queued) - unfinished)]:
             earlier.exception()  # waits for it
         done, self._queued = [f for f in self._queued if f.done()], [f for f in self._queued if not f.done()]
@@ -123,7 +135,7 @@ class FileWriter(TorchCheckpointIO):
         try:
             self.wait()
         finally:
-            if self._pool is not None and self._pid == os.getpid():
+            if self._pool is not None:
                 self._pool.shutdown()
             self._pool = None
 

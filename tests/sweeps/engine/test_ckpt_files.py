@@ -59,13 +59,16 @@ def test_a_save_that_fails_leaves_the_earlier_file_as_it_was_and_raises_at_the_w
 
 def test_a_save_waits_for_the_saves_before_the_last_so_that_two_states_at_most_wait_in_memory(tmp_path: Path) -> None:
     writer, released = FileWriter(), threading.Event()
-    writer.then(released.wait)  # a slow disk: the first write holds the queue
-    writer.save_checkpoint(_state(1.0), tmp_path / "a.ckpt")  # queued behind it: two in the queue
+    writer.then(released.wait)  # a slow disk: everything after it waits
+    writer.save_checkpoint(_state(0.0), tmp_path / "first.ckpt")
+    writer.then(lambda: None)  # a link or an upload of it: no state of its own
+    writer.save_checkpoint(_state(1.0), tmp_path / "a.ckpt")  # one save before it: no wait
+    assert not released.is_set() and len(writer._saves) == 2
     threading.Timer(0.3, released.set).start()
-    writer.save_checkpoint(_state(2.0), tmp_path / "b.ckpt")  # waits for the first, not for a.ckpt
-    assert released.is_set() and len(writer._queued) <= 2
+    writer.save_checkpoint(_state(2.0), tmp_path / "b.ckpt")  # waits for first.ckpt, the save before the last
+    assert released.is_set() and (tmp_path / "first.ckpt").is_file() and len(writer._saves) <= 2
     writer.wait()
-    assert [p.name for p in sorted(tmp_path.iterdir())] == ["a.ckpt", "b.ckpt"]
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["a.ckpt", "b.ckpt", "first.ckpt"]
 
 
 def test_the_writer_saves_the_state_as_it_was_at_the_save_with_shared_storage_kept(tmp_path: Path) -> None:
@@ -141,11 +144,14 @@ def test_a_held_writer_in_a_forked_rank_waits_at_its_fits_end(tmp_path: Path) ->
     """A DDP rank forked from the run's process holds a copy of the run's writer: nobody waits for it but
     its own fit's end, so that one does."""
     fork = multiprocessing.get_context("fork")
-    written = fork.Queue()
-    rank = fork.Process(target=_rank_saves, args=(FileWriter(held=True), tmp_path / "last.ckpt", written))
+    written, run, released = fork.Queue(), FileWriter(held=True), threading.Event()
+    run.then(released.wait)  # the run's earlier phase still writing when the rank forks: not the rank's to wait for
+    rank = fork.Process(target=_rank_saves, args=(run, tmp_path / "last.ckpt", written))
     rank.start()
     assert written.get(timeout=60) == (True, True)
     rank.join(60)
+    released.set()
+    run.close()
     assert rank.exitcode == 0
 
 
