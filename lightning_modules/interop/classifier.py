@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -265,6 +265,18 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         raise ConfigError(f"{folder / WEIGHTS}: unreadable ({str(exc).strip()[:200]})") from None
 
 
+M = TypeVar("M", bound=nn.Module)
+
+
+def built_empty(build: Callable[[], M]) -> M:
+    """``build()`` without its random initialisation, for a model whose every weight is loaded next
+    (:func:`load_weights` is strict): built on the meta device, then given uninitialised host memory
+    (BERT-base: 1.0 s of drawing initial weights saved per load on the 2-core CPU; no random numbers drawn)."""
+    with torch.device("meta"):
+        model = build()
+    return model.to_empty(device="cpu")
+
+
 def load_weights(
     model: nn.Module, folder: Path, yaml_path: Path, state: Mapping[str, torch.Tensor] | None = None
 ) -> None:
@@ -301,6 +313,6 @@ def load_classifier(path: str | Path) -> tuple[ModelConfig, Classifier]:
             "reads it)"
         )
     state = read_weights(folder)
-    classifier = classifier_for(exp, state)
+    classifier = built_empty(lambda: classifier_for(exp, state))
     load_weights(classifier, folder, yaml_path, state)
     return exp.model, classifier.eval()

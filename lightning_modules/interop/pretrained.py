@@ -20,6 +20,7 @@ from ablate.lightning_modules.config.yamlio import dump_yaml
 from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
     ablate_checkpoint,
+    built_empty,
     checkpoint_folder,
     hf_checkpoint,
     load_weights,
@@ -202,7 +203,7 @@ def load_pretrained(path: str | Path) -> tuple[ModelConfig, PretrainingModel]:
             raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
         return cfg, model.eval()
     yaml_path, exp = ablate_checkpoint(folder)
-    model = build_pretraining_model(exp.model, exp.objective)
+    model = built_empty(lambda: build_pretraining_model(exp.model, exp.objective))
     load_weights(model, folder, yaml_path)
     return exp.model, model.eval()
 

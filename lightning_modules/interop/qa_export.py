@@ -17,6 +17,7 @@ from ablate.lightning_modules.interop.classifier import (
     EXPORT_YAML,
     WEIGHTS,
     ablate_checkpoint,
+    built_empty,
     checkpoint_folder,
     load_weights,
     read_weights,
@@ -106,7 +107,7 @@ def load_span_model(path: str | Path) -> tuple[ModelConfig, SpanModel]:
     if exp.regime != "finetune" or exp.finetune.kind != "span":
         raise ConfigError(f"{folder}: not a span task's fine-tuned model (finetune.kind span)")
     m = exp.model
-    model = SpanModel(build_encoder(m), new_span_head(m.hidden_dim, m.init_std))
+    model = built_empty(lambda: SpanModel(build_encoder(m), new_span_head(m.hidden_dim, m.init_std)))
     load_weights(model, folder, yaml_path, read_weights(folder))
     return m, model.eval()
 
