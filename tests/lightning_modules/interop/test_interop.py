@@ -243,7 +243,10 @@ def test_export_not_expressible_round_trips_exactly(change, tmp_path, batch):
     _perturb(model)
     assert export(model, cfg, tmp_path / "out") == "ablate"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["README.md", "ablate.yaml", "model.safetensors"]
+    drawn = torch.get_rng_state()
     loaded_cfg, loaded = load_pretrained(tmp_path / "out")
+    assert torch.equal(torch.get_rng_state(), drawn)  # built empty (no initial weights drawn), then loaded
+    assert len(list(loaded.parameters())) == len(list(model.parameters()))  # tied weights still one parameter
     assert loaded_cfg == cfg.model
     _equal_outputs(model, loaded, batch, exact=True)
     assert all(
