@@ -95,7 +95,7 @@ class FileWriter(TorchCheckpointIO):
         self._this_process()
         for earlier in self._saves[:-1]:  # host memory holds at most two states: the last save's and this one
             earlier.exception()  # waits for it
-        self._settle(len(self._queued))  # a finished write's error, raised now
+        self._raise_finished()  # a finished write's error, raised now
         state = host_copy(checkpoint)
         self.then(lambda: _into_place(target, lambda partial: torch.save(state, partial)))
         self._saves = [*(f for f in self._saves if not f.done()), self._queued[-1]]
@@ -112,19 +112,18 @@ class FileWriter(TorchCheckpointIO):
             self._pool = ThreadPoolExecutor(1, "ablate-checkpoints")
         self._queued.append(self._pool.submit(work))
 
-    def _settle(self, unfinished: int) -> None:
-        """Wait until at most the last ``unfinished`` works queued are still going; forget the finished
-        ones, raising the first one's error."""
-        self._this_process()
-        for earlier in self._queued[: max(0, len(self._queued) - unfinished)]:
-            earlier.exception()  # waits for it
+    def _raise_finished(self) -> None:
+        """Forget the finished works, raising the first one's error."""
         done, self._queued = [f for f in self._queued if f.done()], [f for f in self._queued if not f.done()]
         for f in done:
             f.result()
 
     def wait(self) -> None:
         """Wait for every write and work queued; raise the first one's error."""
-        self._settle(0)
+        self._this_process()
+        for queued in self._queued:
+            queued.exception()  # waits for it
+        self._raise_finished()
 
     def teardown(self) -> None:
         if not self.held or self._owner != os.getpid():
