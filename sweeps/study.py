@@ -216,18 +216,20 @@ def _open_stores(
 
 
 def _parent_run(spec: StudySpec, stores: _Stores, exp_id: str, tags: dict[str, str]) -> str:
-    """The study's MLflow parent run (made by the study's creator, found by other workers), ``tags`` set."""
+    """The study's MLflow parent run (made by the study's creator with ``tags``, found by other workers)."""
     client = stores.client
     parent = workers.shared_parent(
         stores.study,
         stores.created,
         find=lambda: tracking.find_parent(client, exp_id, spec.name),
         create=lambda: tracking.start_run(
-            client, exp_id, spec.name, {tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags()}
+            client,
+            exp_id,
+            spec.name,
+            {tracking.ROLE: "study", tracking.STUDY: spec.name, **tracking.package_tags(), **tags},
         ),
     )
-    for key, value in tags.items():
-        client.set_tag(parent, key, value)
+    tracking.set_tags_once(client, parent, tags)
     return parent
 
 

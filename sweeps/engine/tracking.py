@@ -268,6 +268,19 @@ def start_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str]
     return run_id
 
 
+def set_tags_once(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    """Set the ``tags`` that ``run_id`` lacks or holds with another value. Workers starting together set the
+    same tags on one run, and MLflow's SQL store refuses a tag another worker inserted between its look and
+    its write (a unique-key violation): a tag found set to the same value afterwards is not an error."""
+    held = client.get_run(run_id).data.tags
+    for key, value in ((k, v) for k, v in tags.items() if held.get(k) != v):
+        try:
+            client.set_tag(run_id, key, value)
+        except MlflowException:
+            if client.get_run(run_id).data.tags.get(key) != value:
+                raise
+
+
 def reopen_run(client: MlflowClient, run_id: str, tags: dict[str, str]) -> str:
     """Make the ended run ``run_id`` RUNNING again, to go on where it stopped: its fail reason goes,
     ``tags`` are set (the new attempt's trial number, worker ...). Returns ``run_id``."""

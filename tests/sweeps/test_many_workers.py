@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pytest
 from mlflow import MlflowClient
 
 from ablate.sweeps import workers
+from ablate.sweeps.engine import tracking
 from tests import forked
 from tests.servers import mlflow_server, postgres_cluster
 from tests.sweeps.conftest import write_study
@@ -62,6 +64,43 @@ def test_workers_opening_an_empty_database_at_once(cluster):
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(_open, [url] * 6, [start] * 6))
     assert results == ["ok"] * 6
+
+
+def _tag(client: MlflowClient, run_id: str, start: threading.Barrier, tag: Callable[..., None]) -> str:
+    start.wait()
+    try:
+        tag(client, run_id, {"ablate.storage": "postgresql://x/optuna", "ablate.overrides": "seed=1"})
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - the test reports whatever went wrong
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _race(client: MlflowClient, run_id: str, tag: Callable[..., None]) -> list[str]:
+    start = threading.Barrier(6)
+    with ThreadPoolExecutor(6) as pool:
+        return list(pool.map(_tag, [client] * 6, [run_id] * 6, [start] * 6, [tag] * 6))
+
+
+def test_workers_tagging_the_study_run_at_once(servers):
+    """Workers starting together set the same tags on the study's parent run: MLflow's server (PostgreSQL)
+    refuses a tag inserted by another between its look and its write; ``set_tags_once`` takes that as set.
+    A tag held with another value is replaced."""
+    client = MlflowClient(servers[1])
+    exp = client.create_experiment("tag-race")
+    tries = [client.create_run(exp).info.run_id for _ in range(8)]
+
+    def plain(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+
+    # the race the fix is for shows with MLflow's own set_tag (the test would prove nothing otherwise)
+    assert any(r != "ok" for run_id in tries for r in _race(client, run_id, plain))
+    for run_id in [client.create_run(exp).info.run_id for _ in range(8)]:
+        assert _race(client, run_id, tracking.set_tags_once) == ["ok"] * 6
+        assert client.get_run(run_id).data.tags["ablate.overrides"] == "seed=1"
+    run_id = client.create_run(exp, tags={"ablate.overrides": "seed=0"}).info.run_id
+    tracking.set_tags_once(client, run_id, {"ablate.overrides": "seed=1"})
+    assert client.get_run(run_id).data.tags["ablate.overrides"] == "seed=1"
 
 
 def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> forked.Forked:
