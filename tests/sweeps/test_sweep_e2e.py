@@ -93,19 +93,26 @@ def test_same_seed_same_numbers(tmp_path, wiki_validation):
     assert other.metrics["val/loss"] != first.metrics["val/loss"]
 
 
-def _second_trial_checkpointed(storage: str, checkpoints: Path) -> bool:
-    """Whether trial 1 is RUNNING and has kept a checkpoint from before its last step (so it is still
-    pre-training)."""
+def _second_trial_running(storage: str) -> bool:
+    """Whether the study's trial 1 is RUNNING."""
     try:
         trials = optuna.load_study(study_name="interrupted", storage=storage).trials
-        if not any(t.number == 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials):
-            return False
+    except Exception:  # noqa: BLE001 - the study or its database is not there yet
+        return False
+    return any(t.number == 1 and t.state == optuna.trial.TrialState.RUNNING for t in trials)
+
+
+def _second_checkpoint_mid_run(checkpoints: Path) -> bool:
+    """Whether exactly two trials have kept a checkpoint and the newer one is from before its last step (so
+    that trial is still pre-training). Files only: it also runs while the sweep is stopped, which may hold
+    the Optuna database's lock."""
+    try:
         kept = sorted(checkpoints.glob("*/last.ckpt"), key=lambda f: f.stat().st_mtime)
-        if len(kept) < 2:
+        if len(kept) != 2:
             return False
         step = torch.load(kept[-1], map_location="cpu", weights_only=False)["global_step"]
         return bool(step < 200)
-    except Exception:  # noqa: BLE001 - the study, its database or the checkpoint is not (wholly) there yet
+    except Exception:  # noqa: BLE001 - a checkpoint is not (wholly) there yet
         return False
 
 
@@ -116,7 +123,7 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     checkpoint, and the link it prints lists the finished trials."""
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
     path = write_study(
-        tmp_path, wiki_validation, name="interrupted", search=search, trainer={"max_steps": 200, "val_every": 50}
+        tmp_path, wiki_validation, name="interrupted", search=search, trainer={"max_steps": 200, "val_every": 25}
     )
     client, _ = _client(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -128,11 +135,11 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     try:
         deadline, second_checkpointed = time.time() + 300, False
         while time.time() < deadline and proc.poll() is None and not second_checkpointed:
-            if _second_trial_checkpointed(storage, checkpoints):
+            if _second_checkpoint_mid_run(checkpoints) and _second_trial_running(storage):
                 # stopped while looked at, so that the signal lands where the look saw the sweep (a busy
                 # machine could otherwise finish the trial between the look and the signal)
                 proc.send_signal(signal.SIGSTOP)
-                second_checkpointed = _second_trial_checkpointed(storage, checkpoints)
+                second_checkpointed = _second_checkpoint_mid_run(checkpoints)
                 if second_checkpointed:
                     proc.send_signal(signal.SIGTERM)
                 proc.send_signal(signal.SIGCONT)
