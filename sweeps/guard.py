@@ -241,8 +241,9 @@ def start_guard(
         return None
     reference = reference_of(guard, client, study_model, spec.tasks, task_teachers)
     run = GuardRun(guard, reference, spec.optimize.metric, spec.optimize.direction)
-    for key, value in run.parent_tags().items():
-        client.set_tag(parent, key, value)
+    from ablate.sweeps.engine.tracking import set_tags_once  # MLflow's side, kept out of the spec's imports
+
+    set_tags_once(client, parent, run.parent_tags())
     return run
 
 

@@ -105,8 +105,7 @@ def ensure_study_model(place: StudyPlace) -> str | None:
         cfg = study_model_config(place.base, spec)
         what = str(study_model.model.get("preset", "its model"))
         source = RUNS + trained_once(place, cfg, section, section, SUFFIX, what)
-    for key, value in model_tags(source, teaches=spec.teacher is not None).items():
-        place.client.set_tag(place.parent, key, value)
+    tracking.set_tags_once(place.client, place.parent, model_tags(source, teaches=spec.teacher is not None))
     return source
 
 

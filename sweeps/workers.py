@@ -224,7 +224,7 @@ def mark_killed(client: MlflowClient, exp_id: str, study_name: str) -> Callable[
                 filter_string=(f"tags.`{tracking.PARENT}` = '{run.info.run_id}' and attributes.status = 'RUNNING'"),
             ):
                 tracking.end_killed(client, nested.info.run_id)
-            client.set_tag(run.info.run_id, tracking.STATE, "FAIL")
+            tracking.set_tags_once(client, run.info.run_id, {tracking.STATE: "FAIL"})
             tracking.end_killed(client, run.info.run_id)
 
     return mark

@@ -297,8 +297,13 @@ def end_run(client: MlflowClient, run_id: str, status: str) -> None:
 
 
 def end_killed(client: MlflowClient, run_id: str, reason: str = "worker died (heartbeat stale); retried") -> None:
-    """End a run whose process died KILLED, saying so in its ``ablate.fail_reason`` tag."""
-    client.set_tag(run_id, FAIL_REASON, reason)
+    """End a run whose process died KILLED, saying so in its ``ablate.fail_reason`` tag (unless another
+    worker, ending it at the same moment, gave its own reason)."""
+    try:
+        set_tags_once(client, run_id, {FAIL_REASON: reason})
+    except MlflowException:
+        if FAIL_REASON not in client.get_run(run_id).data.tags:
+            raise
     end_run(client, run_id, "KILLED")
 
 

@@ -101,6 +101,19 @@ def test_workers_tagging_the_study_run_at_once(servers):
     run_id = client.create_run(exp, tags={"ablate.overrides": "seed=0"}).info.run_id
     tracking.set_tags_once(client, run_id, {"ablate.overrides": "seed=1"})
     assert client.get_run(run_id).data.tags["ablate.overrides"] == "seed=1"
+    # two workers ending one dead worker's run at once, each with its own reason: KILLED, one reason kept
+    for run_id in [client.create_run(exp).info.run_id for _ in range(4)]:
+        start = threading.Barrier(2)
+
+        def end(reason: str, run_id: str = run_id, start: threading.Barrier = start) -> str:
+            start.wait()
+            tracking.end_killed(client, run_id, reason)
+            return reason
+
+        with ThreadPoolExecutor(2) as pool:
+            reasons = list(pool.map(end, ["stale (worker a)", "stale (worker b)"]))
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.data.tags[tracking.FAIL_REASON] in reasons
 
 
 def _worker(study: Path, storage: str, uri: str, cwd: Path, log: Path) -> forked.Forked:
