@@ -7,7 +7,9 @@ docs/many-machines.md ("Workers that die") and docs/development.md ("How a run i
 from __future__ import annotations
 
 import random
+import sys
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,14 +190,25 @@ def exists(path: str) -> bool:
     return bool(fs.exists(inner))
 
 
+class IncompleteCheckpoint(Exception):
+    """An uploaded checkpoint that is not whole: its upload was cut off (the process killed mid-copy)."""
+
+
 def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -> str | None:
-    """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none."""
+    """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none.
+
+    Raises:
+        IncompleteCheckpoint: the artifact is cut off. A folder or object store's upload is a plain copy,
+            so a worker killed while uploading leaves part of a file; ``torch.save`` writes a zip archive,
+            whose directory comes last."""
     from ablate.sweeps.engine import tracking
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp, tracking.quiet_downloads():
             got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{name}", tmp))
+            if not zipfile.is_zipfile(got):
+                raise IncompleteCheckpoint(f"run {run_id}'s {ARTIFACTS}/{name} is incomplete (its upload was cut off)")
             return str(got.replace(Path(folder) / name))
     except (MlflowException, OSError):
         return None
@@ -216,7 +229,12 @@ def resume_path(plan: CheckpointPlace | None, client: MlflowClient, run_id: str,
     for run in client.search_runs(
         [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
     ):
-        if (got := download(client, run.info.run_id, plan.folder, name)) is not None:  # its own, when it goes on
+        try:
+            got = download(client, run.info.run_id, plan.folder, name)  # its own, when it goes on
+        except IncompleteCheckpoint as cut:  # an older attempt's, or none: the run starts over
+            print(f"warning: {cut}; not resumed from", file=sys.stderr, flush=True)
+            continue
+        if got is not None:
             return got
     return None
 
@@ -296,7 +314,10 @@ def resume_run(uri: str, run_id: str, cfg: ExperimentConfig | None) -> tuple[Exp
         key = next(k for k in mine if mine[k] != old.get(k))
         raise ConfigError(f"--resume {run_id}: {key}: {mine[key]!r} here, {old.get(key)!r} in the run to resume")
     root = Path(theirs.tracking.root, "checkpoints", "runs", run_id)
-    last = run_checkpoint(client, run_id, str(root)) if WHERE in run.data.tags else None
+    try:
+        last = run_checkpoint(client, run_id, str(root)) if WHERE in run.data.tags else None
+    except IncompleteCheckpoint as cut:
+        raise ConfigError(f"--resume {run_id}: {cut}; start it again without --resume") from None
     if last is None:
         raise ConfigError(
             f"--resume {run_id}: the run kept no checkpoint (it was stopped before its first validation, or "

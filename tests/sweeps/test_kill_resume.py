@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -46,12 +47,13 @@ def _sweep(study: Path, log: Path, *stores: str) -> forked.Forked:
 
 
 def _kill_at_first_checkpoint(study: Path, checkpoints: Path, pattern: str, *stores: str) -> None:
-    """Start a worker on ``study``; SIGKILL it as soon as its first ``last.ckpt`` is written."""
+    """Start a worker on ``study``; SIGKILL it as soon as its first ``last.ckpt`` is written whole (an
+    upload is a plain copy: one killed mid-copy is refused by the retry, tests/sweeps/engine/test_checkpoints.py)."""
     log = study.parent / "first.log"
     proc = _sweep(study, log, *stores)
     try:
         deadline = time.monotonic() + 400
-        while not list(checkpoints.glob(pattern)):
+        while not any(zipfile.is_zipfile(f) for f in checkpoints.glob(pattern)):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint written"
             time.sleep(0.05)

@@ -162,3 +162,37 @@ def test_a_run_says_nothing_of_weights_only(tmp_path: Path, wiki_validation, cap
     assert main(["train", str(path)]) == 0
     assert "finished" in capsys.readouterr().out
     assert "weights_only" not in caplog.text
+
+
+def test_a_cut_off_upload_is_refused_by_name_and_a_retry_starts_over(
+    tmp_path: Path, wiki_validation: Path, capsys
+) -> None:
+    """A worker killed while it uploads ``last.ckpt`` to a shared artifact folder leaves part of the file:
+    ``ablate train --resume`` refuses in one line, before the run is touched; a retry's look for a
+    checkpoint warns and finds none (the run starts over) rather than failing on the file."""
+    cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
+    uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
+    plan = checkpoints.run_place(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, RunContext(tracking_uri=uri, checkpoint=plan, callbacks=(InterruptAt(6),)))
+    client = MlflowClient(uri)
+    (killed,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    run_id = killed.info.run_id
+    uploaded = Path(killed.info.artifact_uri.removeprefix("file://")) / "checkpoints" / checkpoints.LAST
+    whole = uploaded.read_bytes()
+    uploaded.write_bytes(whole[: len(whole) // 2])
+    shutil.rmtree(Path(cfg.tracking.root) / "checkpoints")  # another machine: no local copy
+    capsys.readouterr()
+    assert main(["train", "--resume", run_id, "--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --resume {run_id}: run {run_id}'s checkpoints/last.ckpt is incomplete (its upload was cut off); "
+        "start it again without --resume"
+    )
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert checkpoints.resume_path(plan.for_run(run_id), client, run_id) is None
+    assert capsys.readouterr().err.strip() == (
+        f"warning: run {run_id}'s checkpoints/last.ckpt is incomplete (its upload was cut off); not resumed from"
+    )
+    uploaded.write_bytes(whole)  # the whole file is taken
+    got = checkpoints.resume_path(plan.for_run(run_id), client, run_id)
+    assert got is not None and Path(got).read_bytes() == whole
