@@ -157,14 +157,7 @@ def aggregate(
     columns = [*spec.rows, "n"] + [f"{m}.{s}" for m in metrics for s in st_.STATS]
     if runs.empty:
         return Table(spec, pd.DataFrame(columns=columns), [], [])
-    for i, r in enumerate(spec.rows):
-        if r not in runs.columns:
-            raise ConfigError(f"report.rows[{i}]: {r!r} is not a param of any run in this study")
-    runs = runs.reindex(columns=[*runs.columns, *(m for m in metrics if m not in runs.columns)])
-    for field, name in _metric_keys(spec):
-        if not pd.api.types.is_numeric_dtype(runs[name]):
-            raise ConfigError(f"report.{field}: {name!r} is not numeric in this study's runs")
-    runs = runs.assign(**{_KEY: [clean_key(t) for t in runs[list(spec.rows)].itertuples(index=False)]})
+    runs = _keyed(runs, spec, metrics)
     if expected is not None and not set(runs[_KEY]) <= set(expected.trials):
         expected = None
     grid = set(expected.trials) if expected is not None else set()
@@ -176,27 +169,57 @@ def aggregate(
 
     n = used.groupby(_KEY, sort=False).size().reindex(keys, fill_value=0)
     position = {k: i for i, k in enumerate(keys)}
-    values = seed_samples(used, used[_KEY].map(position), metrics, stages)
+    samples = seed_samples(used, used[_KEY].map(position), metrics, stages)
     ref_row = reference_row(spec, keys, n.to_list())
     stats = pd.DataFrame({r: key_column([k[i] for k in keys]) for i, r in enumerate(spec.rows)})
     stats["n"] = n.to_numpy()
-    summary = st_.summarize(values, len(keys), metrics)
-    tested = st_.noise(values, len(keys), metrics, ref_row)
-    stats = pd.concat([stats, summary, tested], axis=1)
-    for metric in spec.metrics:  # how much the repeats behind a measured figure disagreed
+    summary = st_.summarize(samples, len(keys), metrics)
+    tested = st_.noise(samples, len(keys), metrics, ref_row)
+    stats = pd.concat([stats, summary, tested, _beside(used, spec, keys)], axis=1)
+    missing = _missing(runs, spec, keys, stats, expected)
+    return Table(spec, stats, sorted(used["run_id"]), missing, reference=ref_row, samples=samples)
+
+
+def _keyed(runs: pd.DataFrame, spec: ReportSpec, metrics: list[str]) -> pd.DataFrame:
+    """``runs`` with a column for every metric (empty where no run logged it) and each run's row key.
+    ConfigError: a row param no run has, a metric that is not numeric."""
+    for i, r in enumerate(spec.rows):
+        if r not in runs.columns:
+            raise ConfigError(f"report.rows[{i}]: {r!r} is not a param of any run in this study")
+    runs = runs.reindex(columns=[*runs.columns, *(m for m in metrics if m not in runs.columns)])
+    for field, name in _metric_keys(spec):
+        if not pd.api.types.is_numeric_dtype(runs[name]):
+            raise ConfigError(f"report.{field}: {name!r} is not numeric in this study's runs")
+    return runs.assign(**{_KEY: [clean_key(t) for t in runs[list(spec.rows)].itertuples(index=False)]})
+
+
+def _beside(used: pd.DataFrame, spec: ReportSpec, keys: list[Key]) -> pd.DataFrame:
+    """Per row: how much the repeats behind a measured figure disagreed (``<metric>.spread``), how slow
+    the machine was meanwhile (``<metric>.reference``), and each detail's distinct values (text)."""
+    by_row = used.groupby(_KEY, sort=False)
+    out = pd.DataFrame(index=range(len(keys)))
+    for metric in spec.metrics:
         spread = metric.name + SPREAD_SUFFIX
         if spread in used.columns and metric.name != spread:
             values = pd.to_numeric(used[spread], errors="coerce")
-            stats[f"{metric.name}.spread"] = values.groupby(used[_KEY], sort=False).max().reindex(keys).to_numpy(float)
+            out[f"{metric.name}.spread"] = values.groupby(used[_KEY], sort=False).max().reindex(keys).to_numpy(float)
         reference = metric.name + REFERENCE_SUFFIX
-        if reference in used.columns and metric.name != reference:  # how slow the machine was meanwhile
+        if reference in used.columns and metric.name != reference:
             worst = _reference_ratio(used, reference).groupby(used[_KEY], sort=False).max()
-            stats[f"{metric.name}.reference"] = worst.reindex(keys).to_numpy(float)
+            out[f"{metric.name}.reference"] = worst.reindex(keys).to_numpy(float)
     for d in spec.details:  # text beside the keys: the distinct values of the included runs
-        values = used[d] if d in used.columns else pd.Series(index=used.index, dtype=object)
-        joined = values.groupby(used[_KEY], sort=False).agg(lambda v: " / ".join(sorted({str(x) for x in v.dropna()})))
-        stats[d] = joined.reindex(keys).fillna("").to_numpy()
+        if d in used.columns:
+            joined = by_row[d].agg(lambda v: " / ".join(sorted({str(x) for x in v.dropna()})))
+            out[d] = joined.reindex(keys).fillna("").to_numpy()
+        else:
+            out[d] = [""] * len(keys)
+    return out
 
+
+def _missing(
+    runs: pd.DataFrame, spec: ReportSpec, keys: list[Key], stats: pd.DataFrame, expected: Expected | None
+) -> list[Missing]:
+    """The table's empty rows and cells, in table order, each with why."""
     missing: list[Missing] = []
     states = runs.groupby(_KEY, sort=False)["state"].agg(lambda s: s.fillna("no state").value_counts().to_dict())
     seen_states = dict(zip(states.index, states.to_list(), strict=True))
@@ -214,7 +237,7 @@ def aggregate(
         for metric in spec.metrics:
             if stats.at[i, f"{metric.name}.n"] == 0 and not metric.optional:
                 missing.append(Missing(key, metric.name, f"not recorded by its {n_runs} {wanted} run(s)"))
-    return Table(spec, stats, sorted(used["run_id"]), missing, reference=ref_row, samples=values)
+    return missing
 
 
 def _reference_ratio(used: pd.DataFrame, column: str) -> pd.Series:

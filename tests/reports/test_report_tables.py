@@ -10,6 +10,7 @@ import pytest
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.rows import natural_key
 from ablate.reports.runs import load_runs
+from ablate.reports.seeds import SAMPLE_COLUMNS
 from ablate.reports.spec import MetricSpec, ReportSpec
 from ablate.reports.tables import aggregate, aggregated_metrics, format_cell, to_csv, to_latex, to_markdown
 from tests.reports.report_fixtures import STUDY
@@ -143,6 +144,10 @@ def test_details_are_text_columns_beside_the_keys(runs):
     by_key = dict(zip(table.keys(), table.stats["model.embed_dim"], strict=True))
     assert by_key[("all",)] == "128 / 64"
     assert by_key[("attn",)] == ""  # its runs all failed: no included run to show
+    # the samples the statistics are over stay the seeds' values, whatever columns are added beside them
+    assert list(table.samples.columns) == list(SAMPLE_COLUMNS)
+    counts = table.samples[table.samples["metric"] == "val/mlm_acc"].groupby("row").size()
+    assert counts.reindex(range(len(table.keys())), fill_value=0).to_list() == table.stats["val/mlm_acc.n"].to_list()
     md = to_markdown(table)
     assert md.splitlines()[0].startswith("| sharing | E seen |")
     assert "| all | 128 / 64 |" in md
