@@ -18,9 +18,9 @@ _EXPORTS = {
     "load_runs": "ablate.reports.runs",
     "Table": "ablate.reports.tables",
     "aggregate": "ablate.reports.tables",
-    "to_csv": "ablate.reports.tables",
-    "to_latex": "ablate.reports.tables",
-    "to_markdown": "ablate.reports.tables",
+    "to_csv": "ablate.reports.render",
+    "to_latex": "ablate.reports.render",
+    "to_markdown": "ablate.reports.render",
 }
 
 __all__ = sorted(_EXPORTS)

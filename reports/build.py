@@ -23,19 +23,10 @@ from ablate.lightning_modules.config.paths import output_folder
 from ablate.reports.pareto import study_section
 from ablate.reports.plots import draw_plots
 from ablate.reports.remeasure import CSV_NAME, REMEASURED_METRICS, RUNTIME, Remeasured, remeasure_runs
+from ablate.reports.render import cells, footnotes, to_csv, to_latex, to_markdown
 from ablate.reports.runs import ExperimentRuns, absent_store, load_runs, load_stages
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import (
-    Expected,
-    Table,
-    aggregate,
-    aggregated_metrics,
-    cells,
-    footnotes,
-    to_csv,
-    to_latex,
-    to_markdown,
-)
+from ablate.reports.tables import Expected, Table, aggregate, aggregated_metrics
 from ablate.sweeps.engine.tracking import redact
 
 #: Artifact folder on the study's parent run.

@@ -24,18 +24,10 @@ from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report, render_console
 from ablate.reports.build import LOGGED_NOTE
 from ablate.reports.remeasure import REMEASURED_METRICS, RUNTIME, remeasure_runs
+from ablate.reports.render import cells, to_latex
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import (
-    REFERENCE_SUFFIX,
-    SPREAD_LIMIT,
-    SPREAD_MARK,
-    SPREAD_NOTE,
-    SPREAD_SUFFIX,
-    aggregate,
-    cells,
-    to_latex,
-)
+from ablate.reports.tables import REFERENCE_SUFFIX, SPREAD_LIMIT, SPREAD_MARK, SPREAD_NOTE, SPREAD_SUFFIX, aggregate
 from ablate.sweeps.engine.tracking import log_run_inputs
 
 STUDY = "latency-check"

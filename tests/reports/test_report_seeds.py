@@ -17,9 +17,10 @@ from scipy import stats
 from ablate.lightning_modules.config.errors import ConfigError
 from ablate.reports.build import build_report
 from ablate.reports.plots import axis_values
+from ablate.reports.render import footnotes, to_csv, to_latex, to_markdown
 from ablate.reports.runs import load_runs, load_stages
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import aggregate, footnotes, to_csv, to_latex, to_markdown
+from ablate.reports.tables import aggregate
 
 # t(0.975, 2) from a table of Student's t: the 95% interval of a mean over 3 seeds is mean ± 4.303 s / sqrt(3)
 T_975_2 = 4.302652729911275

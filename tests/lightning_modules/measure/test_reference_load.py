@@ -26,9 +26,10 @@ from ablate.lightning_modules.measure.accounting import param_report
 from ablate.lightning_modules.measure.reference_load import REFERENCE_SUFFIX, reference_workload
 from ablate.lightning_modules.model.heads import build_pretraining_model
 from ablate.reports import build_report
+from ablate.reports.render import cells
 from ablate.reports.runs import load_runs
 from ablate.reports.spec import ReportSpec
-from ablate.reports.tables import REFERENCE_LIMIT, REFERENCE_MARK, REFERENCE_NOTE, aggregate, cells
+from ablate.reports.tables import REFERENCE_LIMIT, REFERENCE_MARK, REFERENCE_NOTE, aggregate
 from ablate.sweeps.engine.tracking import log_run_inputs
 
 STUDY = "reference-check"
