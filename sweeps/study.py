@@ -157,7 +157,7 @@ def run_study(
     _tidy(spec, stores, exp_id)
     poll_s = min(5.0, spec.heartbeat)
     place = study_model_runs.StudyPlace(spec, base, client, exp_id, stores.uri, parent, stores.storage, poll_s, hooks)
-    client.update_run(parent, status="RUNNING")
+    tracking.reopen_run(client, parent, {})  # RUNNING, without the reason an earlier stop gave
     try:  # the study model's training, too, ends the parent FAILED or KILLED if it fails or is interrupted
         if _count_left(study, spec) or workers.others_running(study):
             _run_trials(place, study, stores.source_cfg, n_trials, keep_going)

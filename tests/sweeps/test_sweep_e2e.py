@@ -192,6 +192,8 @@ def test_a_signal_kills_the_trial_and_the_rerun_goes_on_in_its_run(tmp_path, wik
     assert len(trials) == 4 and {r.info.status for r in trials} == {"FINISHED"}  # no second run for the trial
     resumed = client.get_run(killed.info.run_id)
     assert resumed.data.tags["ablate.state"] == "COMPLETE" and resumed.data.tags["ablate.resumed_from"]
+    (parent,) = [r for r in runs if r.data.tags.get("ablate.role") == "study"]
+    assert parent.info.status == "FINISHED" and "ablate.fail_reason" not in parent.data.tags
     steps = [m.step for m in client.get_metric_history(killed.info.run_id, "train/loss")]
     assert min(steps) < 50 and max(steps) >= 190  # one curve, from the first attempt to the end
 
