@@ -168,6 +168,7 @@ def run_study(
     except BaseException:
         tracking.end_run(client, parent, "FAILED")
         raise
+    tracking.clear_fail_reason(client, parent)  # another worker's stop, while this one went on
     tracking.end_run(client, parent, "FINISHED")
     return StudyResult(study=study, tracking_uri=stores.uri, storage=stores.url, parent_run_id=parent)
 

@@ -281,12 +281,17 @@ def set_tags_once(client: MlflowClient, run_id: str, tags: dict[str, str]) -> No
                 raise
 
 
+def clear_fail_reason(client: MlflowClient, run_id: str) -> None:
+    """Remove the reason a stop gave ``run_id`` (``ablate.fail_reason``), which no longer holds; none: nothing."""
+    with suppress(MlflowException):  # none, or another worker removed it a moment ago
+        client.delete_tag(run_id, FAIL_REASON)
+
+
 def reopen_run(client: MlflowClient, run_id: str, tags: dict[str, str]) -> str:
     """Make the ended run ``run_id`` RUNNING again, to go on where it stopped: its fail reason goes,
     ``tags`` are set (the new attempt's trial number, worker ...). Returns ``run_id``."""
     client.update_run(run_id, status="RUNNING")
-    with suppress(MlflowException):  # the reason it was stopped no longer holds
-        client.delete_tag(run_id, FAIL_REASON)
+    clear_fail_reason(client, run_id)
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     return run_id
 

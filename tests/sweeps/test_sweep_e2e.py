@@ -9,16 +9,21 @@ import subprocess
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import optuna
 import torch
+from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.lightning_modules.config.load import build_config
 from ablate.reports.build import build_report
 from ablate.reports.spec import ReportSpec
+from ablate.sweeps.engine import tracking
+from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study
+from ablate.sweeps.study import run_study
 from tests import forked
 from tests.sweeps.conftest import tiny_base, write_study
 
@@ -275,3 +280,28 @@ def test_a_nan_loss_fails_its_trial_with_the_reason_and_the_study_goes_on(tmp_pa
     (run,) = client.search_runs([exp], "tags.`ablate.state` = 'FAIL'")
     assert run.info.status == "FAILED" and run.data.tags["ablate.fail_reason"] == reason
     assert not client.search_runs([exp], "attributes.status = 'RUNNING'")
+
+
+class _OtherWorkerStops(Callback):
+    """Ends the study's run KILLED at a trial's first step, as another worker's SIGTERM does while this one goes on."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        client = MlflowClient(self.uri)
+        (parent,) = client.search_runs(
+            [client.get_experiment_by_name("shared").experiment_id], "tags.`ablate.role` = 'study'"
+        )
+        if parent.info.status == "RUNNING":
+            tracking.end_killed(client, parent.info.run_id, "signal SIGTERM")
+
+
+def test_a_worker_that_goes_on_after_another_stopped_ends_the_study_run_finished(tmp_path, wiki_validation):
+    """Another worker's SIGTERM ends the shared study run KILLED with its reason; the worker that finishes
+    the study ends it FINISHED, without that reason."""
+    spec, base = load_study(write_study(tmp_path, wiki_validation, name="shared", trainer={"measure": False}))
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    result = run_study(spec, base, tracking_uri=uri, hooks=RunContext(callbacks=(_OtherWorkerStops(uri),)))
+    parent = MlflowClient(uri).get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED" and tracking.FAIL_REASON not in parent.data.tags
