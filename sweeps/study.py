@@ -163,7 +163,8 @@ def run_study(
             _run_trials(place, study, stores.source_cfg, n_trials, keep_going)
     except (KeyboardInterrupt, SystemExit) as exc:  # SIGINT, SIGTERM: the trial's runs are KILLED already
         stop = as_interrupted(exc)
-        tracking.end_killed(client, parent, str(stop))
+        if not workers.others_alive(study):  # else the study's run stays RUNNING: other workers go on
+            tracking.end_killed(client, parent, str(stop))
         raise stop from None
     except BaseException:
         tracking.end_run(client, parent, "FAILED")
@@ -252,7 +253,7 @@ def _run_trials(
     keep_going: bool,
 ) -> None:
     """Train (or find) the study's models, then run ``n_trials`` trials, or until none is left, then
-    wait for other workers' trials (a dead one's retry is taken here)."""
+    wait for other workers' trials (a dead one's retry, or a stopped one's trial, is taken here)."""
     spec = place.spec
     study_model = study_model_runs.ensure_study_model(place)
     task_teachers = study_model_runs.ensure_task_teachers(place, study_model)
@@ -265,7 +266,8 @@ def _run_trials(
     while True:  # n_trials = what is left now; the callback stops when drained
         if left := _count_left(study, spec):
             study.optimize(objective, n_trials=left, callbacks=callbacks, catch=catch)
-        if not workers.wait_for_others(study, place.poll_s, _CONSOLE.print):
+        retries = workers.wait_for_others(study, place.poll_s, _CONSOLE.print)
+        if not (workers.requeue_interrupted(study, spec) or retries):  # a stopped worker's trials are taken here
             return
 
 

@@ -31,7 +31,7 @@ from ablate.sweeps.engine.runner import run_name, train
 from ablate.sweeps.spec import Params, StudySpec, trial_config
 from ablate.sweeps.study_model_runs import StudyPlace
 
-INTERRUPTED = "ablate.interrupted"  # user attr of a trial a signal stopped (Optuna's state: FAIL): the signal
+INTERRUPTED = workers.INTERRUPTED
 RUN_ID = "mlflow_run_id"  # user attr of a trial that has a run: the run's id
 TRAINING = "RUNNING"  # the ablate.state of a trial's run while it trains
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -123,8 +123,15 @@ class TrialInputs:
         return cls(place, study_model, task_teachers, source_cfg, guarded)
 
     def objective(self, trial: optuna.Trial) -> float:
-        """The Optuna objective: :meth:`StudyTrial.run`."""
-        return StudyTrial(self, trial).run()
+        """The Optuna objective: :meth:`StudyTrial.run`. A trial a signal stopped says so (:data:`INTERRUPTED`)
+        even before its run began, so that a worker still running takes its configuration again."""
+        try:
+            return StudyTrial(self, trial).run()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            stop = as_interrupted(exc)
+            if INTERRUPTED not in trial.user_attrs:  # stopped while it was being claimed or set up
+                trial.set_user_attr(INTERRUPTED, stop.name)
+            raise stop from None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 QUEUE = "ablate.queue"  # study user attr: "filling" while the creator enqueues the grid, then "ready"
 PARENT_RUN = "ablate.parent_run"  # study user attr: the MLflow parent run id
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+INTERRUPTED = "ablate.interrupted"  # user attr of a trial a signal stopped (Optuna's state: FAIL): the signal
 MAX_RETRY = 3
 SCHEMA_ATTEMPTS = 5
 
@@ -128,7 +129,7 @@ def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: floa
         while study.user_attrs.get(QUEUE) == "filling" and time.monotonic() < deadline:  # read from storage
             time.sleep(1.0)
     trials = study.get_trials(deepcopy=False)
-    held = {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING, TrialState.WAITING)}
+    held = _held(trials)
     failed = {key(params_of(t)) for t in trials if t.state == TrialState.FAIL}
     todo = [p for p in grid_points(spec) if key(p) not in held]
     # in a seeded random order, as Optuna's own GridSampler draws its points: a pruner compares
@@ -141,6 +142,27 @@ def fill_queue(study: optuna.Study, spec: StudySpec, created: bool, wait_s: floa
     if created or QUEUE not in study.user_attrs:
         study.set_user_attr(QUEUE, "ready")
     return len(todo)
+
+
+def _held(trials: list[FrozenTrial]) -> set[tuple[tuple[str, Json], ...]]:
+    """The configurations a trial holds: done, running or queued."""
+    return {key(params_of(t)) for t in trials if t.state in (*DONE, TrialState.RUNNING, TrialState.WAITING)}
+
+
+def requeue_interrupted(study: optuna.Study, spec: StudySpec) -> int:
+    """Enqueue again the grid points whose trial a signal stopped (another worker's SIGINT or SIGTERM) and
+    that no trial holds now, so that the workers still running take them, each going on from its
+    checkpoint; how many. (Other samplers count such a trial as not done and sample another.)"""
+    if spec.sampler != "grid":
+        return 0
+    trials = study.get_trials(deepcopy=False)
+    held = _held(trials)
+    stopped = {
+        key(params_of(t)): params_of(t) for t in trials if t.state == TrialState.FAIL and INTERRUPTED in t.user_attrs
+    }
+    for params in (p for k, p in stopped.items() if k not in held):
+        study.enqueue_trial(params)
+    return sum(k not in held for k in stopped)
 
 
 def claim(study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Json]) -> None:
@@ -174,6 +196,16 @@ def stop_when_drained(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], 
 def others_running(study: optuna.Study) -> list[FrozenTrial]:
     """Trials still RUNNING after this worker's own have ended (other workers' or dead ones)."""
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def others_alive(study: optuna.Study) -> bool:
+    """Whether other workers are still running trials of ``study`` once this one's have ended (a dead
+    worker's trials, silent past their heartbeat, are failed first). Unknown (the storage unreachable): False."""
+    try:
+        optuna.storages.fail_stale_trials(study)
+        return bool(others_running(study))
+    except Exception:  # noqa: BLE001 - a stopping worker says the study stopped rather than fail on the way out
+        return False
 
 
 def wait_for_others(study: optuna.Study, poll_s: float, log: Callable[[str], None]) -> bool:

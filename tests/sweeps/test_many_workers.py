@@ -209,6 +209,56 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited
 
 
+@pytest.mark.timeout(600)
+def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, tmp_path, wiki_validation):
+    """SIGTERM to one of two workers mid-trial: it exits 143; the study's run stays RUNNING while the other
+    worker goes on, takes the stopped trial too (in its run) and ends the study FINISHED, without a reason."""
+    storage, uri = servers
+    search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
+    study = write_study(tmp_path, wiki_validation, name="one-stops", search=search, trainer={"max_steps": 60})
+    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+    procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
+    client = MlflowClient(uri)
+    try:
+        deadline = time.monotonic() + 300
+        while _running_trials(storage, "one-stops") < 2:  # both workers mid-trial
+            assert all(p.poll() is None for p in procs), "\n".join(log.read_text()[-2000:] for log in logs)
+            assert time.monotonic() < deadline, "the two workers never ran trials at once"
+            time.sleep(0.1)
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=120) == 143, logs[0].read_text()[-3000:]
+        exp = client.get_experiment_by_name("one-stops").experiment_id
+        (parent,) = client.search_runs([exp], "tags.`ablate.role` = 'study'")
+        assert procs[1].poll() is None, "the other worker ended before the study's run was looked at"
+        assert parent.info.status == "RUNNING" and "ablate.fail_reason" not in parent.data.tags
+        assert procs[1].wait(timeout=400) == 0, logs[1].read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill_group(signal.SIGKILL)
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED" and "ablate.fail_reason" not in parent.data.tags
+    runs = client.search_runs([exp], "tags.`ablate.role` = 'trial'")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len({r.data.tags["ablate.config_sha256"] for r in finished}) == len(finished) == 4
+    # the stopped attempt's run went on (it had checkpointed) or stays KILLED beside a new one (it had not)
+    assert all(r.data.tags.get("ablate.fail_reason") == "signal SIGTERM" for r in runs if r not in finished)
+    trials = optuna.load_study(study_name="one-stops", storage=storage).trials
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4
+    (summary,) = [line for line in logs[1].read_text().splitlines() if line.startswith("study one-stops: {")]
+    assert "'COMPLETE': 4" in summary  # the worker that went on took the stopped trial
+
+
+def _running_trials(storage: str, name: str) -> int:
+    """How many of study ``name``'s trials are RUNNING (0 before it exists)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        return 0
+    return sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+
+
 def _trials_started(storage: optuna.storages.BaseStorage) -> int:
     """How many trials the study ``faults`` has begun (0 before it exists)."""
     try:
