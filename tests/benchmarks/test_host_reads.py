@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ablate.benchmarks.host_reads import ReadCount
+from tests.lightning import bare_trainer
 
 
 class _Line(pl.LightningModule):
@@ -40,17 +41,7 @@ class _Line(pl.LightningModule):
 def _counted(reads: int, warmup: int = 2, steps: int = 12) -> ReadCount:
     data = DataLoader(torch.randn(64, 4), batch_size=2)
     count = ReadCount(torch.device("cpu"), warmup, steps)
-    trainer = pl.Trainer(
-        max_steps=100,
-        val_check_interval=8,
-        limit_val_batches=3,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[count],
-    )
+    trainer = bare_trainer(100, val_every=8, val_batches=3, callbacks=[count])
     trainer.fit(_Line(reads), data, data)
     return count
 

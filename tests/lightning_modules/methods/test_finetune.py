@@ -8,6 +8,7 @@ import torch
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.methods.finetune import FinetuneModule
 from ablate.lightning_modules.model.heads import build_pretraining_model
+from tests.lightning import bare_trainer
 
 
 def _cfg(sentence: str = "sop", **finetune):
@@ -62,20 +63,7 @@ def test_a_model_without_sentence_head_gets_a_fresh_pooler_and_more_classes():
 
 def _trainer(max_steps: int, callbacks: list | None = None):
     """A bare CPU Trainer validating one dev batch every 2 steps."""
-    import lightning.pytorch as pl
-
-    return pl.Trainer(
-        max_steps=max_steps,
-        val_check_interval=2,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        callbacks=callbacks or [],
-    )
+    return bare_trainer(max_steps, val_every=2, val_batches=1, callbacks=callbacks or [])
 
 
 def test_the_best_validations_weights_are_kept_during_fit_only_and_restored():

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from ablate.lightning_modules.config.load import build_config
 from ablate.sweeps.engine.grouped import Grouped, groupable, grouped
 from ablate.sweeps.engine.trainer import FiniteLoss, LoopProgressBar, ValidateAtEnd, build_trainer
+from tests.lightning import bare_trainer
 
 
 class Recorder(Callback):
@@ -71,18 +72,7 @@ class Line(pl.LightningModule):
 def _fit(callbacks: list[Callback], root: Path) -> pl.Trainer:
     torch.manual_seed(0)
     data = DataLoader([torch.randn(2, 4) for _ in range(12)], batch_size=None)  # type: ignore[arg-type]
-    trainer = pl.Trainer(
-        max_steps=7,
-        val_check_interval=3,
-        limit_val_batches=2,
-        logger=False,
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=root,
-    )
+    trainer = bare_trainer(7, val_every=3, val_batches=2, callbacks=callbacks, sanity_steps=2, root=root)
     trainer.fit(Line(), data, data)
     return trainer
 
