@@ -292,7 +292,8 @@ def reopen_run(client: MlflowClient, run_id: str, tags: dict[str, str]) -> str:
     ``tags`` are set (the new attempt's trial number, worker ...). Returns ``run_id``."""
     client.update_run(run_id, status="RUNNING")
     clear_fail_reason(client, run_id)
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    if tags:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     return run_id
 
 
