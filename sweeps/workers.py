@@ -9,11 +9,14 @@ import itertools
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
@@ -73,12 +76,50 @@ def key(params: Mapping[str, Json]) -> tuple[tuple[str, Json], ...]:
     return tuple(sorted(params.items()))
 
 
+class HeartbeatStorage(RDBStorage):
+    """Optuna's RDB storage, recording a trial's first heartbeat as the trial is taken (RUNNING).
+
+    Optuna records it once the trial's heartbeat thread starts, and never finds stale a RUNNING
+    trial that has none: a worker stopped in between (a signal in ``study.ask``) held its
+    configuration for ever, every other worker waiting on it. Such a trial (also one taken by a
+    worker without this class) is stale here once it was taken a grace period ago.
+    """
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        taken = super().set_trial_state_values(trial_id, state, values)
+        if taken and state == TrialState.RUNNING:
+            self.record_heartbeat(trial_id)
+        return taken
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        trial_id = super().create_new_trial(study_id, template_trial)
+        if template_trial is None or template_trial.state == TrialState.RUNNING:  # ask() with an empty queue
+            self.record_heartbeat(trial_id)
+        return trial_id
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        return super()._get_stale_trial_ids(study_id) + self._never_beaten(study_id)
+
+    def _never_beaten(self, study_id: int) -> list[int]:
+        """RUNNING trials without a heartbeat, taken over a grace period ago (by the clock that set their
+        ``datetime_start``: a worker's own; Optuna compares heartbeats by the database's)."""
+        taken_before = datetime.now() - timedelta(seconds=self.grace_period or 2 * (self.heartbeat_interval or 0))
+        with _create_scoped_session(self.scoped_session) as session:
+            trials = (
+                session.query(models.TrialModel)
+                .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.RUNNING)
+                .filter(~models.TrialModel.heartbeats.any())
+                .all()
+            )
+            return [int(t.trial_id) for t in trials if t.datetime_start is not None and t.datetime_start < taken_before]
+
+
 def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> RDBStorage:
     """An RDB storage (SQLite or PostgreSQL) with heartbeats and a callback for stale trials."""
     kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return RDBStorage(
+            return HeartbeatStorage(
                 url,
                 engine_kwargs=kwargs,
                 heartbeat_interval=heartbeat,

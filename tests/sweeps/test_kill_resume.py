@@ -280,3 +280,29 @@ def test_a_trial_whose_worker_died_after_its_run_finished_is_not_trained_again(t
     assert finished.info.run_id == ran.run_id and finished.info.status == "FINISHED"
     assert finished.data.tags["ablate.state"] == "COMPLETE" and finished.data.tags["ablate.trial"] == "1"
     assert finished.data.tags["ablate.finished_before_retry"] == "0"  # the dead attempt's trial
+
+
+@pytest.mark.timeout(300)
+def test_a_trial_whose_worker_stopped_before_its_first_heartbeat_is_retried(tmp_path, wiki_validation):
+    """A worker stopped between taking its trial and the trial's first heartbeat (a SIGTERM in Optuna's
+    ``ask``) leaves a RUNNING trial Optuna never finds stale; made here as Optuna's own storage leaves
+    it. The next worker fails it once its grace period is over and runs the configuration (before:
+    it waited on it for ever, "waiting for 1 running trial(s) of other workers")."""
+    made = write_study(
+        tmp_path,
+        wiki_validation,
+        name="unbeaten",
+        search={"model.sharing": {"choices": ["all"]}},
+        trainer={"max_steps": 4, "measure": False},
+        heartbeat=1,
+    )
+    spec, base = load_study(made)
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_study(spec, base, storage=storage, tracking_uri=uri, n_trials=0)  # the study, its queue and parent
+    plain = optuna.storages.RDBStorage(storage, heartbeat_interval=1, grace_period=3)
+    optuna.load_study(study_name="unbeaten", storage=plain).ask()  # taken, RUNNING, no heartbeat
+    run_study(spec, base, storage=storage, tracking_uri=uri)
+
+    trials = optuna.load_study(study_name="unbeaten", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert trials[1].params == {"model.sharing": "all", "seed": 0}

@@ -221,8 +221,8 @@ def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, 
     client = MlflowClient(uri)
     try:
         deadline = time.monotonic() + 300
-        # both workers mid-trial, the first one training (a worker stopped between Optuna's ask and the trial's
-        # first heartbeat leaves a RUNNING trial that Optuna never finds stale: not what this test is about)
+        # both workers mid-trial, the first one training (one stopped while taking its trial leaves it to go
+        # stale after its grace period, and retried: tests/sweeps/test_kill_resume.py; not what this test is about)
         while _running_trials(storage, "one-stops") < 2 or "pre-training: 60 steps" not in logs[0].read_text():
             assert all(p.poll() is None for p in procs), "\n".join(log.read_text()[-2000:] for log in logs)
             assert time.monotonic() < deadline, "the two workers never ran trials at once"

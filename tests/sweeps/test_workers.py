@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import optuna
 import pytest
 from pydantic import ValidationError
@@ -63,3 +65,42 @@ def test_percentile_pruner_prunes_below_the_best_quarter():
 def test_percentile_out_of_range_is_refused(percentile):
     with pytest.raises(ValidationError, match="percentile"):
         PrunerSpec(type="percentile", percentile=percentile)
+
+
+def _asked(rdb: optuna.storages.RDBStorage, queued: bool) -> tuple[optuna.Study, int]:
+    """A trial taken as a worker stopped by a signal in ``study.ask`` leaves it: RUNNING, no heartbeat thread."""
+    study = optuna.create_study(study_name="s", storage=rdb, load_if_exists=True)
+    if queued:
+        study.enqueue_trial({"x": 1})
+    return study, study.ask()._trial_id
+
+
+@pytest.mark.parametrize("queued", [True, False], ids=["from-the-queue", "new"])
+def test_a_trial_taken_and_never_run_goes_stale(tmp_path, queued):
+    """Optuna finds stale only a trial with a heartbeat; ablate's storage records one as the trial is taken."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    stale: list[int] = []
+    rdb = workers.storage(url, 1, lambda study, trial: stale.append(trial.number))
+    study, trial_id = _asked(rdb, queued)
+    optuna.storages.fail_stale_trials(study)
+    assert study.get_trials()[-1].state == optuna.trial.TrialState.RUNNING  # within its grace period
+    time.sleep(3.5)
+    optuna.storages.fail_stale_trials(study)
+    assert study._storage.get_trial(trial_id).state == optuna.trial.TrialState.FAIL
+    assert stale == [study._storage.get_trial(trial_id).number]
+
+
+def test_a_trial_taken_without_a_heartbeat_goes_stale_once_taken_a_grace_period_ago(tmp_path):
+    """A trial Optuna's own storage took and never gave a heartbeat (a worker without ablate's storage,
+    or one stopped between taking it and its first heartbeat) is stale to ablate's storage after grace."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    plain = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=3)
+    study, trial_id = _asked(plain, queued=True)
+    time.sleep(3.5)
+    optuna.storages.fail_stale_trials(study)
+    assert plain.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING  # Optuna: never stale
+    ours = optuna.load_study(study_name="s", storage=workers.storage(url, 1, lambda study, trial: None))
+    fresh = ours.ask()._trial_id  # taken just now: within its grace period
+    optuna.storages.fail_stale_trials(ours)
+    assert plain.get_trial(trial_id).state == optuna.trial.TrialState.FAIL
+    assert plain.get_trial(fresh).state == optuna.trial.TrialState.RUNNING
