@@ -145,7 +145,7 @@ def _params(study: optuna.Study) -> str:
 
 def _robustness(plain: optuna.Study, pruner: dict[str, Json], steps: int, orders: int = 50) -> list[str]:
     """Replays of the unpruned curves in other grid orders and from other start steps."""
-    from ablate.sweeps.spec import PrunerSpec
+    from ablate.sweeps.optuna_spec import PrunerSpec
 
     complete = plain.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     curves = optuna.create_study(direction=plain.direction)  # in memory: the replays read it 150 times

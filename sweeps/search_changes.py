@@ -7,7 +7,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from ablate.lightning_modules.config.errors import ConfigError
-from ablate.sweeps.spec import ParamSpace, StudySpec
+from ablate.sweeps.optuna_spec import ParamSpace
+from ablate.sweeps.spec import StudySpec
 
 
 def _described(dist: BaseDistribution) -> str:

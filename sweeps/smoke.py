@@ -20,7 +20,8 @@ from ablate.lightning_modules.config.experiment import flatten
 from ablate.lightning_modules.config.load import build_config
 from ablate.lightning_modules.config.yamlio import Json
 from ablate.sweeps.base import StudyBase
-from ablate.sweeps.spec import PrunerSpec, StudySpec, corner_trials, validate_study
+from ablate.sweeps.optuna_spec import PrunerSpec
+from ablate.sweeps.spec import StudySpec, corner_trials, validate_study
 from ablate.sweeps.study_models import PLACEHOLDER_SOURCE, FinetuneTask, StudyModel
 
 STEPS = 4

@@ -1,4 +1,4 @@
-"""The grid queue and the pruners a study can name (no training)."""
+"""The grid queue, and trials taken and left by workers (no training)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import time
 
 import optuna
 import pytest
-from pydantic import ValidationError
 
 from ablate.sweeps import workers
-from ablate.sweeps.spec import PrunerSpec, StudySpec
+from ablate.sweeps.spec import StudySpec
 
 SEARCH = {
     "optim.lr": {"choices": [1e-4, 1e-3, 3e-3]},
@@ -32,39 +31,6 @@ def test_the_grid_is_queued_once_in_a_seeded_random_order():
     assert order == _queued("s")  # the same study name queues the same order
     assert order != workers.grid_points(spec)  # not grid order: the first trials are not all one learning rate
     assert len({p["optim.lr"] for p in order[:4]}) > 1
-
-
-@pytest.mark.parametrize(
-    ("raw", "kind"),
-    [
-        ({"type": "none"}, optuna.pruners.NopPruner),
-        ({"type": "median", "n_startup_trials": 3}, optuna.pruners.MedianPruner),
-        ({"type": "percentile", "percentile": 25.0}, optuna.pruners.PercentilePruner),
-        ({"type": "hyperband", "n_warmup_steps": 10}, optuna.pruners.HyperbandPruner),
-        ({"type": "threshold", "upper": 9.0}, optuna.pruners.ThresholdPruner),
-    ],
-)
-def test_pruners(raw, kind):
-    assert isinstance(PrunerSpec(**raw).build(max_steps=100), kind)
-
-
-def test_percentile_pruner_prunes_below_the_best_quarter():
-    pruner = PrunerSpec(type="percentile", percentile=25.0, n_startup_trials=4).build(max_steps=10)
-    study = optuna.create_study(pruner=pruner)
-    for value in (1.0, 2.0, 3.0, 4.0):  # finished trials; the 25th percentile at step 5 is 1.75
-        trial = study.ask()
-        trial.report(value, 5)
-        study.tell(trial, value)
-    better, worse = study.ask(), study.ask()
-    better.report(1.5, 5)
-    worse.report(2.5, 5)
-    assert not better.should_prune() and worse.should_prune()
-
-
-@pytest.mark.parametrize("percentile", [0.0, 100.0, 150.0])
-def test_percentile_out_of_range_is_refused(percentile):
-    with pytest.raises(ValidationError, match="percentile"):
-        PrunerSpec(type="percentile", percentile=percentile)
 
 
 def _asked(rdb: optuna.storages.RDBStorage, queued: bool) -> tuple[optuna.Study, int]:
