@@ -337,7 +337,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         command = f"ablate sweep {args.study}" + (f" {overridden.shown}" if overridden is not None else "")
         again = " ".join([command, *(f"{k} {tracking.redact(v)}" for k, v in stores if v)])
         stop.advice = (
-            f"the study's running runs are KILLED; resume the study with the same command ({again}): "
+            f"this worker's runs are KILLED; the other workers take its configuration, and the study's run stays "
+            f"RUNNING until they end (the same command adds this worker again: {again})"
+            if stop.others_go_on
+            else f"the study's running runs are KILLED; resume the study with the same command ({again}): "
             "a trial that validated goes on from its checkpoint in the same run"
         )
         raise

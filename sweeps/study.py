@@ -163,7 +163,8 @@ def run_study(
             _run_trials(place, study, stores.source_cfg, n_trials, keep_going)
     except (KeyboardInterrupt, SystemExit) as exc:  # SIGINT, SIGTERM: the trial's runs are KILLED already
         stop = as_interrupted(exc)
-        if not workers.others_alive(study):  # else the study's run stays RUNNING: other workers go on
+        stop.others_go_on = workers.others_alive(study)
+        if not stop.others_go_on:  # else the study's run stays RUNNING: other workers go on
             tracking.end_killed(client, parent, str(stop))
         raise stop from None
     except BaseException:

@@ -20,6 +20,7 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
         self.runs: list[str] = []  # the runs it ended KILLED, innermost first
         self.advice = ""  # what resumes the work, said by the command that was stopped
+        self.others_go_on = False  # a study's worker stopped while others run on (the study's run stays RUNNING)
         super().__init__(f"signal {self.name}")
 
     @property
