@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
 from ablate.lightning_modules.config.experiment import ExperimentConfig, config_digest
 from ablate.sweeps.engine.ckpt_files import FileWriter, local_path, same_file
@@ -30,6 +31,8 @@ LAST = "last.ckpt"
 MLFLOW = "mlflow"
 """The location that keeps ``last.ckpt`` as an artifact of the run."""
 ARTIFACTS = "checkpoints"
+SPARE = f"{ARTIFACTS}/spare"  # the other artifact folder a run's ``last.ckpt`` is uploaded to, in turn
+UPLOADED = "ablate.checkpoint_uploaded"  # on a mirrored run: the artifact path of its newest whole last.ckpt
 CONFIG = "ablate.config_sha256"  # on a checkpointing run: its resolved config's digest
 WHERE = "ablate.checkpoints"  # on a checkpointing run: its checkpoint folder (or URL)
 
@@ -180,8 +183,31 @@ def callbacks(
         save_last=monitor is not None,
         enable_version_counter=False,
     )
-    upload = (lambda path: client.log_artifact(run_id, path, ARTIFACTS)) if plan.mirror else None
+    upload = (lambda path: upload_last(client, run_id, path)) if plan.mirror else None
     return [KeptCheckpoint(upload, **kwargs), RngState(on_resume)]
+
+
+def upload_last(client: MlflowClient, run_id: str, path: str) -> None:
+    """Upload ``path`` (a ``last.ckpt``) as run ``run_id``'s artifact, into the folder that does not hold its
+    newest whole upload, then tag it (:data:`UPLOADED`) and remove the one before: a worker killed while it
+    uploads (a plain copy into a folder store) leaves the previous upload whole and named."""
+    before = client.get_run(run_id).data.tags.get(UPLOADED)  # None: its first upload
+    folder = SPARE if before == f"{ARTIFACTS}/{LAST}" else ARTIFACTS
+    client.log_artifact(run_id, path, folder)
+    client.set_tag(run_id, UPLOADED, f"{folder}/{LAST}")
+    if before is None:
+        return
+    try:  # a store that cannot remove an artifact keeps both (two checkpoints' size)
+        repository = get_artifact_repository(client.get_run(run_id).info.artifact_uri, client.tracking_uri)
+        repository.delete_artifacts(before)  # type: ignore[no-untyped-call]  # untyped in MLflow
+    except (MlflowException, OSError, NotImplementedError):
+        pass
+
+
+def newest_upload(client: MlflowClient, run_id: str) -> str:
+    """The artifact path of run ``run_id``'s newest whole ``last.ckpt`` (``checkpoints/last.ckpt`` for a run
+    that has none yet, or uploaded before :func:`upload_last` alternated)."""
+    return client.get_run(run_id).data.tags.get(UPLOADED, f"{ARTIFACTS}/{LAST}")
 
 
 def exists(path: str) -> bool:
@@ -195,7 +221,8 @@ class IncompleteCheckpoint(Exception):
 
 
 def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -> str | None:
-    """The artifact ``checkpoints/<name>`` of ``run_id``, downloaded into ``folder``; None if it has none.
+    """The artifact ``checkpoints/<name>`` of ``run_id`` (for ``last.ckpt``: its newest whole upload),
+    downloaded into ``folder`` as ``name``; None if it has none.
 
     Raises:
         IncompleteCheckpoint: the artifact is cut off. A folder or object store's upload is a plain copy,
@@ -205,10 +232,11 @@ def download(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
+        artifact = newest_upload(client, run_id) if name == LAST else f"{ARTIFACTS}/{name}"
         with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp, tracking.quiet_downloads():
-            got = Path(client.download_artifacts(run_id, f"{ARTIFACTS}/{name}", tmp))
+            got = Path(client.download_artifacts(run_id, artifact, tmp))
             if not zipfile.is_zipfile(got):
-                raise IncompleteCheckpoint(f"run {run_id}'s {ARTIFACTS}/{name} is incomplete (its upload was cut off)")
+                raise IncompleteCheckpoint(f"run {run_id}'s {artifact} is incomplete (its upload was cut off)")
             return str(got.replace(Path(folder) / name))
     except (MlflowException, OSError):
         return None
@@ -246,7 +274,8 @@ def resumable(client: MlflowClient, run_id: str) -> bool:
         return False
     if where != MLFLOW:
         return exists(f"{where}/{LAST}")
-    return any(a.path == f"{ARTIFACTS}/{LAST}" for a in client.list_artifacts(run_id, ARTIFACTS))
+    artifact = newest_upload(client, run_id)
+    return any(a.path == artifact for a in client.list_artifacts(run_id, artifact.rsplit("/", 1)[0]))
 
 
 def run_checkpoint(client: MlflowClient, run_id: str, folder: str) -> str | None:

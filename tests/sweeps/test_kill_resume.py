@@ -21,6 +21,7 @@ import yaml
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.load import replace
+from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study, trial_config
@@ -120,9 +121,16 @@ def test_sigkill_mid_trial_then_another_machine_resumes_and_counts_once(tmp_path
     ckpts = sorted(p.name for p in (second_dir / "runs" / "checkpoints" / "killed").rglob("*.ckpt"))
     # per trial: last and best, and the end of its one phase
     assert ckpts == ["best.ckpt", "best.ckpt", "last.ckpt", "last.ckpt", "phase-0.ckpt", "phase-0.ckpt"]
-    uploaded = sorted(a.path for r in runs for a in client.list_artifacts(r.info.run_id, "checkpoints"))
-    # each trial's (the killed attempt's run is the resumed one)
-    assert uploaded == ["checkpoints/last.ckpt"] * 2 + ["checkpoints/phase-0.ckpt"] * 2
+    # each trial's (the killed attempt's run is the resumed one): its phase's end, and its newest last.ckpt
+    # alone (uploaded into two folders in turn, the one before removed once the next is whole)
+    for run in finished:
+        uploaded = [
+            a.path
+            for folder in ("checkpoints", "checkpoints/spare")
+            for a in client.list_artifacts(run.info.run_id, folder)
+        ]
+        newest = run.data.tags[checkpoints.UPLOADED]
+        assert sorted(p for p in uploaded if p.endswith(".ckpt")) == sorted([newest, "checkpoints/phase-0.ckpt"])
 
     # the resumed trial ends where an uninterrupted run of the same config does
     spec, base = load_study(study)

@@ -249,6 +249,9 @@ def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, 
     assert [r.info.status for r in runs] == ["FINISHED"] * 4  # the stopped attempt's run went on
     assert len({r.data.tags["ablate.config_sha256"] for r in runs}) == 4
     (resumed,) = [r for r in runs if tracking.RESUMED in r.data.tags]
+    for run in runs:  # the server removed each upload of last.ckpt once the next was whole
+        kept = [a.path for d in ("checkpoints", "checkpoints/spare") for a in client.list_artifacts(run.info.run_id, d)]
+        assert [p for p in kept if p.endswith("last.ckpt")] == [run.data.tags["ablate.checkpoint_uploaded"]]
     assert "ablate.fail_reason" not in resumed.data.tags
     trials = optuna.load_study(study_name="one-stops", storage=storage).trials
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]

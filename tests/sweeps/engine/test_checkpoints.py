@@ -167,9 +167,9 @@ def test_a_run_says_nothing_of_weights_only(tmp_path: Path, wiki_validation, cap
 def test_a_cut_off_upload_is_refused_by_name_and_a_retry_starts_over(
     tmp_path: Path, wiki_validation: Path, capsys
 ) -> None:
-    """A worker killed while it uploads ``last.ckpt`` to a shared artifact folder leaves part of the file:
-    ``ablate train --resume`` refuses in one line, before the run is touched; a retry's look for a
-    checkpoint warns and finds none (the run starts over) rather than failing on the file."""
+    """A worker killed during a run's first upload of ``last.ckpt`` to a shared artifact folder leaves part
+    of the file and none before it: ``ablate train --resume`` refuses in one line, before the run is touched;
+    a retry's look for a checkpoint warns and finds none (the run starts over) rather than failing on the file."""
     cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
     plan = checkpoints.run_place(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
@@ -196,3 +196,34 @@ def test_a_cut_off_upload_is_refused_by_name_and_a_retry_starts_over(
     uploaded.write_bytes(whole)  # the whole file is taken
     got = checkpoints.resume_path(plan.for_run(run_id), client, run_id)
     assert got is not None and Path(got).read_bytes() == whole
+
+
+def test_a_kill_while_uploading_leaves_the_upload_before_whole_and_resumed_from(
+    tmp_path: Path, wiki_validation: Path, capsys
+) -> None:
+    """``last.ckpt`` is uploaded into two artifact folders in turn, each tagged once whole, the one before
+    removed: a worker killed while it copies the third leaves part of a file where the first was, and
+    ``ablate train --resume`` goes on from the second (step 8), saying nothing of the cut-off one."""
+    cfg = build_config(tiny_base(tmp_path, wiki_validation, max_steps=12, val_every=4, measure=False))
+    straight = train(cfg, RunContext(tracking_uri=f"sqlite:///{tmp_path / 'straight.db'}"))
+    uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
+    plan = checkpoints.run_place(checkpoints.location(None, uri, cfg.tracking.root), cfg.tracking.root, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, RunContext(tracking_uri=uri, checkpoint=plan, callbacks=(InterruptAt(10),)))  # after step 8's
+    client = MlflowClient(uri)
+    (killed,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    run_id, folder = killed.info.run_id, Path(killed.info.artifact_uri.removeprefix("file://"))
+    assert killed.data.tags[checkpoints.UPLOADED] == "checkpoints/spare/last.ckpt"  # the second upload
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob(checkpoints.LAST)) == ["checkpoints/spare/last.ckpt"]
+    second = (folder / "checkpoints" / "spare" / checkpoints.LAST).read_bytes()
+    (folder / "checkpoints" / checkpoints.LAST).write_bytes(second[: len(second) // 3])  # the third, cut off
+    shutil.rmtree(Path(cfg.tracking.root) / "checkpoints")  # another machine: no local copy
+    capsys.readouterr()
+    assert main(["train", "--resume", run_id, "--tracking-uri", uri]) == 0
+    assert "incomplete" not in capsys.readouterr().err
+    resumed = client.get_run(run_id)
+    assert resumed.info.status == "FINISHED" and resumed.data.tags[RESUMED].endswith("(step 8)")
+    assert resumed.data.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-5, abs=1e-6)
+    # the resumed run's upload at step 12 went where the cut-off one was, and is the one tagged
+    assert resumed.data.tags[checkpoints.UPLOADED] == "checkpoints/last.ckpt"
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob(checkpoints.LAST)) == ["checkpoints/last.ckpt"]
