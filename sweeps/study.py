@@ -12,7 +12,6 @@ from pathlib import Path
 import optuna
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
@@ -89,7 +88,9 @@ def open_study(
         ) from None
 
 
-def connect_storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> RDBStorage:
+def connect_storage(
+    url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]
+) -> workers.HeartbeatStorage:
     """The Optuna RDB storage at ``url``, with heartbeats (StorageError naming the URL if unreachable)."""
     require_driver(url)  # postgresql:// without psycopg: one line naming the extra
     try:
@@ -163,6 +164,7 @@ def run_study(
             _run_trials(place, study, stores.source_cfg, n_trials, keep_going)
     except (KeyboardInterrupt, SystemExit) as exc:  # SIGINT, SIGTERM: the trial's runs are KILLED already
         stop = as_interrupted(exc)
+        workers.release_taken(study, stores.storage, stop.name)  # one stopped in Optuna's ask, before it began
         stop.others_go_on = workers.others_alive(study)
         if not stop.others_go_on:  # else the study's run stays RUNNING: other workers go on
             tracking.end_killed(client, parent, str(stop))
@@ -183,7 +185,7 @@ class _Stores:
     client: MlflowClient
     uri: str
     url: str
-    storage: RDBStorage
+    storage: workers.HeartbeatStorage
     study: optuna.Study
     created: bool
     source_cfg: ModelConfig | None

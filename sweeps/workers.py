@@ -5,6 +5,7 @@ worker's trial (from its last checkpoint), and a worker returns when the study i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import time
@@ -82,20 +83,35 @@ class HeartbeatStorage(RDBStorage):
     Optuna records it once the trial's heartbeat thread starts, and never finds stale a RUNNING
     trial that has none: a worker stopped in between (a signal in ``study.ask``) held its
     configuration for ever, every other worker waiting on it. Such a trial (also one taken by a
-    worker without this class) is stale here once it was taken a grace period ago.
+    worker without this class) is stale here once it was taken a grace period ago. ``taken``: the
+    trials this process took, for :func:`release_taken`.
     """
+
+    def __init__(self, url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> None:
+        super().__init__(
+            url,
+            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else {},
+            heartbeat_interval=heartbeat,
+            grace_period=3 * heartbeat,
+            heartbeat_stale_trial_callback=on_stale,
+        )
+        self.taken: list[int] = []
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         taken = super().set_trial_state_values(trial_id, state, values)
         if taken and state == TrialState.RUNNING:
-            self.record_heartbeat(trial_id)
+            self._took(trial_id)
         return taken
 
-    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        trial_id = super().create_new_trial(study_id, template_trial)
-        if template_trial is None or template_trial.state == TrialState.RUNNING:  # ask() with an empty queue
-            self.record_heartbeat(trial_id)
-        return trial_id
+    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
+        trial = super()._create_new_trial(study_id, template_trial)  # what Optuna's cached storage calls
+        if trial.state == TrialState.RUNNING:  # ask() with an empty queue
+            self._took(trial._trial_id)
+        return trial
+
+    def _took(self, trial_id: int) -> None:
+        self.taken.append(trial_id)
+        self.record_heartbeat(trial_id)
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         return super()._get_stale_trial_ids(study_id) + self._never_beaten(study_id)
@@ -114,18 +130,11 @@ class HeartbeatStorage(RDBStorage):
             return [int(t.trial_id) for t in trials if t.datetime_start is not None and t.datetime_start < taken_before]
 
 
-def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> RDBStorage:
+def storage(url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> HeartbeatStorage:
     """An RDB storage (SQLite or PostgreSQL) with heartbeats and a callback for stale trials."""
-    kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
-            return HeartbeatStorage(
-                url,
-                engine_kwargs=kwargs,
-                heartbeat_interval=heartbeat,
-                grace_period=3 * heartbeat,
-                heartbeat_stale_trial_callback=on_stale,
-            )
+            return HeartbeatStorage(url, heartbeat, on_stale)
         except (IntegrityError, ProgrammingError):
             # Workers started together on an empty database race to create Optuna's tables
             # (PostgreSQL: duplicate pg_type / "relation already exists"); the loser retries
@@ -232,6 +241,22 @@ def stop_when_drained(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], 
             study.stop()
 
     return callback
+
+
+def release_taken(study: optuna.Study, storage: HeartbeatStorage, signal_name: str) -> list[int]:
+    """Fail, marked stopped by ``signal_name``, the trials this worker took that are still RUNNING: a signal
+    in Optuna's ``ask`` stops a worker before its trial began (Optuna fails a trial only once it runs), and
+    the workers going on take its configuration at once rather than after its grace period. Their numbers."""
+    released = []
+    for trial_id in storage.taken:
+        trial = study._storage.get_trial(trial_id)
+        if trial.state != TrialState.RUNNING:
+            continue
+        study._storage.set_trial_user_attr(trial_id, INTERRUPTED, signal_name)
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker found it stale
+            study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            released.append(trial.number)
+    return released
 
 
 def others_running(study: optuna.Study) -> list[FrozenTrial]:

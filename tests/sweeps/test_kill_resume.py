@@ -21,8 +21,10 @@ import yaml
 from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.load import replace
+from ablate.sweeps import workers
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
+from ablate.sweeps.engine.interrupt import Interrupted
 from ablate.sweeps.engine.runner import train
 from ablate.sweeps.spec import load_study, trial_config
 from ablate.sweeps.study import run_study
@@ -314,3 +316,32 @@ def test_a_trial_whose_worker_stopped_before_its_first_heartbeat_is_retried(tmp_
     trials = optuna.load_study(study_name="unbeaten", storage=storage).get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[1].params == {"model.sharing": "all", "seed": 0}
+
+
+def test_a_worker_stopped_while_taking_its_trial_releases_it(tmp_path, wiki_validation, monkeypatch):
+    """A SIGTERM that lands in Optuna's ``ask`` (here: in the grid sampler's ``before_trial``) stops the worker
+    before its trial began: the trial is failed at once, marked stopped, rather than left RUNNING until its
+    grace period; the study's run ends KILLED (no other worker goes on) and the same command runs it again."""
+    made = write_study(tmp_path, wiki_validation, name="in-ask", trainer={"max_steps": 4, "measure": False})
+    spec, base = load_study(made)
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    taking = workers.QueuedGridSampler.before_trial
+
+    def signalled(self, study, trial):
+        taking(self, study, trial)
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(workers.QueuedGridSampler, "before_trial", signalled)
+    with pytest.raises(Interrupted) as stop:
+        run_study(spec, base, storage=storage, tracking_uri=uri)
+    monkeypatch.undo()
+    assert not stop.value.others_go_on
+    stopped, queued = optuna.load_study(study_name="in-ask", storage=storage).get_trials()
+    assert stopped.state.name == "FAIL" and stopped.user_attrs[workers.INTERRUPTED] == "SIGTERM"
+    assert queued.state.name == "WAITING"
+    client = MlflowClient(uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("in-ask").experiment_id])
+    assert parent.info.status == "KILLED" and parent.data.tags["ablate.fail_reason"] == "signal SIGTERM"
+    run_study(spec, base, storage=storage, tracking_uri=uri)
+    states = [t.state.name for t in optuna.load_study(study_name="in-ask", storage=storage).get_trials()]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"]

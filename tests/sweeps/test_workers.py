@@ -50,7 +50,7 @@ def test_a_trial_taken_and_never_run_goes_stale(tmp_path, queued):
     study, trial_id = _asked(rdb, queued)
     optuna.storages.fail_stale_trials(study)
     assert study.get_trials()[-1].state == optuna.trial.TrialState.RUNNING  # within its grace period
-    time.sleep(3.5)
+    time.sleep(4.5)  # past the grace period (3 s) by more than SQLite's clock resolution (1 s)
     optuna.storages.fail_stale_trials(study)
     assert study._storage.get_trial(trial_id).state == optuna.trial.TrialState.FAIL
     assert stale == [study._storage.get_trial(trial_id).number]
@@ -62,7 +62,7 @@ def test_a_trial_taken_without_a_heartbeat_goes_stale_once_taken_a_grace_period_
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     plain = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=3)
     study, trial_id = _asked(plain, queued=True)
-    time.sleep(3.5)
+    time.sleep(4.5)  # past the grace period (3 s) by more than SQLite's clock resolution (1 s)
     optuna.storages.fail_stale_trials(study)
     assert plain.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING  # Optuna: never stale
     ours = optuna.load_study(study_name="s", storage=workers.storage(url, 1, lambda study, trial: None))
@@ -70,3 +70,21 @@ def test_a_trial_taken_without_a_heartbeat_goes_stale_once_taken_a_grace_period_
     optuna.storages.fail_stale_trials(ours)
     assert plain.get_trial(trial_id).state == optuna.trial.TrialState.FAIL
     assert plain.get_trial(fresh).state == optuna.trial.TrialState.RUNNING
+
+
+def test_a_worker_stopped_in_ask_releases_its_trial_for_the_others(tmp_path):
+    """A signal in Optuna's ``ask`` leaves the trial RUNNING (Optuna fails a trial only once it runs): the
+    stopped worker fails it, marked with the signal, and a worker going on queues its configuration again."""
+    spec = StudySpec(name="s", base={}, search={"model.sharing": {"choices": ["all"]}}, sampler="grid")
+    rdb = workers.storage(f"sqlite:///{tmp_path / 'optuna.db'}", 10, lambda study, trial: None)
+    study = optuna.create_study(study_name="s", storage=rdb)
+    workers.fill_queue(study, spec, created=True)
+    done = study.ask()
+    study.tell(done, 1.0)
+    workers.fill_queue(study, spec, created=False)  # queued again, as a retry would be: taken, then stopped
+    stopped = study.ask()
+    assert workers.release_taken(study, rdb, "SIGTERM") == [stopped.number]  # not the finished one
+    frozen = study.get_trials()[stopped.number]
+    assert frozen.state == optuna.trial.TrialState.FAIL and frozen.user_attrs[workers.INTERRUPTED] == "SIGTERM"
+    assert not workers.others_running(study)
+    assert workers.requeue_interrupted(study, spec) == 1
