@@ -176,26 +176,76 @@ def augment_rows(
     allowed = _allowed(tokenizer, mlm.vocab_size)
     k = min(top_k, int(allowed.sum()) - 1)  # the word itself is never a candidate
     sents = _split([t for row in texts for t in row], tokenizer, lowercase)
+    draws = _draw(sents, copies, prob, k, seed)
+    plan = _plan_queries(sents, draws)
+    window = (mlm.max_tokens or _MAX_TOKENS) - 2
+    candidates = _answer_queries(mlm, sents, plan, window, allowed, k, sp, batch_size, progress)
+    return _render_rows(texts, copies, sents, draws, plan.query_of, candidates, tokenizer)
 
-    # every copy's draws first: replace this word?, and which of its k candidates
+
+@dataclass
+class _Draws:
+    """One sentence's random draws for all its copies, (copies, words) each.
+
+    Attributes:
+        replace: True where a copy replaces the word.
+        pick: which of the word's k candidates it is replaced by.
+    """
+
+    replace: np.ndarray
+    pick: np.ndarray
+
+
+def _draw(sents: list[_Sentence], copies: int, prob: float, k: int, seed: int) -> list[_Draws]:
+    """Every copy's draws first, sentence by sentence: replace this word?, and which of its ``k`` candidates."""
     rng = np.random.default_rng(seed)
-    draws = [
-        (rng.random((copies, len(s.spans))) < prob, rng.integers(0, k, (copies, len(s.spans)), dtype=np.int16))
+    return [
+        _Draws(rng.random((copies, len(s.spans))) < prob, rng.integers(0, k, (copies, len(s.spans)), dtype=np.int16))
         for s in sents
     ]
 
-    # one masked sequence per (sentence, single-piece word) that some copy replaces, by sentence length
-    order = sorted(range(len(sents)), key=lambda s: len(sents[s].pieces))  # little padding per batch
-    query_of = [np.full(len(s.spans), -1, dtype=np.int64) for s in sents]
-    queries: list[tuple[int, int]] = []  # (sentence, piece)
-    done_at: list[int] = []  # per query: the sentences (in ``order``) finished once it is answered
-    for rank, s in enumerate(order):
-        for w in np.flatnonzero((sents[s].piece_of >= 0) & draws[s][0].any(axis=0)):
-            query_of[s][w] = len(queries)
-            queries.append((s, int(sents[s].piece_of[w])))
-            done_at.append(rank)
 
-    window = (mlm.max_tokens or _MAX_TOKENS) - 2
+@dataclass
+class _Queries:
+    """The masked sequences to run: one per (sentence, single-piece word) that some copy replaces.
+
+    Attributes:
+        queries: (sentence, piece) of each, sentences by length.
+        query_of: per sentence, per word, its index in ``queries``; -1 for a word no copy replaces.
+        done_at: per query, how many sentences (in length order) are finished once it is answered.
+    """
+
+    queries: list[tuple[int, int]]
+    query_of: list[np.ndarray]
+    done_at: list[int]
+
+
+def _plan_queries(sents: list[_Sentence], draws: list[_Draws]) -> _Queries:
+    """One masked sequence per (sentence, single-piece word) that some copy replaces, by sentence length."""
+    order = sorted(range(len(sents)), key=lambda s: len(sents[s].pieces))  # little padding per batch
+    plan = _Queries([], [np.full(len(s.spans), -1, dtype=np.int64) for s in sents], [])
+    for rank, s in enumerate(order):
+        for w in np.flatnonzero((sents[s].piece_of >= 0) & draws[s].replace.any(axis=0)):
+            plan.query_of[s][w] = len(plan.queries)
+            plan.queries.append((s, int(sents[s].piece_of[w])))
+            plan.done_at.append(rank)
+    return plan
+
+
+def _answer_queries(
+    mlm: MaskedLM,
+    sents: list[_Sentence],
+    plan: _Queries,
+    window: int,
+    allowed: torch.Tensor,
+    k: int,
+    sp: SpecialIds,
+    batch_size: int,
+    progress: bool,
+) -> np.ndarray:
+    """(queries, k) candidate ids, ``batch_size`` queries per forward of ``mlm`` (in eval mode meanwhile,
+    then restored); the progress bar counts the sentences whose queries are all answered."""
+    queries = plan.queries
     candidates = np.zeros((len(queries), k), dtype=np.int32)
     was_training = mlm.training
     mlm.train(False)
@@ -205,12 +255,24 @@ def augment_rows(
             end = min(b + batch_size, len(queries))
             batch = [(sents[s].pieces, j) for s, j in queries[b:end]]
             candidates[b:end] = _candidates(mlm, batch, window, allowed, k, sp)
-            bar.update((done_at[end] if end < len(queries) else len(sents)) - bar.n)
+            bar.update((plan.done_at[end] if end < len(queries) else len(sents)) - bar.n)
         bar.update(len(sents) - bar.n)
     finally:
         bar.close()
         mlm.train(was_training)
+    return candidates
 
+
+def _render_rows(
+    texts: list[list[str]],
+    copies: int,
+    sents: list[_Sentence],
+    draws: list[_Draws],
+    query_of: list[np.ndarray],
+    candidates: np.ndarray,
+    tokenizer: Tokenizer,
+) -> list[list[str]]:
+    """The ``copies`` augmented rows of each example of ``texts`` (whose fields are ``sents``, in order)."""
     tokens = {i: t for t, i in tokenizer.get_vocab().items()}
     out: list[list[str]] = []
     first = np.cumsum([0, *(len(row) for row in texts)])
@@ -218,7 +280,10 @@ def augment_rows(
         for c in range(copies):
             fields = range(first[i], first[i + 1])
             out.append(
-                [_render(sents[s], draws[s][0][c], draws[s][1][c], query_of[s], candidates, tokens) for s in fields]
+                [
+                    _render(sents[s], draws[s].replace[c], draws[s].pick[c], query_of[s], candidates, tokens)
+                    for s in fields
+                ]
             )
     return out
 

@@ -297,34 +297,13 @@ class ExperimentConfig:
                 f"quantization-aware training at 2-8 bits follows a trained model: a fine-tuning "
                 f"run (Q-BERT) or the quant regime (quant.source), not regime {self.regime!r}",
             )
-        f = self.finetune
-        if f.exits != (f.exit_steps > 0):
-            raise FieldError(
-                "finetune.exit_steps",
-                "FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
-                f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}",
-            )
-        if f.exit_at is not None and not f.exits:
-            raise FieldError("finetune.exit_at", "a speed to use the model at needs FastBERT's exits (finetune.exits)")
-        if (f.kind == "span") != (f.metric in SPAN_METRICS) and f.metric != "f1":
-            what = "a span task is scored by exact or f1" if f.kind == "span" else "exact is for a span task"
-            raise FieldError("finetune.metric", f"{f.metric!r} with finetune.kind {f.kind}: {what} (SQuAD's EM, F1)")
-        if f.kind == "span" and f.exits:
-            raise FieldError("finetune.exits", "FastBERT's exits classify [CLS]; a span task (kind span) has none")
-        if f.kind == "span" and f.augment_copies > 0:
-            raise FieldError(
-                "finetune.augment_copies",
-                "TinyBERT's augmentation replaces a sentence's words; a span task's answers are characters of its "
-                "context (finetune.kind span)",
-            )
-        if f.kind == "span" and f.max_length - f.max_query_length - 3 < 1:
-            raise FieldError(
-                "finetune.max_query_length",
-                f"{f.max_query_length} question tokens leave no room for the context in finetune.max_length "
-                f"{f.max_length} ([CLS] question [SEP] context [SEP])",
-            )
-        if self.regime not in ("pretrain", "distill"):  # the model is the source's: checked when it is loaded
-            return self
+        _check_finetune(self.finetune)
+        if self.regime in ("pretrain", "distill"):  # otherwise the model is the source's: checked when it is loaded
+            self._check_own_model()
+        return self
+
+    def _check_own_model(self) -> None:
+        """The model the run builds (pre-training, distillation) against its data, objective, trainer and quant."""
         m, data = self.model, self.data
         if m.vocab_size < MIN_VOCAB and data.tokenizer is None:  # the run trains its WordPiece tokenizer of this size
             raise FieldError(
@@ -348,7 +327,35 @@ class ExperimentConfig:
                 else "trainer.intrinsic probes NSP and SOP on segment pairs (token type 1)"
             )
             raise FieldError("model.token_types", f"1 row, but {why}; use 2, or 0 for no token-type embedding")
-        return self
+
+
+def _check_finetune(f: FinetuneConfig) -> None:
+    """The fine-tuning section's fields against each other (exits, task kind, metric, lengths)."""
+    if f.exits != (f.exit_steps > 0):
+        raise FieldError(
+            "finetune.exit_steps",
+            "FastBERT's exits (finetune.exits) train by self-distillation for exit_steps > 0 "
+            f"steps after fine-tuning; got exits={f.exits}, exit_steps={f.exit_steps}",
+        )
+    if f.exit_at is not None and not f.exits:
+        raise FieldError("finetune.exit_at", "a speed to use the model at needs FastBERT's exits (finetune.exits)")
+    if (f.kind == "span") != (f.metric in SPAN_METRICS) and f.metric != "f1":
+        what = "a span task is scored by exact or f1" if f.kind == "span" else "exact is for a span task"
+        raise FieldError("finetune.metric", f"{f.metric!r} with finetune.kind {f.kind}: {what} (SQuAD's EM, F1)")
+    if f.kind == "span" and f.exits:
+        raise FieldError("finetune.exits", "FastBERT's exits classify [CLS]; a span task (kind span) has none")
+    if f.kind == "span" and f.augment_copies > 0:
+        raise FieldError(
+            "finetune.augment_copies",
+            "TinyBERT's augmentation replaces a sentence's words; a span task's answers are characters of its "
+            "context (finetune.kind span)",
+        )
+    if f.kind == "span" and f.max_length - f.max_query_length - 3 < 1:
+        raise FieldError(
+            "finetune.max_query_length",
+            f"{f.max_query_length} question tokens leave no room for the context in finetune.max_length "
+            f"{f.max_length} ([CLS] question [SEP] context [SEP])",
+        )
 
 
 def to_dict(cfg: DataclassInstance) -> dict[str, object]:

@@ -6,7 +6,8 @@ docs/guides/quantization.md ("Mixed precision by sensitivity")."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -121,41 +122,56 @@ def top_eigenvalues(
     if iters < 1:
         raise ValueError(f"iters must be at least 1, not {iters}")
     weights = {name: _weight(model, name) for name in names}
-    modes = [(m, m.training) for m in model.modules()]
-    flags = [(w, w.requires_grad) for w in weights.values()]
     values: dict[str, list[float]] = {name: [] for name in weights}
     if not weights:
         return {}
-    bar = tqdm(
-        total=len(batches) * len(weights),
-        desc="Hessian eigenvalues",
-        unit="layer",
-        delay=1.0,
-        leave=False,
-        disable=None,
-    )
-    try:
-        model.eval()
-        for w in weights.values():
-            w.requires_grad_(True)
+    total = len(batches) * len(weights)
+    with (
+        _eval_with_weight_grads(model, list(weights.values())),
+        tqdm(total=total, desc="Hessian eigenvalues", unit="layer", delay=1.0, leave=False, disable=None) as bar,
+    ):
         for batch in batches:
             with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
-                value = loss(model, batch)
-                if value.dim() != 0:
-                    raise ValueError(f"the loss must be a scalar, not of shape {tuple(value.shape)}")
-                grads = torch.autograd.grad(value, list(weights.values()), create_graph=True, allow_unused=True)
+                grads = _weight_grads(model, list(weights.values()), loss, batch)
                 for (name, w), g in zip(weights.items(), grads, strict=True):
-                    if g is None:
-                        raise ValueError(f"the loss does not depend on {name}.weight")
-                    eigenvalue = _power_iteration(g, w, iters, tol, seed)
-                    if largest and eigenvalue < 0:  # the most negative: the largest is H - eigenvalue*I's top
-                        eigenvalue = _power_iteration(g, w, iters, tol, seed, shift=eigenvalue)
-                    values[name].append(eigenvalue)
+                    values[name].append(_layer_eigenvalue(name, g, w, iters, tol, seed, largest))
                     bar.update()
+    return {name: Eigen(tuple(v)) for name, v in values.items()}
+
+
+@contextmanager
+def _eval_with_weight_grads(model: nn.Module, weights: list[nn.Parameter]) -> Iterator[None]:
+    """``model`` in eval mode (dropout off) and ``weights`` requiring grad meanwhile; both restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    flags = [(w, w.requires_grad) for w in weights]
+    try:
+        model.eval()
+        for w in weights:
+            w.requires_grad_(True)
+        yield
     finally:
-        bar.close()
         for m, training in modes:
             m.training = training
         for w, flag in flags:
             w.requires_grad_(flag)
-    return {name: Eigen(tuple(v)) for name, v in values.items()}
+
+
+def _weight_grads(model: nn.Module, weights: list[nn.Parameter], loss: Loss[B], batch: B) -> list[torch.Tensor | None]:
+    """The gradients of ``loss`` on ``batch`` with respect to ``weights``, in one backward with ``create_graph``
+    (None for a weight the loss does not depend on)."""
+    value = loss(model, batch)
+    if value.dim() != 0:
+        raise ValueError(f"the loss must be a scalar, not of shape {tuple(value.shape)}")
+    return list(torch.autograd.grad(value, weights, create_graph=True, allow_unused=True))
+
+
+def _layer_eigenvalue(
+    name: str, g: torch.Tensor | None, w: nn.Parameter, iters: int, tol: float, seed: int, largest: bool
+) -> float:
+    """The top eigenvalue of the Hessian block of ``w`` (module ``name``), from its gradient ``g`` on its graph."""
+    if g is None:
+        raise ValueError(f"the loss does not depend on {name}.weight")
+    eigenvalue = _power_iteration(g, w, iters, tol, seed)
+    if largest and eigenvalue < 0:  # the most negative: the largest is H - eigenvalue*I's top
+        eigenvalue = _power_iteration(g, w, iters, tol, seed, shift=eigenvalue)
+    return eigenvalue
