@@ -153,39 +153,62 @@ def _block(
     hf_best = max(speed[s.name] for s in sides if s.library == "transformers")
     reference = next(s for s in sides if s.name == "ablate fp32")
     first_gap = max(abs(s.losses[0] - reference.losses[0]) for s in sides if s.precision == "fp32")
-    lines = [
+    lines = _table(name, case, sides, speed, hf_best, peak)
+    ratios = _ratios(sides, speed)
+    best_ours = max((s for s in sides if s.library == "ablate"), key=lambda s: speed[s.name])
+    ratios["mfu"] = best_ours.flops / statistics.median(best_ours.times) / peak.flops[best_ours.precision]
+    theirs = max((s for s in sides if s.library == "transformers"), key=lambda s: speed[s.name])
+    labels = _labels(sides, speed, best_ours, theirs)
+    targets, targets_ok = _target_lines(ratios, labels, dict(case.targets))
+    ceiling = _ceiling(sides, best_ours, theirs, peak)
+    same_start, same_ok = _same_start(first_gap, device)
+    lines += ["", *targets, *ceiling, *same_start]
+    return lines, targets_ok and same_ok
+
+
+def _table(name: str, case: Case, sides: list[Side], speed: dict[str, float], hf_best: float, peak: Peaks) -> list[str]:
+    """The case's heading and its table, a row per side, fastest first."""
+    return [
         _describe(name, case),
         "",
         "| side | tokens/s | ms/step | x transformers best | GFLOP/step | TFLOP/s | MFU | activations MiB "
         "| first step s | loss step 1 | loss last step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_row(s, speed[s.name], hf_best, peak) for s in sorted(sides, key=lambda s: -speed[s.name])),
     ]
-    for s in sorted(sides, key=lambda s: -speed[s.name]):
-        step_s = statistics.median(s.times)
-        rate = s.flops / step_s
-        mfu = rate / peak.flops[s.precision]
-        # CUDA graphs keep activations in their own memory pool, which the allocator's peak does not see
-        memory = "–" if s.name.endswith("cudagraphs") else f"{s.activation_mb:,.0f}"
-        lines.append(
-            f"| {s.name} | {speed[s.name]:,.0f} | {step_s * 1e3:.1f} | {speed[s.name] / hf_best:.2f} | "
-            f"{s.flops / 1e9:,.1f} | {rate / 1e12:.3f} | {mfu:.1%} | {memory} | "
-            f"{s.first_s:.1f} | {s.losses[0]:.5f} | {s.losses[-1]:.4f} |"
-        )
-    ratios = _ratios(sides, speed)
-    best_ours = max((s for s in sides if s.library == "ablate"), key=lambda s: speed[s.name])
-    best_peak = peak.flops[best_ours.precision]
-    ratios["mfu"] = best_ours.flops / statistics.median(best_ours.times) / best_peak
-    theirs = max((s for s in sides if s.library == "transformers"), key=lambda s: speed[s.name])
+
+
+def _row(s: Side, speed: float, hf_best: float, peak: Peaks) -> str:
+    """One side's row: ``speed`` its tokens/s, ``hf_best`` transformers' best tokens/s."""
+    step_s = statistics.median(s.times)
+    rate = s.flops / step_s
+    mfu = rate / peak.flops[s.precision]
+    # CUDA graphs keep activations in their own memory pool, which the allocator's peak does not see
+    memory = "–" if s.name.endswith("cudagraphs") else f"{s.activation_mb:,.0f}"
+    return (
+        f"| {s.name} | {speed:,.0f} | {step_s * 1e3:.1f} | {speed / hf_best:.2f} | "
+        f"{s.flops / 1e9:,.1f} | {rate / 1e12:.3f} | {mfu:.1%} | {memory} | "
+        f"{s.first_s:.1f} | {s.losses[0]:.5f} | {s.losses[-1]:.4f} |"
+    )
+
+
+def _labels(sides: list[Side], speed: dict[str, float], best_ours: Side, theirs: Side) -> dict[str, str]:
+    """What each ratio is (:func:`_ratios`' and ``mfu``), in the order the block lists them."""
     theirs_fp32 = _fastest(sides, speed, "transformers", "fp32")
-    labels = {
+    return {
         "fp32": f"ablate fp32 over transformers' best fp32 ({theirs_fp32.name if theirs_fp32 else '-'})",
         "best": f"ablate's best over transformers' best ({theirs.name})",
         "bf16": "ablate's best bf16 over its own fp32",
         "compiled": "ablate's best bf16 compiled over eager",
         "mfu": f"MFU of ablate's best ({best_ours.name})",
     }
-    targets = dict(case.targets)
-    lines.append("")
+
+
+def _target_lines(
+    ratios: dict[str, float], labels: dict[str, str], targets: dict[str, float]
+) -> tuple[list[str], bool]:
+    """A line per ratio measured, with its target's verdict where the case sets one; True when every target holds."""
+    lines: list[str] = []
     ok = True
     for key, label in labels.items():
         if key not in ratios:
@@ -198,22 +221,32 @@ def _block(
             goal = f"{targets[key]:.0%}" if key == "mfu" else f"{targets[key]}x"
             line += f" (target {goal}: {mark(met)})"
         lines.append(line)
+    return lines, ok
+
+
+def _ceiling(sides: list[Side], best_ours: Side, theirs: Side, peak: Peaks) -> list[str]:
+    """How fast ablate's best step could be at the measured peak, and a warning when the peak reads low."""
+    best_peak = peak.flops[best_ours.precision]
     floor_s = Ceiling(best_ours.flops, best_peak).min_step_s  # every FLOP at the peak, nothing else costing time
-    lines.append(
+    lines = [
         f"- ceiling: at the {best_ours.precision} peak ablate's best step would take {floor_s * 1e3:.1f} ms against "
         f"{statistics.median(best_ours.times) * 1e3:.1f} ms now: best against best could reach at most "
         f"**{statistics.median(theirs.times) / floor_s:.2f}x**"
-    )
+    ]
     if any(s.flops / statistics.median(s.times) > peak.flops[s.precision] for s in sides):
         lines.append(
             "- the measured peak is below what a step achieved: the machine was busy while it was measured "
             "(a shared machine), so MFU and the ceiling above are not to be read in this run"
         )
+    return lines
+
+
+def _same_start(first_gap: float, device: torch.device) -> tuple[list[str], bool]:
+    """The fp32 sides' largest step-1 loss difference (``first_gap``) against the device's tolerance."""
     tolerance = SAME_START[device.type]
-    ok &= first_gap <= tolerance
-    lines += [
+    ok = first_gap <= tolerance
+    return [
         f"- same work: fp32 losses at step 1 differ by at most {first_gap:.1e} "
-        f"({mark(first_gap <= tolerance)} at {tolerance:.0e}); last-step losses above",
+        f"({mark(ok)} at {tolerance:.0e}); last-step losses above",
         "",
-    ]
-    return lines, ok
+    ], ok

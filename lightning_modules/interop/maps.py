@@ -171,50 +171,59 @@ def model_config(hf: PretrainedConfig) -> tuple[str, ModelConfig]:
         norm_eps=hf.layer_norm_eps,
         init_std=hf.initializer_range,
     )
-    if name == "bert":
-        if hf.is_decoder or hf.add_cross_attention:
-            raise ConfigError("is_decoder: decoder BERT is not supported")
-        if getattr(hf, "position_embedding_type", "absolute") != "absolute":
-            raise ConfigError(f"position_embedding_type: {hf.position_embedding_type!r} is not supported")
-    elif name == "albert":
-        if hf.inner_group_num != 1 or hf.num_hidden_groups not in (1, hf.num_hidden_layers):
-            raise ConfigError(
-                f"num_hidden_groups: {hf.num_hidden_groups} groups of {hf.inner_group_num} layers; "
-                "only all shared (1 group of 1) or none shared (L groups of 1) are supported"
-            )
-        fields.update(embed_dim=hf.embedding_size, sharing="all" if hf.num_hidden_groups == 1 else "none")
-    else:
-        if not hf.trigram_input:
-            raise ConfigError("trigram_input: MobileBERT without the trigram embedding is not supported")
-        if not hf.classifier_activation:
-            raise ConfigError("classifier_activation: a pooler without dense + tanh is not supported")
-        if hf.normalization_type == "layer_norm" and hf.layer_norm_eps != MOBILEBERT_EPS:
-            raise ConfigError(
-                f"layer_norm_eps: MobileBERT with LayerNorm is supported only with eps={MOBILEBERT_EPS} "
-                "(HF hard-codes it for two of its norms)"
-            )
-        fields.update(
-            mlm_head="mobilebert",
-            embed_dim=hf.embedding_size,
-            embedding="trigram",
-            num_ffn=hf.num_feedforward_networks,
-            norm=hf.normalization_type,
-        )
-        if hf.use_bottleneck:
-            attn = (
-                "bottleneck"
-                if hf.use_bottleneck_attention
-                else "shared_qk"
-                if hf.key_query_shared_bottleneck
-                else "hidden"
-            )
-            fields.update(intra_dim=hf.intra_bottleneck_size, attention_input=attn)
-            if attn == "hidden" and hf.intra_bottleneck_size != hf.hidden_size:
-                raise ConfigError("intra_bottleneck_size: attention on the hidden input needs intra == hidden_size")
+    family_fields = {"bert": _bert_fields, "albert": _albert_fields, "mobilebert": _mobilebert_fields}[name]
+    fields.update(family_fields(hf))
     try:
         return name, ModelConfig(**fields)
     except ValidationError as exc:
         raise ConfigError(f"{name} config: {exc.errors()[0]['msg']}") from None
+
+
+def _bert_fields(hf: PretrainedConfig) -> dict[str, Any]:
+    """None beyond the common ones; ConfigError for a decoder or relative positions."""
+    if hf.is_decoder or hf.add_cross_attention:
+        raise ConfigError("is_decoder: decoder BERT is not supported")
+    if getattr(hf, "position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"position_embedding_type: {hf.position_embedding_type!r} is not supported")
+    return {}
+
+
+def _albert_fields(hf: PretrainedConfig) -> dict[str, Any]:
+    """The embedding width and the sharing (all or none); ConfigError for other layer groups."""
+    if hf.inner_group_num != 1 or hf.num_hidden_groups not in (1, hf.num_hidden_layers):
+        raise ConfigError(
+            f"num_hidden_groups: {hf.num_hidden_groups} groups of {hf.inner_group_num} layers; "
+            "only all shared (1 group of 1) or none shared (L groups of 1) are supported"
+        )
+    return dict(embed_dim=hf.embedding_size, sharing="all" if hf.num_hidden_groups == 1 else "none")
+
+
+def _mobilebert_fields(hf: PretrainedConfig) -> dict[str, Any]:
+    """The trigram embedding, FFN stack, norm and bottleneck; ConfigError for what ours cannot be."""
+    if not hf.trigram_input:
+        raise ConfigError("trigram_input: MobileBERT without the trigram embedding is not supported")
+    if not hf.classifier_activation:
+        raise ConfigError("classifier_activation: a pooler without dense + tanh is not supported")
+    if hf.normalization_type == "layer_norm" and hf.layer_norm_eps != MOBILEBERT_EPS:
+        raise ConfigError(
+            f"layer_norm_eps: MobileBERT with LayerNorm is supported only with eps={MOBILEBERT_EPS} "
+            "(HF hard-codes it for two of its norms)"
+        )
+    fields: dict[str, Any] = dict(
+        mlm_head="mobilebert",
+        embed_dim=hf.embedding_size,
+        embedding="trigram",
+        num_ffn=hf.num_feedforward_networks,
+        norm=hf.normalization_type,
+    )
+    if hf.use_bottleneck:
+        attn = (
+            "bottleneck" if hf.use_bottleneck_attention else "shared_qk" if hf.key_query_shared_bottleneck else "hidden"
+        )
+        fields.update(intra_dim=hf.intra_bottleneck_size, attention_input=attn)
+        if attn == "hidden" and hf.intra_bottleneck_size != hf.hidden_size:
+            raise ConfigError("intra_bottleneck_size: attention on the hidden input needs intra == hidden_size")
+    return fields
 
 
 def _both(hf: str, ours: str, rows: tuple[int, int] | None = None) -> list[Pair]:
@@ -222,87 +231,83 @@ def _both(hf: str, ours: str, rows: tuple[int, int] | None = None) -> list[Pair]
     return [(f"{hf}.weight", f"{ours}.weight", rows), (f"{hf}.bias", f"{ours}.bias", rows)]
 
 
-def _attention(hf: str, ours: str, cfg: ModelConfig, names: tuple[str, str, str], separate_v: bool) -> list[Pair]:
-    """query/key/value -> rows of our fused qkv (or [Q|K] plus a separate v)."""
-    width = cfg.num_heads * cfg.head_dim
-    out = _both(f"{hf}.{names[0]}", f"{ours}.qkv", (0, width)) + _both(
-        f"{hf}.{names[1]}", f"{ours}.qkv", (width, 2 * width)
-    )
-    if separate_v:
-        return out + _both(f"{hf}.{names[2]}", f"{ours}.v")
-    return out + _both(f"{hf}.{names[2]}", f"{ours}.qkv", (2 * width, 3 * width))
+# HF's modules under one layer -> ours: the FFN's under our FFN sub-layer, MobileBERT's bottleneck's under ours
+_BERT_FFN = {"intermediate.dense": "inner.up", "output.dense": "inner.down", "output.LayerNorm": "norm"}
+_ALBERT_FFN = {"ffn": "inner.up", "ffn_output": "inner.down", "full_layer_layer_norm": "norm"}
+_BOTTLENECK = {
+    "bottleneck.input.dense": "enter.linear",
+    "bottleneck.input.LayerNorm": "enter.norm",
+    "output.bottleneck.dense": "exit",
+    "output.bottleneck.LayerNorm": "exit_norm",
+}
+_SHARED_QK = {"bottleneck.attention.dense": "shared_qk.linear", "bottleneck.attention.LayerNorm": "shared_qk.norm"}
+# HF's attention modules under one layer: the Q/K/V parent, the output dense, the norm
+_BERT_ATTENTION = ("attention.self", "attention.output.dense", "attention.output.LayerNorm")
+_ALBERT_ATTENTION = ("attention", "attention.dense", "attention.LayerNorm")
 
 
 def encoder_pairs(name: str, cfg: ModelConfig) -> list[Pair]:
     """The HF <-> ours pairs of the encoder (embeddings and layers; HF's ``<family>.*`` but the pooler)."""
-    base = {"bert": "bert", "albert": "albert", "mobilebert": "mobilebert"}[name]
-    out: list[Pair] = [
-        (f"{base}.embeddings.word_embeddings.weight", names.embeddings("word.weight"), None),
-        (f"{base}.embeddings.position_embeddings.weight", names.embeddings("position.weight"), None),
-        (f"{base}.embeddings.token_type_embeddings.weight", names.embeddings("token_type.weight"), None),
-        *_both(f"{base}.embeddings.LayerNorm", names.embeddings("norm")),
+    layers = {"bert": _bert_layers, "albert": _albert_layers, "mobilebert": _mobilebert_layers}[name]
+    return [
+        (f"{name}.embeddings.word_embeddings.weight", names.embeddings("word.weight"), None),
+        (f"{name}.embeddings.position_embeddings.weight", names.embeddings("position.weight"), None),
+        (f"{name}.embeddings.token_type_embeddings.weight", names.embeddings("token_type.weight"), None),
+        *_both(f"{name}.embeddings.LayerNorm", names.embeddings("norm")),
+        *layers(cfg),
     ]
-    if name == "bert":
-        for i in range(cfg.num_layers):
-            hf, ffn = f"bert.encoder.layer.{i}", names.ffn(i, 0)
-            out += [
-                *_attention(f"{hf}.attention.self", names.attention(i, "inner"), cfg, ("query", "key", "value"), False),
-                *_both(f"{hf}.attention.output.dense", names.attention(i, "inner.out")),
-                *_both(f"{hf}.attention.output.LayerNorm", names.attention(i, "norm")),
-                *_both(f"{hf}.intermediate.dense", f"{ffn}.inner.up"),
-                *_both(f"{hf}.output.dense", f"{ffn}.inner.down"),
-                *_both(f"{hf}.output.LayerNorm", f"{ffn}.norm"),
-            ]
-    elif name == "albert":
-        if cfg.embed_dim != cfg.hidden_dim:
-            out += _both("albert.encoder.embedding_hidden_mapping_in", names.embeddings("projection"))
-        for g in range(1 if cfg.sharing == "all" else cfg.num_layers):
-            hf, ffn = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0", names.ffn(g, 0)
-            out += [
-                *_attention(f"{hf}.attention", names.attention(g, "inner"), cfg, ("query", "key", "value"), False),
-                *_both(f"{hf}.attention.dense", names.attention(g, "inner.out")),
-                *_both(f"{hf}.attention.LayerNorm", names.attention(g, "norm")),
-                *_both(f"{hf}.ffn", f"{ffn}.inner.up"),
-                *_both(f"{hf}.ffn_output", f"{ffn}.inner.down"),
-                *_both(f"{hf}.full_layer_layer_norm", f"{ffn}.norm"),
-            ]
+
+
+def _attention_pairs(hf: str, i: int, cfg: ModelConfig, parts: tuple[str, str, str], separate_v: bool) -> list[Pair]:
+    """HF layer ``hf``'s attention (``parts``: Q/K/V parent, output dense, norm) -> our attention ``i``:
+    query/key/value -> rows of our fused qkv (or [Q|K] plus a separate v)."""
+    qkv, dense, norm = (f"{hf}.{part}" for part in parts)
+    ours, width = names.attention(i, "inner"), cfg.num_heads * cfg.head_dim
+    out = _both(f"{qkv}.query", f"{ours}.qkv", (0, width)) + _both(f"{qkv}.key", f"{ours}.qkv", (width, 2 * width))
+    if separate_v:
+        out += _both(f"{qkv}.value", f"{ours}.v")
     else:
-        out += _both("mobilebert.embeddings.embedding_transformation", names.embeddings("trigram.linear"))
-        shared_qk = cfg.intra_dim is not None and cfg.attention_input == "shared_qk"
-        last = cfg.num_ffn - 1
-        for i in range(cfg.num_layers):
-            hf, stack = f"mobilebert.encoder.layer.{i}", names.ffn_stack(i)
-            out += [
-                *_attention(
-                    f"{hf}.attention.self", names.attention(i, "inner"), cfg, ("query", "key", "value"), shared_qk
-                ),
-                *_both(f"{hf}.attention.output.dense", names.attention(i, "inner.out")),
-                *_both(f"{hf}.attention.output.LayerNorm", names.attention(i, "norm")),
-            ]
-            for j in range(last):
-                out += [
-                    *_both(f"{hf}.ffn.{j}.intermediate.dense", f"{stack}.{j}.inner.up"),
-                    *_both(f"{hf}.ffn.{j}.output.dense", f"{stack}.{j}.inner.down"),
-                    *_both(f"{hf}.ffn.{j}.output.LayerNorm", f"{stack}.{j}.norm"),
-                ]
-            out += [
-                *_both(f"{hf}.intermediate.dense", f"{stack}.{last}.inner.up"),
-                *_both(f"{hf}.output.dense", f"{stack}.{last}.inner.down"),
-                *_both(f"{hf}.output.LayerNorm", f"{stack}.{last}.norm"),
-            ]
-            if cfg.intra_dim is not None:
-                neck = names.bottleneck(i)
-                out += [
-                    *_both(f"{hf}.bottleneck.input.dense", f"{neck}.enter.linear"),
-                    *_both(f"{hf}.bottleneck.input.LayerNorm", f"{neck}.enter.norm"),
-                    *_both(f"{hf}.output.bottleneck.dense", f"{neck}.exit"),
-                    *_both(f"{hf}.output.bottleneck.LayerNorm", f"{neck}.exit_norm"),
-                ]
-                if shared_qk:
-                    out += [
-                        *_both(f"{hf}.bottleneck.attention.dense", f"{neck}.shared_qk.linear"),
-                        *_both(f"{hf}.bottleneck.attention.LayerNorm", f"{neck}.shared_qk.norm"),
-                    ]
+        out += _both(f"{qkv}.value", f"{ours}.qkv", (2 * width, 3 * width))
+    return out + _both(dense, names.attention(i, "inner.out")) + _both(norm, names.attention(i, "norm"))
+
+
+def _renamed(hf: str, ours: str, modules: Mapping[str, str]) -> list[Pair]:
+    """weight and bias of each HF module ``hf.<theirs>`` -> ``ours.<ours>`` (``modules``: theirs -> ours)."""
+    return [pair for theirs, mine in modules.items() for pair in _both(f"{hf}.{theirs}", f"{ours}.{mine}")]
+
+
+def _bert_layers(cfg: ModelConfig) -> list[Pair]:
+    out: list[Pair] = []
+    for i in range(cfg.num_layers):
+        hf = f"bert.encoder.layer.{i}"
+        out += _attention_pairs(hf, i, cfg, _BERT_ATTENTION, False) + _renamed(hf, names.ffn(i, 0), _BERT_FFN)
+    return out
+
+
+def _albert_layers(cfg: ModelConfig) -> list[Pair]:
+    """The embedding projection (E != H) and one layer per group (one group when all are shared)."""
+    out: list[Pair] = []
+    if cfg.embed_dim != cfg.hidden_dim:
+        out += _both("albert.encoder.embedding_hidden_mapping_in", names.embeddings("projection"))
+    for g in range(1 if cfg.sharing == "all" else cfg.num_layers):
+        hf = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0"
+        out += _attention_pairs(hf, g, cfg, _ALBERT_ATTENTION, False) + _renamed(hf, names.ffn(g, 0), _ALBERT_FFN)
+    return out
+
+
+def _mobilebert_layers(cfg: ModelConfig) -> list[Pair]:
+    """The trigram embedding's Linear, then per layer its attention, FFN stack and bottleneck."""
+    out = _both("mobilebert.embeddings.embedding_transformation", names.embeddings("trigram.linear"))
+    shared_qk = cfg.intra_dim is not None and cfg.attention_input == "shared_qk"
+    last = cfg.num_ffn - 1
+    for i in range(cfg.num_layers):
+        hf = f"mobilebert.encoder.layer.{i}"
+        out += _attention_pairs(hf, i, cfg, _BERT_ATTENTION, shared_qk)
+        for j in range(last):  # HF's ffn.<j> are the stack but its last, which is the layer's own
+            out += _renamed(f"{hf}.ffn.{j}", names.ffn(i, j), _BERT_FFN)
+        out += _renamed(hf, names.ffn(i, last), _BERT_FFN)
+        if cfg.intra_dim is not None:
+            out += _renamed(hf, names.bottleneck(i), (_BOTTLENECK | _SHARED_QK) if shared_qk else _BOTTLENECK)
     return out
 
 

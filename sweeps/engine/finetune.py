@@ -110,8 +110,7 @@ def check_positions(length: int, model: ModelConfig, field: str, name: str) -> N
 def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> tuple[FinetuneModule, dict[str, str]]:
     """The fine-tuning module (distilled from ``distill.teacher`` when set) and its extra tags."""
     if cfg.distill.teacher is None:
-        module = FinetuneModule(cfg, source.model)
-        return module, {}
+        return FinetuneModule(cfg, source.model), {}
     teacher = load_classifier_source(cfg.distill.teacher, uri, workdir / "teacher", field="distill.teacher")
     check_positions(cfg.finetune.max_length, teacher.model_cfg, "distill.teacher", cfg.distill.teacher)
     if teacher.tokenizer is not None:
@@ -120,14 +119,34 @@ def _module(cfg: ExperimentConfig, source: Source, uri: str, workdir: Path) -> t
     return module, {tracking.TEACHER: teacher.run_id or teacher.source}
 
 
+def _task(
+    cfg: ExperimentConfig, source: Source, tokenizer: Path, uri: str, workdir: Path
+) -> tuple[FinetuneModule, dict[str, str], ClassificationDataModule | SquadDataModule]:
+    """The fine-tuning module, its extra tags and the task's data (the augmented set made)."""
+    mlm, mlm_id = _augmenter(cfg, source, uri, workdir)
+    if cfg.finetune.kind == "span":  # SQuAD: its own data and module (sweeps/engine/span.py)
+        return *span_module(cfg, source, uri, workdir), span_data(cfg, tokenizer)
+    module, tags = _module(cfg, source, uri, workdir)
+    data = ClassificationDataModule(
+        cfg.finetune,
+        tokenizer,
+        seed=cfg.seed,
+        limit_train=cfg.finetune.train_examples,
+        mlm=mlm,
+        cache_dir=cfg.data.cache_dir,
+        mlm_id=mlm_id,
+        num_workers=task_workers(cfg),
+        bucketed=cfg.trainer.compile,
+    )
+    data.setup("fit")
+    return module, tags, data
+
+
 def prepare_finetune(
     cfg: ExperimentConfig, ctx: RunContext, uri: str, stack: ExitStack
 ) -> Prepared[FinetuneRun, Tuned]:
-    """A run fine-tuning ``finetune.source`` on ``finetune.train``, prepared.
-
-    The source, the teacher, the augmenting masked LM, their tokenizers and the task's data are
-    checked (and the augmented set made) before the run is created.
-    """
+    """A run fine-tuning ``finetune.source`` on ``finetune.train``, prepared: the source, the teacher, the augmenting
+    masked LM, their tokenizers, the task's data are checked (and the augmented set made) before the run is created."""
     f = cfg.finetune
     tmp = Path(tempfile.mkdtemp(prefix="ablate-finetune-"))
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
@@ -151,26 +170,7 @@ def prepare_finetune(
         raise ConfigError(f"{exc} (the model of finetune.source)") from None
     if cfg.trainer.compile:  # graphs kept under the tracking root, as pre-training keeps them
         tracking.compile_cache(cfg.tracking.root)
-    mlm, mlm_id = _augmenter(cfg, source, uri, tmp)
-    module: FinetuneModule
-    data: ClassificationDataModule | SquadDataModule
-    if f.kind == "span":  # SQuAD: its own data and module (sweeps/engine/span.py)
-        module, module_tags = span_module(cfg, source, uri, tmp)
-        data = span_data(cfg, source.tokenizer)
-    else:
-        module, module_tags = _module(cfg, source, uri, tmp)
-        data = ClassificationDataModule(
-            f,
-            source.tokenizer,
-            seed=cfg.seed,
-            limit_train=f.train_examples,
-            mlm=mlm,
-            cache_dir=cfg.data.cache_dir,
-            mlm_id=mlm_id,
-            num_workers=task_workers(cfg),
-            bucketed=cfg.trainer.compile,
-        )
-        data.setup("fit")
+    module, module_tags, data = _task(cfg, source, source.tokenizer, uri, tmp)
     check_quantizable(module.model, cfg.quant, "the classifier")
     if cfg.quant.method == "qat-int8":  # fine-tuned with fake quantization (Q8BERT), converted at the end
         prepare_qat(module.model)  # in place
