@@ -22,11 +22,12 @@ from mlflow import MlflowClient
 
 from ablate.lightning_modules.config.load import replace
 from ablate.sweeps import workers
+from ablate.sweeps.base import StudyBase
 from ablate.sweeps.engine import checkpoints
 from ablate.sweeps.engine.context import RunContext
 from ablate.sweeps.engine.interrupt import Interrupted
 from ablate.sweeps.engine.runner import train
-from ablate.sweeps.spec import load_study, trial_config
+from ablate.sweeps.spec import StudySpec, load_study, trial_config
 from ablate.sweeps.study import run_study
 from tests import forked
 from tests.sweeps.conftest import write_study
@@ -255,22 +256,22 @@ def _storage(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
 
 
+def _queued_study(tmp_path: Path, corpus: Path, name: str) -> tuple[StudySpec, StudyBase, str, str]:
+    """A one-configuration study with 1 s heartbeats, made and queued (no trial run); its stores' URLs."""
+    search, trainer = {"model.sharing": {"choices": ["all"]}}, {"max_steps": 4, "measure": False}
+    made = write_study(tmp_path, corpus, name=name, search=search, trainer=trainer, heartbeat=1)
+    spec, base = load_study(made)
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_study(spec, base, storage=storage, tracking_uri=uri, n_trials=0)  # the study, its queue and parent
+    return spec, base, storage, uri
+
+
 def test_a_trial_whose_worker_died_after_its_run_finished_is_not_trained_again(tmp_path, wiki_validation):
     """A worker SIGKILLed between its trial run's end and Optuna's record of it leaves a FINISHED run
     and a RUNNING trial. Made here as that worker leaves them (the trial taken from the queue with
     a heartbeat, its run trained and finished, nothing told): the next worker retries the stale trial
     and takes the finished run's value, so the configuration has one FINISHED run, not two."""
-    made = write_study(
-        tmp_path,
-        wiki_validation,
-        name="late",
-        search={"model.sharing": {"choices": ["all"]}},
-        trainer={"max_steps": 4, "measure": False},
-        heartbeat=1,
-    )
-    spec, base = load_study(made)
-    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_study(spec, base, storage=storage, tracking_uri=uri, n_trials=0)  # the study, its queue and parent
+    spec, base, storage, uri = _queued_study(tmp_path, wiki_validation, "late")
     rdb = optuna.storages.RDBStorage(storage, heartbeat_interval=1, grace_period=3)
     dead = optuna.load_study(study_name="late", storage=rdb).ask()  # the queued configuration, RUNNING
     rdb.record_heartbeat(dead._trial_id)
@@ -294,21 +295,11 @@ def test_a_trial_whose_worker_died_after_its_run_finished_is_not_trained_again(t
 
 @pytest.mark.timeout(300)
 def test_a_trial_whose_worker_stopped_before_its_first_heartbeat_is_retried(tmp_path, wiki_validation):
-    """A worker stopped between taking its trial and the trial's first heartbeat (a SIGTERM in Optuna's
-    ``ask``) leaves a RUNNING trial Optuna never finds stale; made here as Optuna's own storage leaves
-    it. The next worker fails it once its grace period is over and runs the configuration (before:
-    it waited on it for ever, "waiting for 1 running trial(s) of other workers")."""
-    made = write_study(
-        tmp_path,
-        wiki_validation,
-        name="unbeaten",
-        search={"model.sharing": {"choices": ["all"]}},
-        trainer={"max_steps": 4, "measure": False},
-        heartbeat=1,
-    )
-    spec, base = load_study(made)
-    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_study(spec, base, storage=storage, tracking_uri=uri, n_trials=0)  # the study, its queue and parent
+    """A worker killed between taking its trial and the trial's first heartbeat (or one using Optuna's own
+    storage) leaves a RUNNING trial Optuna never finds stale; made here as Optuna's own storage leaves it.
+    The next worker fails it once its grace period is over and runs the configuration (before: it waited
+    on it for ever, "waiting for 1 running trial(s) of other workers")."""
+    spec, base, storage, uri = _queued_study(tmp_path, wiki_validation, "unbeaten")
     plain = optuna.storages.RDBStorage(storage, heartbeat_interval=1, grace_period=3)
     optuna.load_study(study_name="unbeaten", storage=plain).ask()  # taken, RUNNING, no heartbeat
     run_study(spec, base, storage=storage, tracking_uri=uri)
