@@ -257,14 +257,20 @@ def resume_path(plan: CheckpointPlace | None, client: MlflowClient, run_id: str,
     for run in client.search_runs(
         [exp], filter_string=f"tags.`{CONFIG}` = '{plan.digest}'", order_by=["attributes.start_time DESC"]
     ):
-        try:
-            got = download(client, run.info.run_id, plan.folder, name)  # its own, when it goes on
-        except IncompleteCheckpoint as cut:  # an older attempt's, or none: the run starts over
-            print(f"warning: {cut}; not resumed from", file=sys.stderr, flush=True)
-            continue
+        got = download_whole(client, run.info.run_id, plan.folder, name)  # its own, when it goes on
         if got is not None:
             return got
     return None
+
+
+def download_whole(client: MlflowClient, run_id: str, folder: str, name: str = LAST) -> str | None:
+    """:func:`download`, saying ``warning: ...; not resumed from`` of a cut-off upload and returning None
+    (what a resume looks for next: an older attempt's, an earlier phase's, or none: it starts over)."""
+    try:
+        return download(client, run_id, folder, name)
+    except IncompleteCheckpoint as cut:
+        print(f"warning: {cut}; not resumed from", file=sys.stderr, flush=True)
+        return None
 
 
 def resumable(client: MlflowClient, run_id: str) -> bool:

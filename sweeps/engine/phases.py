@@ -195,7 +195,8 @@ class PhaseStore:
         if checkpoints.exists(path):
             return path
         # a mirrored run resumed by id: its artifacts, beside the downloaded last.ckpt
-        return checkpoints.download(self.run.client, self.run.run_id, str(PurePosixPath(self.resume).parent), name)
+        folder = str(PurePosixPath(self.resume).parent)
+        return checkpoints.download_whole(self.run.client, self.run.run_id, folder, name)
 
     def resume_point(self, phases: int) -> tuple[int, str | None]:
         """How many phases ended in an earlier attempt, and the ``last.ckpt`` of the next one (None: it

@@ -227,3 +227,25 @@ def test_a_kill_while_uploading_leaves_the_upload_before_whole_and_resumed_from(
     # the resumed run's upload at step 12 went where the cut-off one was, and is the one tagged
     assert resumed.data.tags[checkpoints.UPLOADED] == "checkpoints/last.ckpt"
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob(checkpoints.LAST)) == ["checkpoints/last.ckpt"]
+
+
+def test_a_cut_off_phase_end_is_not_resumed_from(tmp_path: Path, capsys) -> None:
+    """A phase's end (``phase-<i>.ckpt``, uploaded once) cut off by a kill is said and skipped, as ``last.ckpt`` is
+    (what ``ablate train --resume`` of a mirrored run looks for its phases' ends with, ``PhaseStore._find``:
+    before, its IncompleteCheckpoint ended the resumed run in a traceback)."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("e", str(tmp_path / "artifacts"))).info.run_id
+    whole = tmp_path / "made" / "phase-0.ckpt"
+    whole.parent.mkdir()
+    torch.save({"global_step": 5}, whole)
+    cut = tmp_path / "cut" / "phase-0.ckpt"
+    cut.parent.mkdir()
+    cut.write_bytes(whole.read_bytes()[:100])
+    client.log_artifact(run_id, str(cut), checkpoints.ARTIFACTS)
+    assert checkpoints.download_whole(client, run_id, str(tmp_path / "here"), "phase-0.ckpt") is None
+    said = f"warning: run {run_id}'s checkpoints/phase-0.ckpt is incomplete (its upload was cut off); not resumed from"
+    assert capsys.readouterr().err.strip() == said
+    client.log_artifact(run_id, str(whole), checkpoints.ARTIFACTS)
+    got = checkpoints.download_whole(client, run_id, str(tmp_path / "here"), "phase-0.ckpt")
+    assert got is not None and torch.load(got)["global_step"] == 5
+    assert checkpoints.download_whole(client, run_id, str(tmp_path / "here"), "phase-1.ckpt") is None  # none
