@@ -81,10 +81,10 @@ class HeartbeatStorage(RDBStorage):
     """Optuna's RDB storage, recording a trial's first heartbeat as the trial is taken (RUNNING).
 
     Optuna records it once the trial's heartbeat thread starts, and never finds stale a RUNNING
-    trial that has none: a worker stopped in between (a signal in ``study.ask``) held its
-    configuration for ever, every other worker waiting on it. Such a trial (also one taken by a
-    worker without this class) is stale here once it was taken a grace period ago. ``taken``: the
-    trials this process took, for :func:`release_taken`.
+    trial that has none: a worker killed in between held its configuration for ever, every other
+    worker waiting on it. Such a trial (also one taken by a worker without this class) is stale here
+    once it was taken a grace period ago. ``taken``: the trials this process took, for
+    :func:`release_taken` (a worker stopped by a signal in between).
     """
 
     def __init__(self, url: str, heartbeat: int, on_stale: Callable[[optuna.Study, FrozenTrial], None]) -> None:
@@ -247,15 +247,18 @@ def release_taken(study: optuna.Study, storage: HeartbeatStorage, signal_name: s
     """Fail, marked stopped by ``signal_name``, the trials this worker took that are still RUNNING: a signal
     in Optuna's ``ask`` stops a worker before its trial began (Optuna fails a trial only once it runs), and
     the workers going on take its configuration at once rather than after its grace period. Their numbers."""
-    released = []
-    for trial_id in storage.taken:
-        trial = study._storage.get_trial(trial_id)
-        if trial.state != TrialState.RUNNING:
-            continue
-        study._storage.set_trial_user_attr(trial_id, INTERRUPTED, signal_name)
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker found it stale
-            study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            released.append(trial.number)
+    released: list[int] = []
+    try:
+        for trial_id in storage.taken:
+            trial = study._storage.get_trial(trial_id)
+            if trial.state != TrialState.RUNNING:
+                continue
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker found it stale
+                study._storage.set_trial_user_attr(trial_id, INTERRUPTED, signal_name)
+                study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+                released.append(trial.number)
+    except Exception:  # noqa: BLE001 - a stopping worker says the study stopped rather than fail on the way out
+        pass  # the storage unreachable: its trials go stale instead
     return released
 
 
