@@ -120,6 +120,48 @@ class LoopResult:
         return statistics.median(ratios) if len(ratios) >= 3 else self.by_median
 
 
+def _alone_built(s: Setup, device: torch.device, warmup: int, steps: int) -> Alone:
+    """The step alone of ``s`` on its own batches (one per step of the run, at most 400), warmed up."""
+    step, data = s.step(min(warmup + steps, 400))
+    alone = Alone(step, data, device)
+    alone.warm_up(warmup)
+    return alone
+
+
+def _loop_and_step(
+    s: Setup,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    block: int | None,
+    progress: Callable[[str], None],
+    regime: str,
+) -> tuple[Timing, Timing, dict[str, float]]:
+    """Time ``ablate train`` of ``s`` and its step alone (in turns of ``block`` steps inside the run, or
+    after it when None): the loop's timing, the step alone's, and the run's phases (:func:`_timed_run`)."""
+    alone = None
+    if block is not None:
+        progress(f"{regime}: the step alone, batches and warm-up")
+        alone = _alone_built(s, device, warmup, steps)
+    turns = f", the step alone in turns of {block}" if block else ""
+    progress(f"{regime}: ablate train, {warmup + steps} steps{turns}")
+    clock = StepClock(warmup, steps, device, block, alone)
+    phases = _timed_run(s, clock)
+    if alone is None:
+        progress(f"{regime}: the step alone")
+        alone = _alone_built(s, device, warmup, steps)
+        alone.run(clock.timing.steps)
+    return clock.timing, alone.timing, phases
+
+
+def _regime_after(s: Setup, progress: Callable[[str], None], regime: str) -> list[str]:
+    """The regime's own measurement after the run (fine-tuning: padding), its table lines; none without one."""
+    if s.after is None:
+        return []
+    progress(f"{regime}: padding to the longest row against max_length")
+    return s.after()
+
+
 def measure(
     case: Case,
     corpus: str,
@@ -140,32 +182,11 @@ def measure(
         progress(f"{regime}: the run's models and data")
         cfg = run_config(case, corpus, device, warmup + steps, root, compiled)
         s = setup(regime, case, cfg, corpus, device, Path(root), choice)
-
-        def alone_built() -> Alone:
-            step, data = s.step(min(warmup + steps, 400))
-            alone = Alone(step, data, device)
-            alone.warm_up(warmup)
-            return alone
-
-        alone = None
-        if block is not None:
-            progress(f"{regime}: the step alone, batches and warm-up")
-            alone = alone_built()
-        turns = f", the step alone in turns of {block}" if block else ""
-        progress(f"{regime}: ablate train, {warmup + steps} steps{turns}")
-        clock = StepClock(warmup, steps, device, block, alone)
-        phases = _timed_run(s, clock)
-        if alone is None:
-            progress(f"{regime}: the step alone")
-            alone = alone_built()
-            alone.run(clock.timing.steps)
-        after: list[str] = []
-        if s.after is not None:
-            progress(f"{regime}: padding to the longest row against max_length")
-            after = s.after()
+        loop, step, phases = _loop_and_step(s, device, warmup, steps, block, progress, regime)
+        after = _regime_after(s, progress, regime)
         progress(f"{regime}: device reads, counted in a run of {warmup + READ_STEPS} steps")
         reads = counted_reads(s, device, warmup)
-    if not clock.timing.blocks or not clock.timing.tokens:
+    if not loop.blocks or not loop.tokens:
         raise RuntimeError("the run ended before its steady state")
     return LoopResult(
         case,
@@ -176,8 +197,8 @@ def measure(
         warmup,
         steps,
         block,
-        clock.timing,
-        alone.timing,
+        loop,
+        step,
         phases,
         (load_before, os.getloadavg()[0]),
         after,

@@ -7,7 +7,8 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +176,41 @@ def _with_latencies(
     return table
 
 
+def _report_runs(
+    tracking_uri: str, study: str, sweep: str | None, train_runs: ExperimentRuns | None
+) -> tuple[pd.DataFrame, str | None, pd.DataFrame | None]:
+    """The runs a report tabulates, their parent run and their chained trials' stage runs: ``train_runs``'s
+    (no parent, no stages) where given, else the study's (:func:`_study_runs`)."""
+    if train_runs is not None:
+        return train_runs.frame, None, None
+    return _study_runs(tracking_uri, study, sweep)
+
+
+def _timed_again(
+    runs: pd.DataFrame, spec: ReportSpec, tracking_uri: str, remeasure: bool, progress: bool
+) -> Remeasured | None:
+    """With ``remeasure``, the latencies of the runs the table averages timed again (None without it, or
+    without runs); ConfigError where the report shows no latency."""
+    if remeasure and not latency_columns(spec):
+        raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
+    included = runs[runs["state"].isin(spec.include_states)]
+    return remeasure_runs(included, tracking_uri, progress=progress) if (remeasure and len(runs)) else None
+
+
+@contextmanager
+def _staging(out_dir: Path) -> Iterator[Path]:
+    """A new folder next to ``out_dir`` to write the report into, published into ``out_dir``
+    (:func:`_publish`) when the block ends without an error and removed either way: a failure leaves
+    ``out_dir`` untouched."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        yield staging
+        _publish(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def build_report(
     spec: ReportSpec,
     study: str,
@@ -220,27 +256,14 @@ def build_report(
             param of any run; ``remeasure`` for a report that shows no latency.
     """
     output_folder(out_dir, "--out")  # before anything is read or written
-    if train_runs is not None:
-        runs, parent, stages = train_runs.frame, None, None
-    else:
-        runs, parent, stages = _study_runs(tracking_uri, study, sweep)
+    runs, parent, stages = _report_runs(tracking_uri, study, sweep, train_runs)
     table = aggregate(runs, spec, expected, stages)  # a bad spec fails here, before any measuring
-    if remeasure and not latency_columns(spec):
-        raise ConfigError("--remeasure: this report shows no latency (latency_ms_b1, latency_ms_b32)")
-    included = runs[runs["state"].isin(spec.include_states)]
-    again = remeasure_runs(included, tracking_uri, progress=progress) if (remeasure and len(runs)) else None
+    again = _timed_again(runs, spec, tracking_uri, remeasure, progress)
     table = _with_latencies(table, spec, runs, again, expected, stages)
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with _staging(out_dir) as staging:
         plots, missing = _write_files(staging, spec, table, runs, again, study, tracking_uri, parent, train_runs)
-        logged = False
-        if log_to_parent and parent is not None:
-            logged = _log_artifacts(tracking_uri, parent, staging)
-        _publish(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        logged = _log_artifacts(tracking_uri, parent, staging) if log_to_parent and parent is not None else False
     return ReportResult.written(out_dir, table, plots, missing, parent, logged, remeasured=again is not None)
 
 

@@ -266,6 +266,64 @@ def _time_models(
     return models, missing
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """A remeasuring pass as it began: its turns, the thread settings it times at (metric suffix -> threads),
+    when (UTC, as :attr:`Remeasured.when` says it), the host's 1-minute load average then (None where the OS
+    has none) and ``time.perf_counter`` then."""
+
+    repeats: int
+    warmup: int
+    rounds: int
+    settings: dict[str, int]
+    when: str
+    load: float | None
+    clock: float
+
+    @property
+    def turns(self) -> tuple[int, int, int]:
+        """Repeats, warmup, rounds (as :func:`_time_models` takes them)."""
+        return self.repeats, self.warmup, self.rounds
+
+
+def _begin(repeats: int, warmup: int, rounds: int) -> _Pass:
+    """A pass of ``repeats`` timed and ``warmup`` untimed forwards in ``rounds`` rounds, beginning now."""
+    from ablate.lightning_modules.measure import deployed as timing
+
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load, clock = _load(), time.perf_counter()
+    return _Pass(repeats, warmup, rounds, timing.thread_settings(), when, load, clock)
+
+
+def _remeasured(
+    began: _Pass, records: list[dict[str, Any]], models: list[_Model], missing: list[str], logged_cols: list[str]
+) -> Remeasured:
+    """What the pass that ``began`` measured: a row per run of ``models`` beside the ``logged_cols`` it
+    logged, the ``missing`` runs, every run of ``records`` asked for, the larger load average of its start and end."""
+    from ablate.lightning_modules.measure import deployed as timing
+
+    rows, machines = _rows(models, logged_cols)
+    loads = [x for x in (began.load, _load()) if x is not None]
+    columns = ["run_id", "run_name", "device", RUNTIME, "why", *REMEASURED_METRICS]
+    columns += [f"logged/{c}" for c in logged_cols]
+    return Remeasured(
+        frame=pd.DataFrame(rows, columns=columns),
+        machine="; ".join(machines.values()) or "nothing measured",
+        when=began.when,
+        host=platform.node(),
+        repeats=began.repeats,
+        warmup=began.warmup,
+        rounds=began.rounds,
+        models=len(models),
+        seconds=time.perf_counter() - began.clock,
+        missing=missing,
+        run_ids=tuple(str(r["run_id"]) for r in records),
+        load=max(loads) if loads else None,
+        instruction_sets=timing.describe_instruction_sets(),
+        threads=began.settings[timing.ALL_THREADS],
+    )
+
+
 def remeasure_runs(
     runs: pd.DataFrame,
     tracking_uri: str,
@@ -300,37 +358,12 @@ def remeasure_runs(
         The :class:`Remeasured` figures; a run whose config cannot be read or built is left out
         and named in ``missing``.
     """
-    from ablate.lightning_modules.measure import deployed as timing
-
     if repeats < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"repeats and rounds must be at least 1, warmup at least 0: {repeats}, {rounds}, {warmup}")
     client = MlflowClient(tracking_uri=tracking_uri)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _load()
-    start = time.perf_counter()
+    began = _begin(repeats, warmup, rounds)
     records = runs.to_dict("records")
-    settings = timing.thread_settings()
     with tempfile.TemporaryDirectory(prefix="ablate-remeasure-") as tmp, tracking.quiet_downloads():
         with _bar(console, progress) as bar:
-            models, missing = _time_models(client, records, Path(tmp), bar, (repeats, warmup, rounds), settings)
-    logged_cols = [m for m in LATENCY_METRICS if m in runs.columns]
-    rows, machines = _rows(models, logged_cols)
-    loads = [x for x in (load_before, _load()) if x is not None]
-    columns = ["run_id", "run_name", "device", RUNTIME, "why", *REMEASURED_METRICS]
-    columns += [f"logged/{c}" for c in logged_cols]
-    return Remeasured(
-        frame=pd.DataFrame(rows, columns=columns),
-        machine="; ".join(machines.values()) or "nothing measured",
-        when=when,
-        host=platform.node(),
-        repeats=repeats,
-        warmup=warmup,
-        rounds=rounds,
-        models=len(models),
-        seconds=time.perf_counter() - start,
-        missing=missing,
-        run_ids=tuple(str(r["run_id"]) for r in records),
-        load=max(loads) if loads else None,
-        instruction_sets=timing.describe_instruction_sets(),
-        threads=settings[timing.ALL_THREADS],
-    )
+            models, missing = _time_models(client, records, Path(tmp), bar, began.turns, began.settings)
+    return _remeasured(began, records, models, missing, [m for m in LATENCY_METRICS if m in runs.columns])
