@@ -356,10 +356,9 @@ def _said_after(study: Study, spec: StudySpec, storage: str) -> None:
     accuracy guard chose."""
     from ablate.sweeps import guard, workers
     from ablate.sweeps.engine import tracking
-    from ablate.sweeps.study import INTERRUPTED
 
     def state(t: FrozenTrial) -> str:
-        return "INTERRUPTED" if INTERRUPTED in t.user_attrs else t.state.name
+        return "INTERRUPTED" if workers.INTERRUPTED in t.user_attrs else t.state.name
 
     counts = dict(Counter(state(t) for t in study.trials))
     print(f"study {spec.name}: {counts} (storage {tracking.redact(storage)})")

@@ -21,7 +21,7 @@ from ablate.datamodules.tokenizer import run_vocab_size
 from ablate.lightning_modules.config.errors import ConfigError, StorageError, require_driver
 from ablate.lightning_modules.config.experiment import ExperimentConfig
 from ablate.lightning_modules.config.model import ModelConfig
-from ablate.sweeps import study_model_runs, study_source, trial, workers
+from ablate.sweeps import study_model_runs, study_source, workers
 from ablate.sweeps.base import StudyBase
 from ablate.sweeps.definition import check_unchanged
 from ablate.sweeps.engine import tracking
@@ -34,7 +34,6 @@ from ablate.sweeps.trial import TrialInputs
 
 DONE = workers.DONE
 FAIL_REASON = tracking.FAIL_REASON
-INTERRUPTED = trial.INTERRUPTED  # read here by ablate sweep's summary
 _CONSOLE = Console(stderr=True, highlight=False, soft_wrap=True)  # what the study does besides its trials
 
 

@@ -191,14 +191,15 @@ def upload_last(client: MlflowClient, run_id: str, path: str) -> None:
     """Upload ``path`` (a ``last.ckpt``) as run ``run_id``'s artifact, into the folder that does not hold its
     newest whole upload, then tag it (:data:`UPLOADED`) and remove the one before: a worker killed while it
     uploads (a plain copy into a folder store) leaves the previous upload whole and named."""
-    before = client.get_run(run_id).data.tags.get(UPLOADED)  # None: its first upload
+    run = client.get_run(run_id)
+    before = run.data.tags.get(UPLOADED)  # None: its first upload
     folder = SPARE if before == f"{ARTIFACTS}/{LAST}" else ARTIFACTS
     client.log_artifact(run_id, path, folder)
     client.set_tag(run_id, UPLOADED, f"{folder}/{LAST}")
     if before is None:
         return
     try:  # a store that cannot remove an artifact keeps both (two checkpoints' size)
-        repository = get_artifact_repository(client.get_run(run_id).info.artifact_uri, client.tracking_uri)
+        repository = get_artifact_repository(run.info.artifact_uri, client.tracking_uri)
         repository.delete_artifacts(before)  # type: ignore[no-untyped-call]  # untyped in MLflow
     except (MlflowException, OSError, NotImplementedError):
         pass
