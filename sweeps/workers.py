@@ -200,19 +200,20 @@ def _held(trials: list[FrozenTrial]) -> set[tuple[tuple[str, Json], ...]]:
 
 
 def requeue_interrupted(study: optuna.Study, spec: StudySpec) -> int:
-    """Enqueue again the grid points whose trial a signal stopped (another worker's SIGINT or SIGTERM) and
-    that no trial holds now, so that the workers still running take them, each going on from its
-    checkpoint; how many. (Other samplers count such a trial as not done and sample another.)"""
+    """Enqueue again the grid points whose last attempt a signal stopped (another worker's SIGINT or SIGTERM)
+    and that no trial holds now, so that the workers still running take them, each going on from its
+    checkpoint; how many. A point whose last attempt failed otherwise waits for the next invocation, as any
+    failure does. (Other samplers count such a trial as not done and sample another.)"""
     if spec.sampler != "grid":
         return 0
-    trials = study.get_trials(deepcopy=False)
-    held = _held(trials)
-    stopped = {
-        key(params_of(t)): params_of(t) for t in trials if t.state == TrialState.FAIL and INTERRUPTED in t.user_attrs
-    }
-    for params in (p for k, p in stopped.items() if k not in held):
-        study.enqueue_trial(params)
-    return sum(k not in held for k in stopped)
+    trials = study.get_trials(deepcopy=False)  # in number order: the last attempt at a point comes last
+    held, last = _held(trials), {key(params_of(t)): t for t in trials}
+    stopped = [
+        t for k, t in last.items() if k not in held and t.state == TrialState.FAIL and INTERRUPTED in t.user_attrs
+    ]
+    for trial in stopped:
+        study.enqueue_trial(params_of(trial))
+    return len(stopped)
 
 
 def claim(study: optuna.Study, trial: optuna.Trial, params: Mapping[str, Json]) -> None:

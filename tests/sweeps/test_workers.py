@@ -88,3 +88,18 @@ def test_a_worker_stopped_in_ask_releases_its_trial_for_the_others(tmp_path):
     assert frozen.state == optuna.trial.TrialState.FAIL and frozen.user_attrs[workers.INTERRUPTED] == "SIGTERM"
     assert not workers.others_running(study)
     assert workers.requeue_interrupted(study, spec) == 1
+
+
+def test_only_a_configuration_whose_last_attempt_was_stopped_is_queued_again(tmp_path):
+    """A stopped configuration is queued again once; if that attempt then fails for real, it is left to the
+    next invocation (as any failure is), not queued again and again in a loop by the worker going on."""
+    spec = StudySpec(name="s", base={}, search={"model.sharing": {"choices": ["all"]}}, sampler="grid")
+    study = optuna.create_study(study_name="s", storage=optuna.storages.InMemoryStorage())
+    workers.fill_queue(study, spec, created=True)
+    stopped = study.ask()
+    stopped.set_user_attr(workers.INTERRUPTED, "SIGTERM")
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    assert workers.requeue_interrupted(study, spec) == 1
+    failed = study.ask()  # the requeued attempt, failing on its own (an error, not a signal)
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    assert workers.requeue_interrupted(study, spec) == 0
