@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import io
+import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -47,10 +50,11 @@ def test_latex_escapes_values():
 
 def test_csv_round_trips_numbers(runs, spec):
     table = aggregate(runs, spec)
-    back = pd.read_csv(io.StringIO(to_csv(table)))
-    assert list(back.columns[:4]) == ["model.sharing", "model.embed_dim", "model.num_ffn", "n"]
+    rows = list(csv.DictReader(io.StringIO(to_csv(table))))  # read with Python's float(): pandas 2.1's is 1 ulp off
+    assert list(rows[0])[:4] == ["model.sharing", "model.embed_dim", "model.num_ffn", "n"]
     for col in ("val/mlm_acc.mean", "val/mlm_acc.std", "params.backbone.mean", "val/loss.n"):
-        pd.testing.assert_series_equal(back[col], table.stats[col], check_dtype=False, check_exact=True)
+        back = [float(row[col]) if row[col] else math.nan for row in rows]
+        np.testing.assert_array_equal(back, table.stats[col].to_numpy(dtype=float))
 
 
 def test_formats():
