@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ablate.lightning_modules.config.experiment import ExperimentConfig
+    from ablate.lightning_modules.config.finetune import FinetuneConfig
     from ablate.lightning_modules.model.classifier import Classifier
 
 # the card's example inputs: one text (single-sentence tasks) or one pair per line
@@ -86,31 +87,8 @@ def classifier_use(
         f"`{f.task}` ({outputs}, {inputs})" + (f" in {source}" if source else "") + f", exported as {what}. "
         f"Its encoder was pre-trained as `{f.source}`.",
     ]
-    score = next(
-        (metrics[k] for k in (f"{f.task}/final_{f.metric}", f"{f.task}/best_{f.metric}") if k in metrics), None
-    )
-    if score is not None:
-        base = metrics.get(f"{f.task}/majority_accuracy")
-        lines += [
-            "",
-            f"Dev {f.metric} (`finetune.metric`): **{score:.4g}** on `{f.validation or f.task}`"
-            + (f" (majority-class accuracy {base:.4g})." if base is not None else "."),
-        ]
-    exits = (
-        "Its FastBERT exit classifiers (`finetune.exits`) are not exported: transformers has no place for them, "
-        "so every layer runs and the final classifier decides."
-        if model.exits is not None or f.exits
-        else "It has no FastBERT exits (`finetune.exits`), which are never exported: transformers has no place "
-        "for them."
-    )
-    named = f" (`id2label`: {_names(labels)})" if hf_class else ""
-    meaning = (
-        f"Its output{named} is the predicted value of the task's `{f.label_field}` column "
-        "(`problem_type: regression`: trained with MSE, no softmax or sigmoid)."
-        if regression
-        else f"Class `i` is label `i` of the task's `{f.label_field}` column{named}."
-    )
-    lines += ["", f"{meaning} {exits}", "", "## Use", ""]
+    lines += _dev_score(f, metrics)
+    lines += ["", _outputs_meaning(model, f, hf_class, labels), "", "## Use", ""]
     if hf_class:
         length = tokenizer_length(cfg, classifier=True)
         lines += _example(pair, regression, where, length, labels)
@@ -128,3 +106,37 @@ def classifier_use(
             "ablate's classifier.",
         ]
     return lines
+
+
+def _dev_score(f: FinetuneConfig, metrics: Mapping[str, float]) -> list[str]:
+    """The card's line of the run's dev score (none where the run logged none)."""
+    score = next(
+        (metrics[k] for k in (f"{f.task}/final_{f.metric}", f"{f.task}/best_{f.metric}") if k in metrics), None
+    )
+    if score is None:
+        return []
+    base = metrics.get(f"{f.task}/majority_accuracy")
+    return [
+        "",
+        f"Dev {f.metric} (`finetune.metric`): **{score:.4g}** on `{f.validation or f.task}`"
+        + (f" (majority-class accuracy {base:.4g})." if base is not None else "."),
+    ]
+
+
+def _outputs_meaning(model: Classifier, f: FinetuneConfig, hf_class: str | None, labels: Sequence[str] | None) -> str:
+    """What the exported outputs mean, and what becomes of FastBERT's exits."""
+    exits = (
+        "Its FastBERT exit classifiers (`finetune.exits`) are not exported: transformers has no place for them, "
+        "so every layer runs and the final classifier decides."
+        if model.exits is not None or f.exits
+        else "It has no FastBERT exits (`finetune.exits`), which are never exported: transformers has no place "
+        "for them."
+    )
+    named = f" (`id2label`: {_names(labels)})" if hf_class else ""
+    meaning = (
+        f"Its output{named} is the predicted value of the task's `{f.label_field}` column "
+        "(`problem_type: regression`: trained with MSE, no softmax or sigmoid)."
+        if f.kind == "regression"
+        else f"Class `i` is label `i` of the task's `{f.label_field}` column{named}."
+    )
+    return f"{meaning} {exits}"
