@@ -29,8 +29,10 @@ def cmd_report(args: argparse.Namespace) -> None:
         target.report, target.study, uri, out, remeasure=remeasure, expected=target.expected, sweep=target.sweep
     )
     render_console(result)
-    extra = ", remeasured.csv" if result.remeasured is not None else ""
-    print(f"report written to {out.resolve()}/ (report.md, report.tex, report.csv{extra}, plots)")
+    tables = [path.name for path in result.files if path not in result.plots]
+    n = len(result.plots)
+    plots = [f"{n} plot" + ("s" if n > 1 else "")] if n else []
+    print(f"report written to {out.resolve()}/ ({', '.join(tables + plots)})")
     _ui_hint(uri, study=target.study)
 
 
