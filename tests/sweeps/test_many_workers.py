@@ -217,7 +217,7 @@ def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, 
     in the stopped attempt's run, and ends the study FINISHED, without a reason."""
     storage, uri = servers
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
-    trainer = {"max_steps": 200, "val_every": 20}  # checkpointed long before it ends
+    trainer = {"max_steps": 600, "val_every": 20}  # checkpointed long before it ends (200 steps: 8 s, too short)
     study = write_study(tmp_path, wiki_validation, name="one-stops", search=search, trainer=trainer)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
