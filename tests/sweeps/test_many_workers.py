@@ -210,7 +210,7 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # 600-step trials: 7.5 min beside another test file on 2 cores
 def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, tmp_path, wiki_validation):
     """SIGTERM to one of two workers mid-trial, once both trials have checkpointed: it exits 143; the study's
     run stays RUNNING while the other worker goes on, takes the stopped trial too, going on from its checkpoint
