@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 # TORCH takes any pip arguments; on a CPU-only Linux machine take the CPU wheel:
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
+# CONSTRAINTS: a pip constraints file for the rest (tools/floors.sh: the lowest versions, tools/floors.txt)
+CONSTRAINTS ?=
 
 .PHONY: install quickstart lint test test-fast docs serve-docs clean
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
 	touch $(STAMP)
 
 quickstart: install
