@@ -2,8 +2,8 @@
 # Install ablate with the test extras at the lowest versions tools/floors.txt names, into a venv of its
 # own (VENV, default /tmp/ablate-floors), with the Makefile's install (PYTHON and TORCH as there), and run
 # the suite there. Extra arguments go to pytest (default: the whole suite as make test runs it).
-# CONSTRAINTS= (empty) installs the newest versions instead. Minutes to install, about 11 to run on two
-# cores: not part of make test.
+# CONSTRAINTS= (empty) installs the newest versions instead. Minutes to install, as long as make test's
+# suite to run: not part of make test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-/tmp/ablate-floors}

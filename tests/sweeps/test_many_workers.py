@@ -219,7 +219,8 @@ def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, 
     signal on a busy machine."""
     storage, uri = servers
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
-    study = write_study(tmp_path, wiki_validation, name="one-stops", search=search, trainer={"max_steps": 200})
+    trainer = {"max_steps": 200, "val_every": 20}  # checkpointed long before it ends
+    study = write_study(tmp_path, wiki_validation, name="one-stops", search=search, trainer=trainer)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
     client = MlflowClient(uri)
