@@ -210,39 +210,34 @@ def test_two_workers_train_the_study_teacher_once(servers, tmp_path, wiki_valida
     assert sum("teacher: another worker is training it; waiting" in s for s in said) == 1  # the other waited
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # 600-step trials: 7.5 min beside another test file on 2 cores
 def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, tmp_path, wiki_validation):
-    """SIGTERM to one of two workers mid-trial, once its trial has checkpointed, while the other is mid-trial
-    too: it exits 143; the study's run stays RUNNING while the other worker goes on, takes the stopped trial
-    too, going on from its checkpoint in the stopped attempt's run, and ends the study FINISHED, without a
-    reason. Each worker is held (SIGSTOP) where it was seen, so that no trial ends between the look and the
-    signal on a busy machine."""
+    """SIGTERM to one of two workers mid-trial, once both trials have checkpointed: it exits 143; the study's
+    run stays RUNNING while the other worker goes on, takes the stopped trial too, going on from its checkpoint
+    in the stopped attempt's run, and ends the study FINISHED, without a reason."""
     storage, uri = servers
     search = {"model.sharing": {"choices": ["all", "none"]}, "model.num_ffn": {"choices": [1, 2]}}
-    trainer = {"max_steps": 200, "val_every": 20}  # checkpointed long before it ends
+    trainer = {"max_steps": 600, "val_every": 20}  # checkpointed long before it ends (200 steps: 8 s, too short)
     study = write_study(tmp_path, wiki_validation, name="one-stops", search=search, trainer=trainer)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     procs = [_worker(study, storage, uri, tmp_path, log) for log in logs]
     client = MlflowClient(uri)
     try:
-        # the first one held in a trial with a checkpoint uploaded (one stopped while taking its trial leaves
-        # it to go stale, and retried from the start: tests/sweeps/test_kill_resume.py), then the other held
-        # mid-trial, well within the grace period in which a held worker's trial is not stale
-        for proc, log, checkpointed in [(procs[0], logs[0], True), (procs[1], logs[1], False)]:
-            deadline = time.monotonic() + 300
-            while not _held_mid_trial(proc, client, storage, log, checkpointed):
-                assert all(p.poll() is None for p in procs), "\n".join(log.read_text()[-2000:] for log in logs)
-                assert time.monotonic() < deadline, f"{log.name} was never seen mid-trial"
-                time.sleep(0.1)
+        deadline = time.monotonic() + 300
+        # both workers mid-trial, the first one's trial with a checkpoint uploaded (one stopped while taking
+        # its trial leaves it to go stale, and retried from the start: tests/sweeps/test_kill_resume.py)
+        while _running_trials(storage, "one-stops") < 2 or not _checkpointed(client, "one-stops", logs[0]):
+            assert all(p.poll() is None for p in procs), "\n".join(log.read_text()[-2000:] for log in logs)
+            assert time.monotonic() < deadline, "the two workers never ran checkpointed trials at once"
+            time.sleep(0.1)
         procs[0].send_signal(signal.SIGTERM)
-        procs[0].kill_group(signal.SIGCONT)
         assert procs[0].wait(timeout=120) == 143, logs[0].read_text()[-3000:]
         said = "interrupted by SIGTERM: this worker's runs are KILLED; the other workers take its configuration"
         assert said in logs[0].read_text()
         exp = client.get_experiment_by_name("one-stops").experiment_id
         (parent,) = client.search_runs([exp], "tags.`ablate.role` = 'study'")
+        assert procs[1].poll() is None, "the other worker ended before the study's run was looked at"
         assert parent.info.status == "RUNNING" and "ablate.fail_reason" not in parent.data.tags
-        procs[1].kill_group(signal.SIGCONT)
         assert procs[1].wait(timeout=400) == 0, logs[1].read_text()[-3000:]
     finally:
         for p in procs:
@@ -265,30 +260,25 @@ def test_a_stopped_worker_leaves_the_study_run_to_the_one_that_goes_on(servers, 
     assert "'COMPLETE': 4" in summary  # the worker that went on took the stopped trial
 
 
-def _held_mid_trial(proc: forked.Forked, client: MlflowClient, storage: str, log: Path, checkpointed: bool) -> bool:
-    """Hold ``proc`` (SIGSTOP to its process group) and say whether the trial its ``log`` last began is RUNNING
-    (in Optuna and MLflow) and, if ``checkpointed``, has uploaded a checkpoint; if not, let it go on."""
-    if not _mid_trial(client, storage, log, checkpointed=False):  # a cheap look first, unheld
-        return False
-    proc.kill_group(signal.SIGSTOP)
-    if _mid_trial(client, storage, log, checkpointed):
-        return True
-    proc.kill_group(signal.SIGCONT)
-    return False
-
-
-def _mid_trial(client: MlflowClient, storage: str, log: Path, checkpointed: bool) -> bool:
-    """Whether the trial ``log`` last began is RUNNING in study ``one-stops`` (with a checkpoint, if asked)."""
+def _checkpointed(client: MlflowClient, name: str, log: Path) -> bool:
+    """Whether the trial a worker's ``log`` last began is running in study ``name`` and has uploaded a checkpoint."""
     begun = re.findall(r"^trial (\d+) \[", log.read_text(), re.M)
-    exp = client.get_experiment_by_name("one-stops")
+    exp = client.get_experiment_by_name(name)
     if not begun or exp is None:
         return False
-    trials = optuna.load_study(study_name="one-stops", storage=storage).get_trials(deepcopy=False)
-    if trials[int(begun[-1])].state != optuna.trial.TrialState.RUNNING:
-        return False
     found = f"tags.`ablate.trial` = '{begun[-1]}' and attributes.status = 'RUNNING'"
-    runs = client.search_runs([exp.experiment_id], found)
-    return bool(runs) and (not checkpointed or any(client.list_artifacts(r.info.run_id, "checkpoints") for r in runs))
+    return any(
+        client.list_artifacts(r.info.run_id, "checkpoints") for r in client.search_runs([exp.experiment_id], found)
+    )
+
+
+def _running_trials(storage: str, name: str) -> int:
+    """How many of study ``name``'s trials are RUNNING (0 before it exists)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        return 0
+    return sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
 
 
 def _trials_started(storage: optuna.storages.BaseStorage) -> int:
